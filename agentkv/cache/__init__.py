@@ -1,0 +1,1 @@
+"""Block pool and radix prefix tree over token ids (pure Python, no torch)."""

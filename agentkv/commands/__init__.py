@@ -1,0 +1,1 @@
+"""Console subcommands, one module each (see agentkv/cli.py)."""

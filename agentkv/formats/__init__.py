@@ -1,0 +1,1 @@
+"""Model files: GGUF and safetensors readers, quant codecs, tokenizer, chat templates."""

@@ -1,0 +1,1 @@
+"""Compute layer: dtypes, tensor handles, whole-op backends and their registry."""

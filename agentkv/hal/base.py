@@ -1,0 +1,232 @@
+"""The compute contract: tensor and weight handles, attention metadata, the abstract backend.
+
+A model only ever calls whole operations on a `Backend`; it never sees the array type
+behind a handle. Host reads are explicit fences (`read`, `argmax`): nothing else syncs.
+
+Batch invariance is part of the contract (DESIGN.md, "exactness"): for every op, the bits
+of one row's result depend only on that row's inputs, never on how many rows share the
+call, where a chunk starts, or what else is in the batch.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+BackendClass = Literal["reference", "approx"]
+
+
+class Tensor:
+    """An opaque handle to a backend-owned activation. `raw` belongs to the backend alone."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: Any):
+        self.raw = raw
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.raw.shape)
+
+    def __repr__(self) -> str:
+        return f"Tensor(shape={self.shape})"
+
+
+class Weight:
+    """A resident weight: the backend's own format (f32, or quantized blocks kept as such).
+
+    `shape` is the logical numpy-order shape (`[out, in]` for a linear weight); `qtype`
+    is the gguf quant type the resident data is in (F32 after dequantization)."""
+
+    __slots__ = ("raw", "shape", "qtype", "name")
+
+    def __init__(self, raw: Any, shape: tuple[int, ...], qtype: int, name: str = ""):
+        self.raw, self.shape, self.qtype, self.name = raw, tuple(shape), int(qtype), name
+
+    def __repr__(self) -> str:
+        return f"Weight({self.name!r}, shape={self.shape}, qtype={self.qtype})"
+
+
+class RopeStyle(str, Enum):
+    NEOX = "neox"  # rotate halves: (x[i], x[i + d/2]) — HF llama/qwen layout
+    INTERLEAVED = "interleaved"  # rotate pairs: (x[2i], x[2i+1]) — GGUF llama (q/k permuted)
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSpec:
+    """Rotary embedding: style, base, rotated dims and a frequency scaling rule."""
+
+    dim: int
+    theta: float = 10000.0
+    style: RopeStyle = RopeStyle.NEOX
+    scaling: dict[str, Any] | None = None  # {"type": "linear"|"llama3"|"yarn", ...}
+
+    def __post_init__(self):
+        if self.dim <= 0 or self.dim % 2:
+            raise ValueError(f"rope dim must be a positive even number, got {self.dim}")
+
+
+@dataclass(frozen=True, slots=True)
+class KVSpec:
+    """Shape of the paged KV store: per layer, `[num_blocks, block_size, num_kv_heads, head_dim]`
+    for K and the same for V."""
+
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self):
+        for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"KVSpec.{name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def bytes_per_block(self) -> int:
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * 4
+
+
+class AttnMeta(NamedTuple):
+    """One step's batch, as the attention op sees it. Rows of the flat token batch are the
+    sequences' new tokens, back to back:
+
+        rows:  | seq 0: query_lens[0] | seq 1: query_lens[1] | ...
+        seq i's rows sit at positions [context_lens[i] - query_lens[i], context_lens[i])
+
+    `block_tables[i]` lists the KV blocks of seq i in order; token position p lives in
+    block `block_tables[i][p // block_size]` at offset `p % block_size`.
+    `slot_mapping[r]` = block * block_size + offset where row r's K/V are stored."""
+
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    block_tables: tuple[tuple[int, ...], ...]
+    positions: np.ndarray  # int64 [num_tokens]
+    slot_mapping: np.ndarray  # int64 [num_tokens]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.query_lens))
+
+    @property
+    def query_starts(self) -> list[int]:
+        starts, acc = [], 0
+        for n in self.query_lens:
+            starts.append(acc)
+            acc += n
+        return starts
+
+
+class Capabilities(NamedTuple):
+    device: str  # "cpu", "cuda:0", ...
+    resident_qtypes: frozenset[int]  # gguf quant types kept quantized in memory
+    asynchronous: bool = False  # ops may return before the work is done
+    fused_attention: bool = False
+
+
+class Backend(ABC):
+    """Whole-op compute backend. Subclasses set `name` and `klass` and implement every op.
+
+    Shapes below: n = rows (tokens), d = hidden, h = heads, hd = head_dim."""
+
+    name: str = "abstract"
+    klass: BackendClass = "approx"
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    # -- data in and out ------------------------------------------------------------------
+    @abstractmethod
+    def upload(self, array: np.ndarray) -> Tensor:
+        """Copy a host array (activations, ids) onto the backend."""
+
+    @abstractmethod
+    def upload_weight(self, name: str, data: np.ndarray, qtype: int, shape: tuple[int, ...],
+                      resident: bool = True) -> Weight:
+        """Make a weight resident. `data` is raw blocks for quantized qtypes (as a GGUF holds
+        them) or a float array. With `resident`, a qtype in `resident_qtypes` stays quantized;
+        otherwise it is dequantized to f32 once, here."""
+
+    @abstractmethod
+    def read(self, x: Tensor) -> np.ndarray:
+        """Fence: wait for x and return it as a float32 host array."""
+
+    @abstractmethod
+    def argmax(self, x: Tensor) -> np.ndarray:
+        """Fence: per-row argmax of `[n, v]` as int64 `[n]` (lowest index wins a tie)."""
+
+    # -- shape plumbing -------------------------------------------------------------------
+    @abstractmethod
+    def reshape(self, x: Tensor, shape: tuple[int, ...]) -> Tensor: ...
+
+    @abstractmethod
+    def take_rows(self, x: Tensor, rows: np.ndarray) -> Tensor:
+        """Rows of `[n, ...]` by index (e.g. each sequence's last token before the head)."""
+
+    # -- ops ------------------------------------------------------------------------------
+    @abstractmethod
+    def embedding(self, weight: Weight, ids: np.ndarray) -> Tensor:
+        """`[vocab, d]` table, int ids `[n]` -> `[n, d]`."""
+
+    @abstractmethod
+    def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
+        """`[n, k] @ weight[out, k].T (+ bias[out])` -> `[n, out]`."""
+
+    @abstractmethod
+    def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:
+        """RMSNorm over the last dim; gain is `1 + w` when `unit_offset` (gemma)."""
+
+    @abstractmethod
+    def layer_norm(self, x: Tensor, weight: Weight, bias: Weight | None, eps: float) -> Tensor: ...
+
+    @abstractmethod
+    def rope(self, x: Tensor, positions: np.ndarray, spec: RopeSpec) -> Tensor:
+        """Rotary embedding on `[n, h, hd]` at int positions `[n]` (first `spec.dim` dims)."""
+
+    @abstractmethod
+    def gated_act(self, gate: Tensor, up: Tensor, kind: str) -> Tensor:
+        """`act(gate) * up` for kind in {"silu", "gelu_tanh", "gelu"}."""
+
+    @abstractmethod
+    def act(self, x: Tensor, kind: str) -> Tensor:
+        """Plain activation (BERT's GELU)."""
+
+    @abstractmethod
+    def add(self, a: Tensor, b: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def scale(self, x: Tensor, factor: float) -> Tensor: ...
+
+    @abstractmethod
+    def softcap(self, x: Tensor, cap: float) -> Tensor:
+        """`cap * tanh(x / cap)`."""
+
+    # -- KV and attention -----------------------------------------------------------------
+    @abstractmethod
+    def allocate_kv(self, spec: KVSpec) -> Any:
+        """A zeroed paged KV store; an opaque handle passed back to the ops below."""
+
+    @abstractmethod
+    def kv_store(self, kv: Any, layer: int, k: Tensor, v: Tensor, slot_mapping: np.ndarray) -> None:
+        """Write `[n, kvh, hd]` K and V rows into their slots (mutates kv)."""
+
+    @abstractmethod
+    def copy_blocks(self, kv: Any, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: copy each (src, dst) block across every layer (mutates kv)."""
+
+    @abstractmethod
+    def attention(self, q: Tensor, kv: Any, layer: int, meta: AttnMeta, scale: float,
+                  window: int | None = None, softcap: float | None = None) -> Tensor:
+        """Causal attention of `[n, h, hd]` queries over each sequence's paged K/V (which
+        already holds this step's rows). GQA when h > kvh. `window` keeps only the last
+        `window` positions (key pos > query pos - window). -> `[n, h, hd]`."""
+
+    @abstractmethod
+    def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens: tuple[int, ...],
+                        scale: float) -> Tensor:
+        """Bidirectional attention within each sequence (encoders), no cache.
+        q/k/v `[n, h, hd]`, rows grouped by sequence."""

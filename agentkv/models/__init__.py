@@ -1,0 +1,1 @@
+"""Model families written against hal ops, and their registry."""

@@ -1,0 +1,1 @@
+"""Engine loop, model runner, sampler and the LLM entry point."""

@@ -1,0 +1,1 @@
+"""Continuous batching and chunked prefill (pure Python, no torch)."""

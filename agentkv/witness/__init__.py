@@ -1,0 +1,1 @@
+"""Witnesses: approx backends checked op by op and per model against the reference."""
