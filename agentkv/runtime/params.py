@@ -1,0 +1,158 @@
+"""Per-request sampling parameters: OpenAI/vLLM field names and ranges, validated once at the boundary."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_LOGPROBS = 20
+LOGIT_BIAS_LIMIT = 100.0
+PENALTY_LIMIT = 2.0
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _bad(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{name}={value!r} is out of range: allowed {allowed}")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request turns logits into tokens, and when it stops.
+
+    Collections are normalised in `__post_init__` so callers may pass what JSON gives them:
+    `logit_bias` as a dict (keys may be digit strings) becomes a tuple of (token_id, bias)
+    sorted by token id; `stop` as a str or list becomes a tuple; `stop_token_ids` as a list
+    becomes a tuple. Floats given as ints become floats. Every bad value raises ValueError
+    naming the field, the value and the allowed range.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; 0: chosen token only; k: chosen + top-k
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    n: int = 1
+
+    @classmethod
+    def create(cls, **kw: Any) -> SamplingParams:
+        """Build from keyword arguments; same normalisation and validation as the constructor."""
+        return cls(**kw)
+
+    def __post_init__(self) -> None:
+        self._normalise()
+        self._validate_ints()
+        self._validate_floats()
+        self._validate_collections()
+
+    @property
+    def greedy(self) -> bool:
+        """True when the choice is the argmax: temperature 0 or top_k 1."""
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def top_k_enabled(self) -> bool:
+        return self.top_k > 0
+
+    @property
+    def max_stop_len(self) -> int:
+        return max((len(s) for s in self.stop), default=0)
+
+    def _normalise(self) -> None:
+        set_ = object.__setattr__
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value):
+                raise ValueError(f"{name}={value!r} must be a finite number")
+            set_(self, name, float(value))
+        set_(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
+        stop = self.stop
+        set_(self, "stop", (stop,) if isinstance(stop, str) else tuple(stop))
+        set_(self, "stop_token_ids", tuple(self.stop_token_ids))
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
+
+    def _validate_ints(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise _bad("max_tokens", self.max_tokens, "an int >= 1")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise _bad("top_k", self.top_k, "an int >= -1 (0 or -1 = off)")
+        if not _is_int(self.n) or self.n < 1:
+            raise _bad("n", self.n, "an int >= 1")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise _bad(name, value, f"None or an int in [0, {MAX_LOGPROBS}]")
+        seed = self.seed
+        if seed is not None and (not _is_int(seed) or not SEED_MIN <= seed <= SEED_MAX):
+            raise _bad("seed", seed, f"None or an int in [{SEED_MIN}, {SEED_MAX}]")
+
+    def _validate_floats(self) -> None:
+        if not self.temperature >= 0.0:
+            raise _bad("temperature", self.temperature, ">= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise _bad("top_p", self.top_p, "(0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise _bad("min_p", self.min_p, "[0, 1]")
+        if not self.repetition_penalty > 0.0:
+            raise _bad("repetition_penalty", self.repetition_penalty, "> 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
+                raise _bad(name, value, f"[{-PENALTY_LIMIT}, {PENALTY_LIMIT}]")
+
+    def _validate_collections(self) -> None:
+        for token_id, bias in self.logit_bias:
+            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise _bad(f"logit_bias[{token_id}]", bias,
+                           f"[{-LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise _bad("stop", s, "non-empty strings")
+        for token_id in self.stop_token_ids:
+            if not _is_int(token_id) or token_id < 0:
+                raise _bad("stop_token_ids", token_id, "ints >= 0")
+
+
+def _normalise_logit_bias(
+    raw: Mapping[Any, Any] | Iterable[tuple[Any, Any]],
+) -> tuple[tuple[int, float], ...]:
+    """Dict or pairs -> tuple of (token_id, bias) sorted by id; digit-string ids become ints."""
+    items = raw.items() if isinstance(raw, Mapping) else raw
+    out: dict[int, float] = {}
+    for key, bias in items:
+        token_id = key
+        if isinstance(key, str) and key.strip().isdigit():
+            token_id = int(key)
+        if not _is_int(token_id) or token_id < 0:
+            raise _bad("logit_bias key", key, "token ids: ints >= 0")
+        if not _is_real(bias):
+            raise _bad(f"logit_bias[{token_id}]", bias,
+                       f"finite numbers in [{-LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]")
+        if token_id in out:
+            raise ValueError(f"logit_bias key {token_id!r} is given twice")
+        out[token_id] = float(bias)
+    return tuple(sorted(out.items()))
