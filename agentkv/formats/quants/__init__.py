@@ -1,0 +1,15 @@
+"""Quant codecs: GGML block formats to float32 and back, bit-identical to gguf-py."""
+from agentkv.formats.quants.api import QUANT_NAMES, QUANTIZABLE, dequantize, quantize
+from agentkv.formats.quants.base import Codec, block_info, get_codec, qtype_label, row_bytes
+
+__all__ = [
+    "QUANT_NAMES",
+    "QUANTIZABLE",
+    "Codec",
+    "block_info",
+    "dequantize",
+    "get_codec",
+    "qtype_label",
+    "quantize",
+    "row_bytes",
+]
