@@ -1,0 +1,222 @@
+"""Host-side sampling of one logits row: bias, mask, penalties, warpers, seeded draw, raw logprobs.
+
+The engine calls `sample` once per sequence per step, after the logits read-back fence, with
+a float32 row `[vocab]`. Processing order is vLLM's:
+
+    raw logits ──► logprobs (log_softmax of the RAW row, float64)
+        │
+        ▼ copy (float32)
+    logit_bias ─► allowed mask ─► repetition penalty ─► presence/frequency penalties
+        │
+        ├── greedy: argmax (lowest id on ties)
+        ▼
+    temperature ─► top-k ─► top-p ─► min-p ─► inverse-CDF draw (float64 cumsum, one uniform)
+
+Everything after the copy is deterministic given the state's rng, so a seeded request
+replays token for token.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from agentkv.runtime.params import SamplingParams
+
+_U64 = 2**64
+
+
+class SampleResult(NamedTuple):
+    token_id: int
+    logprob: float  # raw-model logprob of token_id
+    top_logprobs: list[tuple[int, float]]  # params.logprobs best (id, logprob), desc, ties by id
+
+
+@dataclass(slots=True)
+class SamplingState:
+    """Per-sequence sampling state. `sample` consumes `rng`; the caller appends each token."""
+
+    prompt_ids: np.ndarray  # [prompt_len] int64
+    output_ids: list[int] = field(default_factory=list)
+    rng: np.random.Generator = field(default_factory=lambda: np.random.Generator(np.random.PCG64()))
+
+    @classmethod
+    def create(cls, params: SamplingParams, prompt_ids: Sequence[int] | np.ndarray,
+               index: int = 0) -> SamplingState:
+        """New state for sequence `index` of a request (0..n-1).
+
+        With a seed, the rng is PCG64(seed + index) (vLLM gives the n children seed + i), so
+        sequence 0 of a seeded request is PCG64(seed); without one it is seeded from OS entropy.
+        """
+        ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+        if params.seed is None:
+            rng = np.random.Generator(np.random.PCG64())
+        else:
+            rng = np.random.Generator(np.random.PCG64((params.seed + index) % _U64))
+        return cls(prompt_ids=ids, output_ids=[], rng=rng)
+
+    def append(self, token_id: int) -> None:
+        """Record a generated token (mutates); penalties see it from the next step on."""
+        self.output_ids.append(int(token_id))
+
+
+def sample(logits: np.ndarray, params: SamplingParams, state: SamplingState,
+           allowed: np.ndarray | None = None) -> SampleResult:
+    """Choose the next token from one logits row `[vocab]`.
+
+    Does not modify `logits`; draws from `state.rng` (once, unless greedy); does not append
+    the token to `state` (the engine does, after its stop checks). `allowed` is a bool mask
+    `[vocab]` from structured output (False = forbidden). Raises RuntimeError when every
+    token is masked, and when the row holds NaN or +inf (a model bug).
+    """
+    raw = _check_row(logits)
+    processed = process_logits(raw, params, state, allowed)
+    if not np.isfinite(processed).any():
+        raise RuntimeError("every token is masked (-inf) after logit_bias, allowed mask and "
+                           "penalties: nothing can be sampled")
+    if params.greedy:
+        token_id = int(np.argmax(processed))
+    else:
+        token_id = _draw(warp(processed, params), state.rng)
+    if not np.isfinite(processed[token_id]):
+        raise RuntimeError(f"sampled token {token_id} has a -inf logit: sampler bug")
+    logprobs = raw_logprobs(raw)
+    return SampleResult(token_id, float(np.float32(logprobs[token_id])),
+                        top_logprobs(logprobs, params.logprobs or 0))
+
+
+def process_logits(logits: np.ndarray, params: SamplingParams, state: SamplingState,
+                   allowed: np.ndarray | None = None) -> np.ndarray:
+    """Bias, mask and penalties on a float32 copy of `logits` `[vocab]`; returns the copy."""
+    out = np.array(logits, dtype=np.float32, copy=True)
+    if params.logit_bias:
+        apply_logit_bias(out, params.logit_bias)
+    if allowed is not None:
+        apply_allowed(out, allowed)
+    if params.repetition_penalty != 1.0:
+        seen = np.concatenate([state.prompt_ids, np.asarray(state.output_ids, dtype=np.int64)])
+        apply_repetition_penalty(out, seen, params.repetition_penalty)
+    if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+        apply_presence_frequency(out, state.output_ids, params.presence_penalty,
+                                 params.frequency_penalty)
+    return out
+
+
+def apply_logit_bias(logits: np.ndarray, bias: Sequence[tuple[int, float]]) -> None:
+    """Add each (token_id, bias) in place (float32). A token id outside the vocab is a ValueError."""
+    vocab = logits.shape[0]
+    for token_id, value in bias:
+        if token_id >= vocab:
+            raise ValueError(f"logit_bias token id {token_id} is out of range: allowed "
+                             f"[0, {vocab - 1}] for this model's vocab of {vocab}")
+        logits[token_id] += np.float32(value)
+
+
+def apply_allowed(logits: np.ndarray, allowed: np.ndarray) -> None:
+    """Set logits of tokens whose `allowed` entry is False to -inf, in place."""
+    if allowed.dtype != np.bool_ or allowed.shape != logits.shape:
+        raise ValueError(f"allowed mask must be bool {logits.shape}, got "
+                         f"{allowed.dtype} {allowed.shape}")
+    logits[~allowed] = -np.inf
+
+
+def apply_repetition_penalty(logits: np.ndarray, seen_ids: np.ndarray, penalty: float) -> None:
+    """HF/vLLM repetition penalty in place: each seen token's logit is divided by `penalty`
+    when positive and multiplied by it otherwise (once per token, however often seen)."""
+    ids = np.unique(seen_ids)
+    if ids.size == 0:
+        return
+    p = np.float32(penalty)
+    score = logits[ids]
+    logits[ids] = np.where(score < 0, score * p, score / p)
+
+
+def apply_presence_frequency(logits: np.ndarray, output_ids: Sequence[int], presence: float,
+                             frequency: float) -> None:
+    """OpenAI penalties in place over generated tokens only:
+    logit -= frequency * count(token) ; logit -= presence * (count(token) > 0)."""
+    if len(output_ids) == 0:
+        return
+    counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=logits.shape[0])
+    counts = counts[: logits.shape[0]].astype(np.float32)
+    logits -= np.float32(frequency) * counts
+    logits -= np.float32(presence) * (counts > 0).astype(np.float32)
+
+
+def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Temperature, top-k, top-p, min-p; returns float64 scores with the row max at 0 and
+    removed tokens at -inf. Subtracting the max first keeps tiny temperatures finite."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    z /= params.temperature
+    if params.top_k_enabled and params.top_k < z.shape[0]:
+        apply_top_k(z, params.top_k)
+    if params.top_p < 1.0:
+        apply_top_p(z, params.top_p)
+    if params.min_p > 0.0:
+        apply_min_p(z, params.min_p)
+    return z
+
+
+def apply_top_k(z: np.ndarray, k: int) -> None:
+    """Keep tokens whose score is >= the k-th largest (ties at the boundary all stay), in place."""
+    kth = np.partition(z, z.shape[0] - k)[z.shape[0] - k]
+    z[z < kth] = -np.inf
+
+
+def apply_top_p(z: np.ndarray, top_p: float) -> None:
+    """Nucleus: keep the most probable tokens (ties by lower id) until their mass reaches
+    `top_p`; a token stays iff the mass strictly ahead of it is < top_p. In place."""
+    order = np.lexsort((np.arange(z.shape[0]), -z))
+    probs = _softmax(z[order])
+    ahead = np.concatenate(([0.0], np.cumsum(probs)[:-1]))
+    z[order[ahead >= top_p]] = -np.inf
+
+
+def apply_min_p(z: np.ndarray, min_p: float) -> None:
+    """Remove tokens whose probability is < min_p * (the top probability), in place."""
+    probs = _softmax(z)
+    z[probs < min_p * probs.max()] = -np.inf
+
+
+def raw_logprobs(logits: np.ndarray) -> np.ndarray:
+    """log_softmax of the raw row in float64 `[vocab]`."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+def top_logprobs(logprobs: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The `n` best (token_id, logprob as float32), sorted desc, ties by lower id."""
+    n = min(n, logprobs.shape[0])
+    if n <= 0:
+        return []
+    kth = np.partition(logprobs, logprobs.shape[0] - n)[logprobs.shape[0] - n]
+    candidates = np.flatnonzero(logprobs >= kth)
+    best = candidates[np.lexsort((candidates, -logprobs[candidates]))][:n]
+    return [(int(i), float(np.float32(logprobs[i]))) for i in best]
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _draw(z: np.ndarray, rng: np.random.Generator) -> int:
+    """Inverse-CDF draw with one uniform on a float64 cumsum; never lands on a zero weight."""
+    weights = np.exp(z)
+    cdf = np.cumsum(weights)
+    idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    if idx >= weights.shape[0]:  # u * total rounded up to total
+        idx = int(np.flatnonzero(weights)[-1])
+    return idx
+
+
+def _check_row(logits: np.ndarray) -> np.ndarray:
+    if logits.ndim != 1 or logits.shape[0] == 0:
+        raise ValueError(f"sample expects one logits row [vocab], got shape {logits.shape}")
+    if np.isnan(logits).any() or np.isposinf(logits).any():
+        raise RuntimeError("logits row contains NaN or +inf: model or backend bug")
+    return logits
