@@ -12,6 +12,15 @@ PENALTY_LIMIT = 2.0
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
 
+_FLOAT_RANGES = {
+    "temperature": ">= 0",
+    "top_p": "(0, 1]",
+    "min_p": "[0, 1]",
+    "repetition_penalty": "> 0",
+    "presence_penalty": f"[{-PENALTY_LIMIT}, {PENALTY_LIMIT}]",
+    "frequency_penalty": f"[{-PENALTY_LIMIT}, {PENALTY_LIMIT}]",
+}
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -71,6 +80,14 @@ class SamplingParams:
         """True when the choice is the argmax: temperature 0 or top_k 1."""
         return self.temperature == 0.0 or self.top_k == 1
 
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise ValueError if a logit_bias token id is outside a vocab of `vocab_size`
+        (the server calls this at the boundary; the sampler checks again per row)."""
+        for token_id, _ in self.logit_bias:
+            if token_id >= vocab_size:
+                raise _bad("logit_bias key", token_id,
+                           f"token ids in [0, {vocab_size - 1}] for this model")
+
     @property
     def top_k_enabled(self) -> bool:
         return self.top_k > 0
@@ -81,11 +98,10 @@ class SamplingParams:
 
     def _normalise(self) -> None:
         set_ = object.__setattr__
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty"):
+        for name, allowed in _FLOAT_RANGES.items():
             value = getattr(self, name)
             if not _is_real(value):
-                raise ValueError(f"{name}={value!r} must be a finite number")
+                raise _bad(name, value, f"a finite number {allowed}")
             set_(self, name, float(value))
         set_(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
         stop = self.stop
@@ -111,18 +127,17 @@ class SamplingParams:
             raise _bad("seed", seed, f"None or an int in [{SEED_MIN}, {SEED_MAX}]")
 
     def _validate_floats(self) -> None:
-        if not self.temperature >= 0.0:
-            raise _bad("temperature", self.temperature, ">= 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise _bad("top_p", self.top_p, "(0, 1]")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise _bad("min_p", self.min_p, "[0, 1]")
-        if not self.repetition_penalty > 0.0:
-            raise _bad("repetition_penalty", self.repetition_penalty, "> 0")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
-                raise _bad(name, value, f"[{-PENALTY_LIMIT}, {PENALTY_LIMIT}]")
+        in_range = {
+            "temperature": self.temperature >= 0.0,
+            "top_p": 0.0 < self.top_p <= 1.0,
+            "min_p": 0.0 <= self.min_p <= 1.0,
+            "repetition_penalty": self.repetition_penalty > 0.0,
+            "presence_penalty": -PENALTY_LIMIT <= self.presence_penalty <= PENALTY_LIMIT,
+            "frequency_penalty": -PENALTY_LIMIT <= self.frequency_penalty <= PENALTY_LIMIT,
+        }
+        for name, ok in in_range.items():
+            if not ok:
+                raise _bad(name, getattr(self, name), _FLOAT_RANGES[name])
 
     def _validate_collections(self) -> None:
         for token_id, bias in self.logit_bias:

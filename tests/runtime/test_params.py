@@ -138,3 +138,15 @@ def test_stop_token_ids_are_non_negative_ints(ids: list) -> None:
 def test_bool_flags_must_be_bools(name: str) -> None:
     with pytest.raises(ValueError, match=name):
         SamplingParams(**{name: 1})
+
+
+def test_non_number_float_field_names_range() -> None:
+    with pytest.raises(ValueError, match=r"top_p='0.5' .*\(0, 1\]"):
+        SamplingParams(top_p="0.5")  # type: ignore[arg-type]
+
+
+def test_check_vocab() -> None:
+    params = SamplingParams(logit_bias={99: 1.0})
+    params.check_vocab(100)
+    with pytest.raises(ValueError, match=r"logit_bias key=100 .*\[0, 99\]"):
+        SamplingParams(logit_bias={100: 1.0}).check_vocab(100)
