@@ -16,6 +16,7 @@ from agentkv.formats.quants import (
     block_info,
     dequantize,
     quantize,
+    repack_q4k_as_group32,
     row_bytes,
 )
 from agentkv.formats.quants import base as quants_base
@@ -253,3 +254,24 @@ def test_zero_dim_and_geometry_errors():
         block_info(99)
     with pytest.raises(QuantError, match=r"row length 100 .* Q4_K \(12\) block size 256"):
         row_bytes(T.Q4_K, 100)
+
+
+# -- Q4_K repack -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_repack_q4k_group32_reproduces_dequantize_bits(shape):
+    raw = random_raw(np.random.default_rng(19), T.Q4_K, shape)
+    q, scale, offset = repack_q4k_as_group32(raw)
+    n_cols = shape[-1] * 256
+    assert q.shape == (*shape[:-1], n_cols) and q.dtype == np.uint8 and int(q.max()) <= 15
+    assert scale.shape == offset.shape == (*shape[:-1], n_cols // 32)
+    assert scale.dtype == offset.dtype == np.float32
+    groups = q.reshape(*shape[:-1], n_cols // 32, 32).astype(np.float32)
+    rebuilt = (groups * scale[..., None] - offset[..., None]).reshape(q.shape)
+    assert_same_bits(rebuilt, gguf.quants.dequantize(raw, T.Q4_K))
+
+
+def test_repack_q4k_ragged_bytes():
+    with pytest.raises(QuantError, match=r"^200 bytes per row .* Q4_K \(12\) type size 144$"):
+        repack_q4k_as_group32(np.zeros((1, 200), np.uint8))

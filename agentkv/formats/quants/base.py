@@ -121,13 +121,8 @@ class Codec:
     @classmethod
     def dequantize_array(cls, raw: np.ndarray) -> np.ndarray:
         """uint8 [*rows, n_bytes] (any dtype, read as bytes) -> new float32 [*rows, n_cols]."""
-        data = _as_bytes(raw, cls)
+        data = as_row_bytes(raw, cls)
         n_bytes = data.shape[-1]
-        if n_bytes % cls.type_size:
-            raise QuantError(
-                f"{n_bytes} bytes per row is not a multiple of the {qtype_label(cls.qtype)} "
-                f"type size {cls.type_size}"
-            )
         num_blocks = data.size // cls.type_size
         out = np.empty((*data.shape[:-1], n_bytes // cls.type_size * cls.block_size), np.float32)
         blocks = data.reshape(num_blocks, cls.type_size)
@@ -159,12 +154,19 @@ class Codec:
         return out.reshape(*array.shape[:-1], n_bytes)
 
 
-def _as_bytes(raw: np.ndarray, codec: type[Codec]) -> np.ndarray:
-    """`raw` viewed as uint8 with the row's bytes last (a copy only if not contiguous)."""
+def as_row_bytes(raw: np.ndarray, codec: type[Codec]) -> np.ndarray:
+    """`raw` viewed as uint8 with the row's bytes last (a copy only if not contiguous);
+    QuantError unless it has a row axis of whole `codec` blocks."""
     raw = np.asarray(raw)
     if raw.ndim == 0:
         raise QuantError(f"raw {qtype_label(codec.qtype)} data must have a row axis, got 0-d")
-    return np.ascontiguousarray(raw).view(np.uint8)
+    data = np.ascontiguousarray(raw).view(np.uint8)
+    if data.shape[-1] % codec.type_size:
+        raise QuantError(
+            f"{data.shape[-1]} bytes per row is not a multiple of the {qtype_label(codec.qtype)} "
+            f"type size {codec.type_size}"
+        )
+    return data
 
 
 def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:

@@ -9,18 +9,11 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from agentkv.formats.errors import QuantError
-from agentkv.formats.quants.base import Codec, _as_bytes, qtype_label
+from agentkv.formats.quants.base import Codec, as_row_bytes
 
 
 def _typed_view(raw: np.ndarray, codec: type[Codec], dtype: type) -> np.ndarray:
-    data = _as_bytes(raw, codec)
-    if data.shape[-1] % codec.type_size:
-        raise QuantError(
-            f"{data.shape[-1]} bytes per row is not a multiple of the {qtype_label(codec.qtype)} "
-            f"type size {codec.type_size}"
-        )
-    return data.view(dtype)
+    return as_row_bytes(raw, codec).view(dtype)
 
 
 class F32(Codec, qtype=GGMLQuantizationType.F32):

@@ -5,7 +5,7 @@ per-sub-block integer scales; an element is `(d * sc) * q - (dmin * m)` or `(d *
 with gguf-py's rounding order (the sub-block scale product is rounded to float32 first).
 
 Bit planes: a byte array `b` of width W holding P planes of k bits gives element
-`plane * W + i` = `(b[i] >> (plane * k)) & mask` -- `_planes` below. Layouts (bytes):
+`plane * W + i` = `(b[i] >> (plane * k)) & mask` -- `bit_planes` below. Layouts (bytes):
 
     Q2_K  | scales:16 (lo nibble sc, hi nibble m) | qs:64 (2 x 4 planes of 2 bits) | d | dmin |
     Q3_K  | hmask:32 (8 planes of 1 bit) | qs:64 (2 x 4 planes of 2 bits) | scales:12 (6-bit) | d |
@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType
 from agentkv.formats.quants.base import Codec, f16_field
 
 
-def _planes(packed: np.ndarray, groups: int, width: int, bits: int) -> np.ndarray:
+def bit_planes(packed: np.ndarray, groups: int, width: int, bits: int) -> np.ndarray:
     """uint8 [n, groups * width] -> uint8 [n, groups, 8 // bits, width] of `bits`-bit fields."""
     n = packed.shape[0]
     shifts = np.arange(0, 8, bits, dtype=np.uint8).reshape(1, 1, -1, 1)
@@ -32,7 +32,7 @@ def _planes(packed: np.ndarray, groups: int, width: int, bits: int) -> np.ndarra
     return out
 
 
-def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K/Q5_K 12-byte scales -> (sc, m) float32 [n, 8], each a 6-bit value.
 
     bytes 0-3: sc[0:4] low 6 bits | sc[4:8] bits 4-5 in the top 2
@@ -49,8 +49,8 @@ def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _scales_k3(scales: np.ndarray) -> np.ndarray:
     """Q3_K 12-byte scales -> float32 [n, 16] in -32..31: low nibbles from bytes 0-7,
     two high bits from bytes 8-11 (four 2-bit planes), minus 32."""
-    lo = _planes(scales[:, :8], 1, 8, 4).reshape(-1, 16)
-    hi = _planes(scales[:, 8:], 1, 4, 2).reshape(-1, 16)
+    lo = bit_planes(scales[:, :8], 1, 8, 4).reshape(-1, 16)
+    hi = bit_planes(scales[:, 8:], 1, 4, 2).reshape(-1, 16)
     return ((lo | (hi << np.uint8(4))).astype(np.float32)) - np.float32(32)
 
 
@@ -69,7 +69,7 @@ class Q2_K(Codec, qtype=GGMLQuantizationType.Q2_K):
         scales = blocks[:, :16]
         dl = f16_field(blocks, 80) * (scales & 0x0F).astype(np.float32)
         ml = f16_field(blocks, 82) * (scales >> 4).astype(np.float32)
-        out[...] = _planes(blocks[:, 16:80], 2, 32, 2).reshape(out.shape)
+        out[...] = bit_planes(blocks[:, 16:80], 2, 32, 2).reshape(out.shape)
         _apply_scales(out, dl, ml)
 
 
@@ -77,9 +77,9 @@ class Q3_K(Codec, qtype=GGMLQuantizationType.Q3_K):
     @classmethod
     def dequantize_blocks(cls, blocks: np.ndarray, out: np.ndarray) -> None:
         dl = f16_field(blocks, 108) * _scales_k3(blocks[:, 96:108])
-        q = _planes(blocks[:, 32:96], 2, 32, 2).reshape(out.shape)
+        q = bit_planes(blocks[:, 32:96], 2, 32, 2).reshape(out.shape)
         # the high bit *clears* the -4 offset: q = low2 - 4 * (1 - hbit)
-        high = _planes(blocks[:, :32], 1, 32, 1).reshape(out.shape)
+        high = bit_planes(blocks[:, :32], 1, 32, 1).reshape(out.shape)
         high ^= np.uint8(1)
         high <<= 2
         q -= high  # wraps in uint8; read back as int8
@@ -90,17 +90,17 @@ class Q3_K(Codec, qtype=GGMLQuantizationType.Q3_K):
 class Q4_K(Codec, qtype=GGMLQuantizationType.Q4_K):
     @classmethod
     def dequantize_blocks(cls, blocks: np.ndarray, out: np.ndarray) -> None:
-        sc, mn = _scale_min_k4(blocks[:, 4:16])
-        out[...] = _planes(blocks[:, 16:], 4, 32, 4).reshape(out.shape)
+        sc, mn = scale_min_k4(blocks[:, 4:16])
+        out[...] = bit_planes(blocks[:, 16:], 4, 32, 4).reshape(out.shape)
         _apply_scales(out, f16_field(blocks, 0) * sc, f16_field(blocks, 2) * mn)
 
 
 class Q5_K(Codec, qtype=GGMLQuantizationType.Q5_K):
     @classmethod
     def dequantize_blocks(cls, blocks: np.ndarray, out: np.ndarray) -> None:
-        sc, mn = _scale_min_k4(blocks[:, 4:16])
-        q = _planes(blocks[:, 48:], 4, 32, 4).reshape(out.shape)
-        high = _planes(blocks[:, 16:48], 1, 32, 1).reshape(out.shape)
+        sc, mn = scale_min_k4(blocks[:, 4:16])
+        q = bit_planes(blocks[:, 48:], 4, 32, 4).reshape(out.shape)
+        high = bit_planes(blocks[:, 16:48], 1, 32, 1).reshape(out.shape)
         high <<= 4
         q |= high
         out[...] = q
@@ -111,8 +111,8 @@ class Q6_K(Codec, qtype=GGMLQuantizationType.Q6_K):
     @classmethod
     def dequantize_blocks(cls, blocks: np.ndarray, out: np.ndarray) -> None:
         scale = f16_field(blocks, 208) * blocks[:, 192:208].view(np.int8).astype(np.float32)
-        q = _planes(blocks[:, :128], 2, 64, 4).reshape(out.shape)
-        high = _planes(blocks[:, 128:192], 2, 32, 2).reshape(out.shape)
+        q = bit_planes(blocks[:, :128], 2, 64, 4).reshape(out.shape)
+        high = bit_planes(blocks[:, 128:192], 2, 32, 2).reshape(out.shape)
         high <<= 4
         q |= high
         out[...] = q
