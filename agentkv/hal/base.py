@@ -62,11 +62,20 @@ class RopeSpec:
     dim: int
     theta: float = 10000.0
     style: RopeStyle = RopeStyle.NEOX
-    scaling: dict[str, Any] | None = None  # {"type": "linear"|"llama3"|"yarn", ...}
+    # {"type": "linear"|"llama3"|"yarn", ...}; a dict is accepted and frozen into sorted items
+    # so that specs hash (frequency tables are cached per spec).
+    scaling: Any = ()
 
     def __post_init__(self):
         if self.dim <= 0 or self.dim % 2:
             raise ValueError(f"rope dim must be a positive even number, got {self.dim}")
+        if isinstance(self.scaling, dict) or self.scaling is None:
+            items = tuple(sorted((self.scaling or {}).items()))
+            object.__setattr__(self, "scaling", items)
+
+    @property
+    def scaling_dict(self) -> dict[str, Any]:
+        return dict(self.scaling)
 
 
 @dataclass(frozen=True, slots=True)

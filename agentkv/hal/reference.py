@@ -1,0 +1,192 @@
+"""The reference backend: numpy, float32, deterministic — the oracle every backend is held to.
+
+Fixed orders, so that a row's bits never depend on the batch:
+- matmul: one row at a time (`W @ x_row`, a BLAS GEMV of the same shape for every row);
+- reductions over the last axis (norms, softmax sums) use numpy's per-row pairwise sum,
+  which runs the same inner loop for each row whatever the number of rows;
+- attention: one query row at a time over exactly its own keys 0..pos, in position order.
+Readable first, fast second.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from agentkv.hal.base import AttnMeta, Backend, Capabilities, KVSpec, RopeSpec, RopeStyle, Tensor, Weight
+from agentkv.hal.rope import rope_tables
+
+F32 = 0  # gguf.GGMLQuantizationType.F32
+
+
+class RefKV:
+    """Paged K/V: `k[layer]` and `v[layer]` are `[num_blocks, block_size, kvh, hd]` float32."""
+
+    def __init__(self, spec: KVSpec):
+        shape = (spec.num_layers, spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.spec, self.k, self.v = spec, np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    verf = np.vectorize(erf, otypes=[np.float64])
+    return (0.5 * x.astype(np.float64) * (1.0 + verf(x.astype(np.float64) / math.sqrt(2.0)))).astype(np.float32)
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "gelu": _gelu_erf}
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+    klass = "reference"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(device="cpu", resident_qtypes=frozenset())
+
+    def upload(self, array: np.ndarray) -> Tensor:
+        return Tensor(np.array(array, dtype=np.float32, copy=True))
+
+    def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
+        from agentkv.formats.quants import dequantize
+
+        arr = dequantize(np.asarray(data), qtype).reshape(shape).astype(np.float32)
+        return Weight(np.ascontiguousarray(arr), shape, F32, name)
+
+    def read(self, x: Tensor) -> np.ndarray:
+        return np.array(x.raw, dtype=np.float32, copy=True)
+
+    def argmax(self, x: Tensor) -> np.ndarray:
+        return np.argmax(x.raw, axis=-1).astype(np.int64)
+
+    def reshape(self, x: Tensor, shape) -> Tensor:
+        return Tensor(x.raw.reshape(shape))
+
+    def take_rows(self, x: Tensor, rows) -> Tensor:
+        return Tensor(np.ascontiguousarray(x.raw[np.asarray(rows, dtype=np.int64)]))
+
+    def embedding(self, weight: Weight, ids) -> Tensor:
+        return Tensor(weight.raw[np.asarray(ids, dtype=np.int64)].copy())
+
+    def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
+        w, xs = weight.raw, np.ascontiguousarray(x.raw)
+        out = np.empty((xs.shape[0], w.shape[0]), np.float32)
+        for i in range(xs.shape[0]):  # one GEMV per row: the row's bits never see the batch
+            out[i] = w @ xs[i]
+        if bias is not None:
+            out += bias.raw
+        return Tensor(out)
+
+    def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:
+        xs = x.raw
+        ms = np.mean(xs * xs, axis=-1, keepdims=True, dtype=np.float32)
+        gain = (np.float32(1.0) + weight.raw) if unit_offset else weight.raw
+        return Tensor((xs / np.sqrt(ms + np.float32(eps))) * gain)
+
+    def layer_norm(self, x: Tensor, weight: Weight, bias: Weight | None, eps: float) -> Tensor:
+        xs = x.raw
+        mean = np.mean(xs, axis=-1, keepdims=True, dtype=np.float32)
+        centred = xs - mean
+        var = np.mean(centred * centred, axis=-1, keepdims=True, dtype=np.float32)
+        out = centred / np.sqrt(var + np.float32(eps)) * weight.raw
+        return Tensor(out + bias.raw if bias is not None else out)
+
+    def rope(self, x: Tensor, positions, spec: RopeSpec) -> Tensor:
+        pos = np.asarray(positions, dtype=np.int64)
+        cos_t, sin_t = rope_tables(spec, int(pos.max(initial=0)) + 1)
+        cos, sin = cos_t[pos][:, None, :], sin_t[pos][:, None, :]  # [n, 1, dim/2]
+        xs = x.raw.copy()
+        rot = xs[..., : spec.dim]
+        if spec.style is RopeStyle.NEOX:
+            a, b = rot[..., : spec.dim // 2], rot[..., spec.dim // 2:]
+            rot[...] = np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+        else:
+            a, b = rot[..., 0::2].copy(), rot[..., 1::2].copy()
+            rot[..., 0::2], rot[..., 1::2] = a * cos - b * sin, b * cos + a * sin
+        return Tensor(xs)
+
+    def gated_act(self, gate: Tensor, up: Tensor, kind: str) -> Tensor:
+        return Tensor(ACTIVATIONS[kind](gate.raw) * up.raw)
+
+    def act(self, x: Tensor, kind: str) -> Tensor:
+        return Tensor(ACTIVATIONS[kind](x.raw))
+
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        return Tensor(a.raw + b.raw)
+
+    def scale(self, x: Tensor, factor: float) -> Tensor:
+        return Tensor(x.raw * np.float32(factor))
+
+    def softcap(self, x: Tensor, cap: float) -> Tensor:
+        c = np.float32(cap)
+        return Tensor(np.tanh(x.raw / c) * c)
+
+    def allocate_kv(self, spec: KVSpec) -> Any:
+        return RefKV(spec)
+
+    def kv_store(self, kv: RefKV, layer: int, k: Tensor, v: Tensor, slot_mapping) -> None:
+        slots = np.asarray(slot_mapping, dtype=np.int64)
+        bs = kv.spec.block_size
+        kv.k[layer, slots // bs, slots % bs] = k.raw
+        kv.v[layer, slots // bs, slots % bs] = v.raw
+
+    def copy_blocks(self, kv: RefKV, pairs) -> None:
+        for src, dst in pairs:
+            kv.k[:, dst] = kv.k[:, src]
+            kv.v[:, dst] = kv.v[:, src]
+
+    def attention(self, q: Tensor, kv: RefKV, layer: int, meta: AttnMeta, scale: float,
+                  window: int | None = None, softcap: float | None = None) -> Tensor:
+        qs = q.raw
+        n, h, hd = qs.shape
+        kvh = kv.spec.num_kv_heads
+        out = np.empty_like(qs)
+        for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens,
+                                           meta.block_tables):
+            blocks = np.asarray(table, dtype=np.int64)
+            keys = kv.k[layer, blocks].reshape(-1, kvh, hd)[:ctx].transpose(1, 2, 0)  # [kvh, hd, ctx]
+            vals = kv.v[layer, blocks].reshape(-1, kvh, hd)[:ctx].transpose(1, 0, 2)  # [kvh, ctx, hd]
+            for r in range(start, start + qlen):
+                pos = int(meta.positions[r])
+                lo = max(0, pos + 1 - window) if window else 0
+                qr = qs[r].reshape(kvh, h // kvh, hd)
+                out[r] = _attend_row(qr, keys[:, :, lo:pos + 1], vals[:, lo:pos + 1], scale, softcap).reshape(h, hd)
+        return Tensor(out)
+
+    def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens, scale: float) -> Tensor:
+        qs, ks, vs = q.raw, k.raw, v.raw
+        n, h, hd = qs.shape
+        kvh = ks.shape[1]
+        out = np.empty_like(qs)
+        start = 0
+        for length in seq_lens:
+            keys = ks[start:start + length].transpose(1, 2, 0)
+            vals = vs[start:start + length].transpose(1, 0, 2)
+            for r in range(start, start + length):
+                qr = qs[r].reshape(kvh, h // kvh, hd)
+                out[r] = _attend_row(qr, keys, vals, scale, None).reshape(h, hd)
+            start += length
+        return Tensor(out)
+
+
+def _attend_row(qr: np.ndarray, keys: np.ndarray, vals: np.ndarray, scale: float,
+                softcap: float | None) -> np.ndarray:
+    """One query row: qr `[kvh, g, hd]`, keys `[kvh, hd, L]`, vals `[kvh, L, hd]` -> `[kvh, g, hd]`."""
+    scores = np.matmul(qr, np.ascontiguousarray(keys)) * np.float32(scale)
+    if softcap:
+        c = np.float32(softcap)
+        scores = np.tanh(scores / c) * c
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = scores / scores.sum(axis=-1, keepdims=True, dtype=np.float32)
+    return np.matmul(probs, np.ascontiguousarray(vals))

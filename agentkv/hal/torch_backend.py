@@ -1,0 +1,284 @@
+"""The torch backend: one implementation for `cpu` (float32) and, when present, `cuda`.
+
+Batch invariance on the CPU comes from shapes, not luck: MKL's f32 GEMM gives a row the same
+bits for any M >= 16, so matmuls pad short batches to 16 rows; attention runs per 16-position
+group with a fixed tile shape (see `_attend_group`), or in the compiled kernel of
+`agentkv.hal.kernels` when it is available; elementwise ops avoid torch kernels whose scalar
+tail differs from their vector body (silu is written with exp, which has none).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from agentkv.hal.base import AttnMeta, Backend, Capabilities, KVSpec, RopeSpec, RopeStyle, Tensor, Weight
+from agentkv.hal.registry import BackendUnavailable
+from agentkv.hal.rope import rope_tables
+
+F32 = 0
+MIN_ROWS = 16  # MKL sgemm: rows are bit-identical for any M >= 16 (MEASUREMENTS.md)
+GROUP = 16  # attention query tile: positions [16j, 16j + 16) share one fixed-shape tile
+
+
+class TorchKV:
+    """Paged K/V: `k[layer]`, `v[layer]` are `[num_blocks * block_size, kvh, hd]` (slot-major)."""
+
+    def __init__(self, spec: KVSpec, device: torch.device):
+        shape = (spec.num_layers, spec.num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.spec = spec
+        self.k = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.v = torch.zeros(shape, dtype=torch.float32, device=device)
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    return x / (1.0 + torch.exp(-x))
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * x * x * x)))
+
+
+def _gelu_erf(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "gelu": _gelu_erf}
+
+
+class TorchBackend(Backend):
+    klass = "approx"
+
+    def __init__(self, device: str = "cpu", use_kernels: bool = True):
+        self.device = torch.device(device)
+        self.name = "torch" if self.device.type == "cpu" else f"torch-{self.device.type}"
+        self._kernels = None
+        if use_kernels and self.device.type == "cpu":
+            self._kernels = _load_kernels()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        resident = RESIDENT_QTYPES if self._kernels is not None else frozenset()
+        return Capabilities(device=str(self.device), resident_qtypes=resident,
+                            asynchronous=self.device.type == "cuda",
+                            fused_attention=self._kernels is not None)
+
+    # -- data in and out ------------------------------------------------------------------
+    def upload(self, array: np.ndarray) -> Tensor:
+        return Tensor(torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).to(self.device))
+
+    def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
+        if resident and qtype in self.capabilities.resident_qtypes:
+            raw = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8)).to(self.device)
+            return Weight(raw, shape, qtype, name)
+        from agentkv.formats.quants import dequantize
+
+        arr = dequantize(np.asarray(data), qtype).reshape(shape).astype(np.float32)
+        return Weight(torch.from_numpy(np.ascontiguousarray(arr)).to(self.device), shape, F32, name)
+
+    def read(self, x: Tensor) -> np.ndarray:
+        return x.raw.detach().to("cpu", torch.float32).numpy().copy()
+
+    def argmax(self, x: Tensor) -> np.ndarray:
+        return self.read(x).argmax(axis=-1).astype(np.int64)  # numpy: lowest index wins ties
+
+    def reshape(self, x: Tensor, shape) -> Tensor:
+        return Tensor(x.raw.reshape(shape))
+
+    def take_rows(self, x: Tensor, rows) -> Tensor:
+        idx = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=self.device)
+        return Tensor(x.raw.index_select(0, idx))
+
+    # -- ops ------------------------------------------------------------------------------
+    def embedding(self, weight: Weight, ids) -> Tensor:
+        idx = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
+        if weight.qtype != F32:
+            rows = self._kernels.dequantize_rows(weight.raw, idx, weight.qtype, weight.shape[1])
+            return Tensor(rows)
+        return Tensor(weight.raw.index_select(0, idx))
+
+    def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
+        xs = x.raw.contiguous()
+        if weight.qtype != F32:
+            out = self._kernels.qmatmul(xs, weight.raw, weight.qtype, weight.shape[0], weight.shape[1])
+        else:
+            n = xs.shape[0]
+            if n < MIN_ROWS and self.device.type == "cpu":
+                xs = torch.cat([xs, xs.new_zeros(MIN_ROWS - n, xs.shape[1])])
+                out = F.linear(xs, weight.raw)[:n]
+            else:
+                out = F.linear(xs, weight.raw)
+        if bias is not None:
+            out = out + bias.raw
+        return Tensor(out)
+
+    def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:
+        xs = x.raw
+        ms = (xs * xs).mean(dim=-1, keepdim=True)
+        gain = (1.0 + weight.raw) if unit_offset else weight.raw
+        return Tensor((xs / torch.sqrt(ms + eps)) * gain)
+
+    def layer_norm(self, x: Tensor, weight: Weight, bias: Weight | None, eps: float) -> Tensor:
+        xs = x.raw
+        centred = xs - xs.mean(dim=-1, keepdim=True)
+        var = (centred * centred).mean(dim=-1, keepdim=True)
+        out = centred / torch.sqrt(var + eps) * weight.raw
+        return Tensor(out + bias.raw if bias is not None else out)
+
+    def rope(self, x: Tensor, positions, spec: RopeSpec) -> Tensor:
+        pos = np.asarray(positions, dtype=np.int64)
+        cos_t, sin_t = rope_tables(spec, int(pos.max(initial=0)) + 1)
+        cos = torch.from_numpy(cos_t[pos]).to(self.device)[:, None, :]
+        sin = torch.from_numpy(sin_t[pos]).to(self.device)[:, None, :]
+        xs = x.raw
+        rot, rest = xs[..., : spec.dim], xs[..., spec.dim:]
+        half = spec.dim // 2
+        if spec.style is RopeStyle.NEOX:
+            a, b = rot[..., :half], rot[..., half:]
+            out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+        else:
+            a, b = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+        return Tensor(torch.cat([out, rest], dim=-1) if rest.shape[-1] else out)
+
+    def gated_act(self, gate: Tensor, up: Tensor, kind: str) -> Tensor:
+        return Tensor(ACTIVATIONS[kind](gate.raw) * up.raw)
+
+    def act(self, x: Tensor, kind: str) -> Tensor:
+        return Tensor(ACTIVATIONS[kind](x.raw))
+
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        return Tensor(a.raw + b.raw)
+
+    def scale(self, x: Tensor, factor: float) -> Tensor:
+        return Tensor(x.raw * factor)
+
+    def softcap(self, x: Tensor, cap: float) -> Tensor:
+        return Tensor(torch.tanh(x.raw / cap) * cap)
+
+    # -- KV and attention -----------------------------------------------------------------
+    def allocate_kv(self, spec: KVSpec) -> Any:
+        return TorchKV(spec, self.device)
+
+    def kv_store(self, kv: TorchKV, layer: int, k: Tensor, v: Tensor, slot_mapping) -> None:
+        slots = torch.as_tensor(np.asarray(slot_mapping, dtype=np.int64), device=self.device)
+        kv.k[layer].index_copy_(0, slots, k.raw)
+        kv.v[layer].index_copy_(0, slots, v.raw)
+
+    def copy_blocks(self, kv: TorchKV, pairs) -> None:
+        bs = kv.spec.block_size
+        for src, dst in pairs:
+            kv.k[:, dst * bs:(dst + 1) * bs] = kv.k[:, src * bs:(src + 1) * bs]
+            kv.v[:, dst * bs:(dst + 1) * bs] = kv.v[:, src * bs:(src + 1) * bs]
+
+    def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale: float,
+                  window: int | None = None, softcap: float | None = None) -> Tensor:
+        if self._kernels is not None:
+            return Tensor(_kernel_attention(self._kernels, q.raw, kv, layer, meta, scale, window, softcap))
+        out = torch.empty_like(q.raw)
+        for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens,
+                                           meta.block_tables):
+            pos0 = ctx - qlen
+            r = 0
+            while r < qlen:  # one tile per 16-aligned group of positions
+                group = (pos0 + r) // GROUP
+                take = min(qlen - r, (group + 1) * GROUP - (pos0 + r))
+                rows = slice(start + r, start + r + take)
+                out[rows] = _attend_group(q.raw[rows], kv, layer, table, pos0 + r, group, scale,
+                                          window, softcap)
+                r += take
+        return Tensor(out)
+
+    def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens, scale: float) -> Tensor:
+        out, start = torch.empty_like(q.raw), 0
+        h, kvh = q.raw.shape[1], k.raw.shape[1]
+        for length in seq_lens:
+            sl = slice(start, start + length)
+            qs = q.raw[sl].transpose(0, 1)  # [h, L, hd]
+            ks = k.raw[sl].transpose(0, 1).repeat_interleave(h // kvh, dim=0)
+            vs = v.raw[sl].transpose(0, 1).repeat_interleave(h // kvh, dim=0)
+            probs = torch.softmax(torch.matmul(qs, ks.transpose(1, 2)) * scale, dim=-1)
+            out[sl] = torch.matmul(probs, vs).transpose(0, 1)
+            start += length
+        return Tensor(out)
+
+
+def _attend_group(q: torch.Tensor, kv: TorchKV, layer: int, table, first_pos: int, group: int,
+                  scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
+    """Queries at positions [first_pos, first_pos + m) inside group g = [16g, 16g + 16).
+
+    Every such query is computed in a tile of exactly 16 rows at row `pos % 16` against keys
+    [0, 16g + 16), so its shapes (and so its bits) are the same in decode and in any prefill
+    chunk. Keys past a query's position are masked to -inf; their V rows get weight 0."""
+    m, h, hd = q.shape
+    kvh, bs = kv.spec.num_kv_heads, kv.spec.block_size
+    num_keys = (group + 1) * GROUP
+    slots = _slots(table, num_keys, bs, q.device)
+    keys = kv.k[layer].index_select(0, slots)  # [L, kvh, hd]
+    vals = kv.v[layer].index_select(0, slots)
+    off = first_pos - group * GROUP
+    tile = q.new_zeros(GROUP, h, hd)
+    tile[off:off + m] = q
+    g = h // kvh
+    qt = tile.reshape(GROUP, kvh, g, hd).permute(1, 2, 0, 3).reshape(kvh, g * GROUP, hd)
+    scores = torch.matmul(qt, keys.permute(1, 2, 0)) * scale  # [kvh, g*16, L]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    qpos = torch.arange(group * GROUP, num_keys, device=q.device).repeat(g)  # row -> position
+    kpos = torch.arange(num_keys, device=q.device)
+    mask = kpos[None, :] > qpos[:, None]
+    if window:
+        mask |= kpos[None, :] <= qpos[:, None] - window
+    scores = scores.masked_fill(mask[None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, vals.permute(1, 0, 2))  # [kvh, g*16, hd]
+    out = out.reshape(kvh, g, GROUP, hd).permute(2, 0, 1, 3).reshape(GROUP, h, hd)
+    return out[off:off + m]
+
+
+def _slots(table, num_keys: int, bs: int, device) -> torch.Tensor:
+    pos = np.arange(num_keys)
+    blocks = np.asarray(table, dtype=np.int64)
+    nb = min(len(blocks), -(-num_keys // bs))
+    pos = pos[: nb * bs]
+    slots = blocks[pos // bs] * bs + pos % bs
+    if len(slots) < num_keys:  # keys past the last block: any valid slot, they are masked
+        slots = np.concatenate([slots, np.full(num_keys - len(slots), slots[-1])])
+    return torch.as_tensor(slots, device=device)
+
+
+RESIDENT_QTYPES: frozenset[int] = frozenset()  # filled once the quantized kernels are witnessed
+
+
+def _load_kernels():
+    try:
+        from agentkv.hal import kernels
+    except ImportError:
+        return None
+    load = getattr(kernels, "load", None)
+    return load() if load is not None else None
+
+
+def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window, softcap):
+    """The compiled kernel walks each row's keys 0..pos in order: invariant by construction."""
+    spec = kv.spec
+    width = max(len(t) for t in meta.block_tables)
+    tables = np.zeros((len(meta.block_tables), width), np.int32)
+    for i, t in enumerate(meta.block_tables):
+        tables[i, : len(t)] = t
+    row_seq = np.repeat(np.arange(len(meta.query_lens), dtype=np.int32), meta.query_lens)
+    shape = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+    return mod.paged_attention(q.contiguous(), kv.k[layer].view(shape), kv.v[layer].view(shape),
+                               torch.from_numpy(tables), torch.from_numpy(row_seq),
+                               torch.from_numpy(meta.positions.astype(np.int32)),
+                               float(scale), int(window or 0), float(softcap or 0.0))
+
+
+def cuda_backend() -> TorchBackend:
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("backend 'torch-cuda' needs a CUDA device and none is present")
+    return TorchBackend("cuda")
