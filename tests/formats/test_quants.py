@@ -102,8 +102,8 @@ def test_dequantize_control_detects_one_flipped_bit():
     raw = random_raw(np.random.default_rng(5), T.Q4_K, (2, 3))
     flipped = raw.copy()
     flipped[1, 200] ^= 1  # a quant nibble in the second block of row 1
-    ours = dequantize(flipped, T.Q4_K)
-    assert not np.array_equal(ours.view(np.uint32), gguf.quants.dequantize(raw, T.Q4_K).view(np.uint32))
+    ours, oracle = dequantize(flipped, T.Q4_K), gguf.quants.dequantize(raw, T.Q4_K)
+    assert not np.array_equal(ours.view(np.uint32), oracle.view(np.uint32))
 
 
 def test_dequantize_typed_float_inputs():
@@ -170,7 +170,8 @@ def test_quantize_all_zero_block_keeps_negative_zero_scale():
 def test_quantize_bf16_quiets_nan_and_rounds_to_even():
     x = np.array([[1.0, np.nan, -np.inf, 1.00390625, 1.01171875]], np.float32)
     x.view(np.uint32)[0, 1] = 0x7F800001  # signalling NaN
-    assert quantize(x, T.BF16).view(np.uint16).tolist() == [[0x3F80, 0x7FC0, 0xFF80, 0x3F80, 0x3F82]]
+    bits = quantize(x, T.BF16).view(np.uint16).tolist()
+    assert bits == [[0x3F80, 0x7FC0, 0xFF80, 0x3F80, 0x3F82]]
 
 
 @settings(max_examples=30, deadline=None)
@@ -233,14 +234,16 @@ def test_quantize_decode_only_type_lists_quantizable():
     ids=lambda v: getattr(v, "name", str(v)),
 )
 def test_dequantize_ragged_bytes(qtype, n_bytes, type_size):
-    expect = rf"^{n_bytes} bytes per row is not a multiple of the {qtype.name} \({int(qtype)}\) type size {type_size}$"
+    label = rf"{qtype.name} \({int(qtype)}\)"
+    expect = rf"^{n_bytes} bytes per row is not a multiple of the {label} type size {type_size}$"
     with pytest.raises(QuantError, match=expect):
         dequantize(np.zeros((2, n_bytes), np.uint8), qtype)
 
 
 @pytest.mark.parametrize("qtype, n_cols", [(T.Q8_0, 33), (T.Q4_1, 16), (T.Q5_0, 48)])
 def test_quantize_ragged_row(qtype, n_cols):
-    expect = rf"^row length {n_cols} is not a multiple of the {qtype.name} \({int(qtype)}\) block size 32$"
+    label = rf"{qtype.name} \({int(qtype)}\)"
+    expect = rf"^row length {n_cols} is not a multiple of the {label} block size 32$"
     with pytest.raises(QuantError, match=expect):
         quantize(np.zeros((2, n_cols), np.float32), qtype)
 

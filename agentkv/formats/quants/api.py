@@ -12,7 +12,9 @@ from agentkv.formats.quants import floats, kquants, legacy  # noqa: F401  (regis
 from agentkv.formats.quants.base import get_codec, registered
 
 # gguf type number -> format name, for every type this package can dequantize.
-QUANT_NAMES = MappingProxyType({num: codec.qtype.name for num, codec in sorted(registered().items())})
+QUANT_NAMES = MappingProxyType(
+    {num: codec.qtype.name for num, codec in sorted(registered().items())}
+)
 
 # The subset that `quantize` accepts.
 QUANTIZABLE = frozenset(num for num, codec in registered().items() if codec.can_quantize)
