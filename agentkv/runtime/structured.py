@@ -1,0 +1,167 @@
+"""Constrained decoding on xgrammar: the `Constraint` protocol the engine calls each step, and a
+per-tokenizer factory that compiles (and caches) grammars for JSON schemas, `json_object`, and
+Hermes tool calls (`<tool_call>{"name": one of the tools, "arguments": its schema}</tool_call>`).
+
+The engine owns the loop; for a request with a constraint it does, every step:
+
+    mask = c.allowed_mask()      # bool[vocab_size] (model logits width) or None = no limit
+    ... sample among mask ...
+    c.accept(token_id)
+    if c.is_finished(): stop with finish_reason "stop"
+
+Ids the tokenizer does not know (model logits wider than the vocabulary) and special tokens
+are never allowed; a grammar ends the request itself, so EOS is never needed to close JSON.
+xgrammar is imported in the factory only, so the core imports without it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+log = logging.getLogger("agentkv.structured")
+
+TOOL_CALL_OPEN = "<tool_call>\n"
+TOOL_CALL_CLOSE = "\n</tool_call>"
+_CACHE_SIZE = 64
+
+
+class Constraint(Protocol):
+    def allowed_mask(self) -> np.ndarray | None: ...
+
+    def accept(self, token_id: int) -> None: ...
+
+    def is_finished(self) -> bool: ...
+
+
+class GrammarConstraint:
+    """One request's grammar state. Not thread-safe: only the engine thread calls it."""
+
+    def __init__(self, compiled: Any, vocab_size: int) -> None:
+        import xgrammar as xgr
+
+        self._matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        self._vocab_size = vocab_size
+        self._bitmask = np.zeros((1, (vocab_size + 31) // 32), dtype=np.int32)
+        self._mask: np.ndarray | None = None
+        self._failed = False
+
+    def allowed_mask(self) -> np.ndarray:
+        """bool[vocab_size]; True where the grammar allows the token next. Cached until accept."""
+        if self._mask is None:
+            self._bitmask.fill(0)
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
+            self._mask = bits[: self._vocab_size].astype(bool)
+        return self._mask
+
+    def accept(self, token_id: int) -> None:
+        """Advance the grammar by one sampled token (mutates). A token the mask forbade means
+        the engine ignored the mask: the request is ended rather than the thread crashed."""
+        self._mask = None
+        if not self._matcher.accept_token(int(token_id)):
+            log.error("grammar rejected token %d: the engine sampled outside the mask (bug)", token_id)
+            self._failed = True
+
+    def is_finished(self) -> bool:
+        return self._failed or self._matcher.is_terminated()
+
+
+def tool_call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """JSON schema of one call: {"name": <one tool>, "arguments": <that tool's parameters>}.
+    `tools` are OpenAI tool definitions ({"type": "function", "function": {...}})."""
+    options = []
+    for tool in tools:
+        fn = tool["function"]
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        options.append({
+            "type": "object",
+            "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+class ConstraintFactory:
+    """Compiles grammars for one tokenizer and model width; thread-safe, caches by schema.
+
+    Building is CPU work (tens of ms to seconds): call from a worker thread, not the loop."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        self.vocab_size = vocab_size
+        info = _tokenizer_info(tokenizer, vocab_size)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def json_schema(self, schema: dict[str, Any]) -> GrammarConstraint:
+        """Output is one JSON value valid against `schema` (raises ValueError if unsupported)."""
+        return self._make(("schema", schema), lambda: self._compile_schema(schema))
+
+    def json_object(self) -> GrammarConstraint:
+        """Output is one JSON object, any keys."""
+        return self.json_schema({"type": "object"})
+
+    def tool_call(self, tools: Sequence[dict[str, Any]]) -> GrammarConstraint:
+        """Output is exactly one `<tool_call>` block calling one of `tools` (pass a single tool
+        for a named tool_choice) with arguments valid against its parameters schema."""
+        schema = tool_call_schema(tools)
+        return self._make(("tool", schema), lambda: self._compile_tool_call(schema))
+
+    def _make(self, key_obj: Any, build: Any) -> GrammarConstraint:
+        key = json.dumps(key_obj, sort_keys=True)
+        with self._lock:
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                self._cache.move_to_end(key)
+        if compiled is None:
+            compiled = build()
+            with self._lock:
+                self._cache[key] = compiled
+                while len(self._cache) > _CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return GrammarConstraint(compiled, self.vocab_size)
+
+    def _compile_schema(self, schema: dict[str, Any]) -> Any:
+        try:
+            return self._compiler.compile_json_schema(
+                json.dumps(schema), any_whitespace=False, strict_mode=True)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError variants
+            raise ValueError(f"JSON schema is not supported for constrained decoding: {exc}") from exc
+
+    def _compile_tool_call(self, schema: dict[str, Any]) -> Any:
+        xgr = self._xgr
+        try:
+            body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+        except Exception as exc:
+            raise ValueError(f"tool parameters schema is not supported: {exc}") from exc
+        grammar = xgr.Grammar.concat(
+            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"), body,
+            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}"))
+        return self._compiler.compile_grammar(grammar)
+
+
+def _tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
+    """xgrammar's view of the vocabulary. Special tokens become empty strings, which xgrammar
+    never allows; the vocab type (byte-level BPE, byte-fallback SentencePiece) is detected from
+    the `tokenizers` backend when there is one."""
+    import xgrammar as xgr
+
+    num_known = min(tokenizer.vocab_size, vocab_size)
+    special = set(getattr(tokenizer, "special_ids", ()))
+    vocab = ["" if i in special else (tokenizer.id_to_token(i) or "") for i in range(num_known)]
+    meta: dict[str, Any] = {"vocab_type": xgr.VocabType.RAW, "add_prefix_space": False}
+    backend = getattr(tokenizer, "backend", None)
+    if backend is not None:
+        meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
+    return xgr.TokenizerInfo(vocab, meta["vocab_type"], vocab_size=vocab_size,
+                             stop_token_ids=sorted(tokenizer.eos_ids),
+                             add_prefix_space=meta["add_prefix_space"])

@@ -1,0 +1,177 @@
+"""Request bodies of the OpenAI-compatible API as pydantic models: they are both the validator
+(strict types: a string is never silently an int) and the source of /openapi.json.
+
+Top-level request fields are closed (`extra="forbid"`, so a typo such as `max_token` is a 400
+naming it); OpenAI fields we accept but do not act on are listed explicitly. Messages and tool
+calls ignore unknown keys, because clients echo back assistant messages with extra fields."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+StopField = str | list[str] | None
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class Open(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
+# --- messages and tools -----------------------------------------------------------------------
+
+class TextPart(Open):
+    type: Literal["text"]
+    text: str
+
+
+class OtherPart(Open):
+    """Any non-text part (image_url, input_audio, file): accepted by the schema so the server can
+    answer with a clear 400 naming the part type rather than a generic validation error."""
+
+    type: Literal["image_url", "input_audio", "file", "refusal"]
+
+
+ContentPart = Annotated[TextPart | OtherPart, Field(discriminator="type")]
+
+
+class FunctionCall(Open):
+    name: str
+    arguments: str
+
+
+class ToolCall(Open):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(Closed):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Closed):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Closed):
+    name: str
+
+
+class NamedToolChoice(Closed):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaSpec(Closed):
+    name: str = Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Closed):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StreamOptions(Closed):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+# --- shared sampling fields ------------------------------------------------------------------
+
+class SamplingFields(Closed):
+    """Fields shared by chat and completions; the ranges themselves are SamplingParams' job,
+    so every range error names the field the same way whichever endpoint was called."""
+
+    model: str
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: StopField = None
+    stop_token_ids: list[int] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Accepted for compatibility; no effect here.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Prompt
+    max_tokens: int | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+    response_format: ResponseFormat | None = None
+    add_special_tokens: bool = True
+
+
+class EmbeddingRequest(Closed):
+    model: str
+    input: Prompt
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class TokenizeRequest(Closed):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    tools: list[ToolDef] | None = None
+
+
+class DetokenizeRequest(Closed):
+    model: str | None = None
+    tokens: list[int]
