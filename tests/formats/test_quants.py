@@ -162,6 +162,19 @@ def test_quantize_float64_and_multi_dim(qtype):
     assert_same_bits(quantize(x, qtype), gguf.quants.quantize(x, qtype))
 
 
+@pytest.mark.parametrize("nudge", [0.0, -np.inf, np.inf], ids=["halves", "below", "above"])
+def test_quantize_q8_0_rounds_halves_away_from_zero(nudge):
+    # amax 127 makes the scale exactly 1, so k/2 lands on (or one ulp beside) a rounding tie
+    halves = (np.random.default_rng(23).integers(-254, 255, (256, 32)) / 2).astype(np.float32)
+    halves[:, 0] = 127
+    x = halves if nudge == 0.0 else np.nextafter(halves, np.float32(nudge))
+    x[:, 0] = 127
+    assert_same_bits(quantize(x, T.Q8_0), gguf.quants.quantize(x, T.Q8_0))
+    assert quantize(np.array([[127.0, 2.5, -2.5] + [0.0] * 29]), T.Q8_0)[0, 2:5].view(
+        np.int8
+    ).tolist() == [127, 3, -3]
+
+
 def test_quantize_all_zero_block_keeps_negative_zero_scale():
     raw = quantize(np.zeros((1, 32), np.float32), T.Q4_0)
     assert raw.tolist() == [[0x00, 0x80] + [0x88] * 16]  # d = 0 / -8 = -0.0; q = 8

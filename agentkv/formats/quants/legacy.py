@@ -55,11 +55,15 @@ def _signed_absmax(blocks: np.ndarray) -> np.ndarray:
 
 
 def _round_away(x: np.ndarray) -> np.ndarray:
-    """Round half away from zero (C `roundf`), exactly as gguf-py's `np_roundf`."""
-    a = np.abs(x)
-    whole = np.floor(a)
-    whole += (a - whole) >= np.float32(0.5)
-    return np.copysign(whole, x, out=whole)
+    """Round half away from zero (C `roundf`) in place, as gguf-py's `np_roundf`: the
+    fraction `x - trunc(x)` is exact, so `trunc(2 * fraction)` adds the +-1 of a half or more
+    (`floor(x + 0.5)` would be wrong: 0.49999997 + 0.5 rounds up to 1.0 in float32)."""
+    whole = np.trunc(x)
+    x -= whole
+    x *= np.float32(2)
+    np.trunc(x, out=x)
+    x += whole
+    return x
 
 
 def _assemble(*fields: np.ndarray) -> np.ndarray:
