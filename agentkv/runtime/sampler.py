@@ -26,6 +26,7 @@ import numpy as np
 from agentkv.runtime.params import SamplingParams
 
 _U64 = 2**64
+_TOP_P_FIRST_CANDIDATES = 256
 
 
 class SampleResult(NamedTuple):
@@ -82,9 +83,9 @@ def sample(logits: np.ndarray, params: SamplingParams, state: SamplingState,
         token_id = _draw(warp(processed, params), state.rng)
     if not np.isfinite(processed[token_id]):
         raise RuntimeError(f"sampled token {token_id} has a -inf logit: sampler bug")
-    logprobs = raw_logprobs(raw)
-    return SampleResult(token_id, float(np.float32(logprobs[token_id])),
-                        top_logprobs(logprobs, params.logprobs or 0))
+    lse = _logsumexp(raw)
+    return SampleResult(token_id, _logprob(raw[token_id], lse),
+                        top_logprobs(raw, lse, params.logprobs or 0))
 
 
 def process_logits(logits: np.ndarray, params: SamplingParams, state: SamplingState,
@@ -168,11 +169,29 @@ def apply_top_k(z: np.ndarray, k: int) -> None:
 
 def apply_top_p(z: np.ndarray, top_p: float) -> None:
     """Nucleus: keep the most probable tokens (ties by lower id) until their mass reaches
-    `top_p`; a token stays iff the mass strictly ahead of it is < top_p. In place."""
-    order = np.lexsort((np.arange(z.shape[0]), -z))
-    probs = _softmax(z[order])
-    ahead = np.concatenate(([0.0], np.cumsum(probs)[:-1]))
-    z[order[ahead >= top_p]] = -np.inf
+    `top_p`; a token stays iff the mass strictly ahead of it is < top_p. In place.
+
+    Only the best `num` tokens are sorted, `num` growing 4x until they hold `top_p` of the
+    mass: every token outside them then has at least that much mass ahead of it, so is cut.
+    """
+    alive = np.flatnonzero(z > -np.inf)  # after top-k most of the row is already cut
+    scores = z[alive]
+    probs = _softmax(scores)
+    size = alive.shape[0]
+    num = _TOP_P_FIRST_CANDIDATES
+    while num < size:
+        kth = np.partition(scores, size - num)[size - num]
+        candidates = np.flatnonzero(scores >= kth)  # ties with the k-th all come along
+        if probs[candidates].sum() >= top_p:
+            break
+        num *= 4
+    else:
+        candidates = np.arange(size)
+    order = candidates[np.lexsort((alive[candidates], -scores[candidates]))]
+    ahead = np.concatenate(([0.0], np.cumsum(probs[order])[:-1]))
+    removed = np.ones(z.shape[0], dtype=bool)
+    removed[alive[order[ahead < top_p]]] = False
+    z[removed] = -np.inf
 
 
 def apply_min_p(z: np.ndarray, min_p: float) -> None:
@@ -183,20 +202,31 @@ def apply_min_p(z: np.ndarray, min_p: float) -> None:
 
 def raw_logprobs(logits: np.ndarray) -> np.ndarray:
     """log_softmax of the raw row in float64 `[vocab]`."""
-    x = logits.astype(np.float64)
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
+    return logits.astype(np.float64) - _logsumexp(logits)
 
 
-def top_logprobs(logprobs: np.ndarray, n: int) -> list[tuple[int, float]]:
-    """The `n` best (token_id, logprob as float32), sorted desc, ties by lower id."""
-    n = min(n, logprobs.shape[0])
+def top_logprobs(logits: np.ndarray, lse: float, n: int) -> list[tuple[int, float]]:
+    """The `n` best (token_id, logprob) of the raw row whose logsumexp is `lse`; sorted desc,
+    ties by lower id. log_softmax is monotone, so the best logits are the best logprobs."""
+    vocab = logits.shape[0]
+    n = min(n, vocab)
     if n <= 0:
         return []
-    kth = np.partition(logprobs, logprobs.shape[0] - n)[logprobs.shape[0] - n]
-    candidates = np.flatnonzero(logprobs >= kth)
-    best = candidates[np.lexsort((candidates, -logprobs[candidates]))][:n]
-    return [(int(i), float(np.float32(logprobs[i]))) for i in best]
+    kth = np.partition(logits, vocab - n)[vocab - n]
+    candidates = np.flatnonzero(logits >= kth)
+    best = candidates[np.lexsort((candidates, -logits[candidates]))][:n]
+    return [(int(i), _logprob(logits[i], lse)) for i in best]
+
+
+def _logsumexp(logits: np.ndarray) -> float:
+    """float64 logsumexp of a row (max-shifted, so no overflow)."""
+    m = float(logits.max())
+    return m + float(np.log(np.exp(logits.astype(np.float64) - m).sum()))
+
+
+def _logprob(logit: np.floating, lse: float) -> float:
+    """float64 logit - lse, cast to float32 and back (the precision a client sees)."""
+    return float(np.float32(np.float64(logit) - lse))
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:

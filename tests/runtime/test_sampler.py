@@ -161,6 +161,24 @@ def test_warpers_match_hf(seed: int) -> None:
         assert 0 < ours.sum() < 64, "case must actually filter for the test to mean anything"
 
 
+@pytest.mark.parametrize("scale, top_p", [(0.3, 0.95), (0.3, 0.2), (4.0, 0.9), (1.0, 0.5)])
+def test_top_p_on_a_large_vocab_matches_hf(scale: float, top_p: float) -> None:
+    """Vocab 5000 > the first 256 candidates: flat rows make the candidate set grow (or fall
+    back to a full sort), peaked rows stop at the first partition."""
+    logits = (np.random.default_rng(7).normal(size=5000) * scale).astype(np.float32)
+    ours = np.isfinite(warp(logits, SamplingParams(top_p=top_p)))
+    assert ours.tolist() == _hf_mask([TopPLogitsWarper(top_p)], logits).tolist()
+    assert 0 < ours.sum() < 5000
+
+
+def test_top_k_then_top_p_on_a_large_vocab_matches_hf() -> None:
+    logits = (np.random.default_rng(8).normal(size=5000) * 0.5).astype(np.float32)
+    ours = np.isfinite(warp(logits, SamplingParams(top_k=300, top_p=0.8)))
+    theirs = _hf_mask([TopKLogitsWarper(300), TopPLogitsWarper(0.8)], logits)
+    assert ours.tolist() == theirs.tolist()
+    assert 0 < ours.sum() < 300
+
+
 def test_temperature_matches_hf_distribution() -> None:
     logits = np.random.default_rng(5).normal(size=64).astype(np.float32)
     ours = _softmax(warp(logits, SamplingParams(temperature=0.3)))
