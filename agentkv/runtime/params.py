@@ -41,8 +41,9 @@ class SamplingParams:
     Collections are normalised in `__post_init__` so callers may pass what JSON gives them:
     `logit_bias` as a dict (keys may be digit strings) becomes a tuple of (token_id, bias)
     sorted by token id; `stop` as a str or list becomes a tuple; `stop_token_ids` as a list
-    becomes a tuple. Floats given as ints become floats. Every bad value raises ValueError
-    naming the field, the value and the allowed range.
+    becomes a tuple; None for any of the three means empty. Floats given as ints become
+    floats. Every bad value raises ValueError naming the field, the value and the allowed
+    range.
     """
 
     max_tokens: int = 16
@@ -103,10 +104,10 @@ class SamplingParams:
             if not _is_real(value):
                 raise _bad(name, value, f"a finite number {allowed}")
             set_(self, name, float(value))
-        set_(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
-        stop = self.stop
+        set_(self, "logit_bias", _normalise_logit_bias(self.logit_bias or ()))
+        stop = self.stop or ()
         set_(self, "stop", (stop,) if isinstance(stop, str) else tuple(stop))
-        set_(self, "stop_token_ids", tuple(self.stop_token_ids))
+        set_(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")

@@ -150,3 +150,8 @@ def test_check_vocab() -> None:
     params.check_vocab(100)
     with pytest.raises(ValueError, match=r"logit_bias key=100 .*\[0, 99\]"):
         SamplingParams(logit_bias={100: 1.0}).check_vocab(100)
+
+
+def test_none_collections_mean_empty() -> None:
+    p = SamplingParams(stop=None, stop_token_ids=None, logit_bias=None)  # type: ignore[arg-type]
+    assert (p.stop, p.stop_token_ids, p.logit_bias) == ((), (), ())
