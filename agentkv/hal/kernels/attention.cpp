@@ -1,0 +1,127 @@
+// Paged causal attention over an f32 KV cache, one (query row, head) at a time.
+//
+// Every (row, head) walks its own keys start..pos in the same fixed order whatever else is
+// in the call, so a decode row (n = 1) and the same row inside a chunked prefill give the
+// same bits. The order, per (row, head):
+//
+//   1. score[j] = hsum8(fma chain over hd in 8-lane chunks of q * K[start + j]) * scale,
+//      then softcap * tanh(score / softcap) when softcap > 0;
+//   2. mx = max_j score[j] (exact, order-free);
+//   3. e[j] = exp8(score[j] - mx) for all j, 8 at a time (one exp code path, no scalar tail);
+//   4. sum = hsum8(8-lane accumulation of e over j in order, the last chunk masked);
+//   5. o = sum_j e[j] * V[start + j] accumulated in key order (one fma per lane), o / sum.
+//
+// Key position p of sequence s lives in block block_tables[s][p / block_size] at offset
+// p % block_size:
+//
+//   keys      0 ........ start ............ pos      (start = pos - window + 1 if window)
+//                        |<---- attended ---->|
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "qmatmul.h"
+#include "simd.h"
+
+namespace agentkv {
+namespace {
+
+constexpr int KEYS_AT_ONCE = 4;  // independent dot products in flight (same per-key order)
+
+struct HeadView {
+    const AttentionArgs& a;
+    const int32_t* table;  // this row's block table
+    int64_t kv;            // kv head index
+
+    const float* key(const float* cache, int64_t p) const {
+        const int64_t block = table[p / a.block_size], off = p % a.block_size;
+        return cache + ((block * a.block_size + off) * a.kvh + kv) * a.hd;
+    }
+};
+
+// Loads chunk c (8 lanes) of a head vector, masking lanes past hd.
+static inline __m256 load_chunk(const float* v, int64_t c, int64_t full, __m256i tail) {
+    return c < full ? _mm256_loadu_ps(v + 8 * c) : _mm256_maskload_ps(v + 8 * c, tail);
+}
+
+template <int NK>
+static void scores_block(const HeadView& hv, const float* q, int64_t p0, float* out) {
+    const AttentionArgs& a = hv.a;
+    const int64_t chunks = (a.hd + 7) / 8, full = a.hd / 8;
+    const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
+    const float* ks[NK];
+    __m256 acc[NK];
+    for (int t = 0; t < NK; ++t) {
+        ks[t] = hv.key(a.k_cache, p0 + t);
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t c = 0; c < chunks; ++c) {
+        const __m256 qv = load_chunk(q, c, full, tail);
+        for (int t = 0; t < NK; ++t) acc[t] = _mm256_fmadd_ps(qv, load_chunk(ks[t], c, full, tail), acc[t]);
+    }
+    for (int t = 0; t < NK; ++t) {
+        float s = hsum8(acc[t]) * a.scale;
+        if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+        out[t] = s;
+    }
+}
+
+static void attend_one(const AttentionArgs& a, int64_t row, int64_t head, std::vector<float>& buf,
+                       std::vector<__m256>& accv) {
+    const int64_t pos = a.row_pos[row];
+    const int64_t start = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+    const int64_t len = pos - start + 1;
+    const HeadView hv{a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq,
+                      head / (a.h / a.kvh)};
+    const float* q = a.q + (row * a.h + head) * a.hd;
+    const int64_t padded = (len + 7) / 8 * 8;
+    if (static_cast<int64_t>(buf.size()) < padded) buf.resize(padded);
+    float* s = buf.data();
+
+    int64_t j = 0;
+    for (; j + KEYS_AT_ONCE <= len; j += KEYS_AT_ONCE) scores_block<KEYS_AT_ONCE>(hv, q, start + j, s + j);
+    for (; j < len; ++j) scores_block<1>(hv, q, start + j, s + j);
+
+    float mx = s[0];
+    for (j = 1; j < len; ++j) mx = std::max(mx, s[j]);
+    for (j = len; j < padded; ++j) s[j] = mx;  // lanes computed but never summed
+    const __m256 mxv = _mm256_set1_ps(mx);
+    __m256 sumv = _mm256_setzero_ps();
+    for (j = 0; j < padded; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(lane_mask(static_cast<int>(std::min<int64_t>(8, len - j)))));
+        _mm256_storeu_ps(s + j, e);
+        sumv = _mm256_add_ps(sumv, e);
+    }
+    const float sum = hsum8(sumv);
+
+    const int64_t chunks = (a.hd + 7) / 8, full = a.hd / 8;
+    const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
+    accv.assign(chunks, _mm256_setzero_ps());
+    for (j = 0; j < len; ++j) {
+        const __m256 e = _mm256_set1_ps(s[j]);
+        const float* v = hv.key(a.v_cache, start + j);
+        for (int64_t c = 0; c < chunks; ++c) accv[c] = _mm256_fmadd_ps(e, load_chunk(v, c, full, tail), accv[c]);
+    }
+    const __m256 sv = _mm256_set1_ps(sum);
+    float* o = a.out + (row * a.h + head) * a.hd;
+    for (int64_t c = 0; c < chunks; ++c) {
+        const __m256 r = _mm256_div_ps(accv[c], sv);
+        if (c < full) _mm256_storeu_ps(o + 8 * c, r);
+        else _mm256_maskstore_ps(o + 8 * c, tail, r);
+    }
+}
+
+}  // namespace
+
+void paged_attention_raw(const AttentionArgs& a) {
+    at::parallel_for(0, a.n * a.h, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> buf;
+        std::vector<__m256> accv;
+        for (int64_t i = b; i < e; ++i) attend_one(a, i / a.h, i % a.h, buf, accv);
+    });
+}
+
+}  // namespace agentkv

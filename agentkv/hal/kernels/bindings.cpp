@@ -1,0 +1,140 @@
+// Python bindings: tensor checks at the boundary (dtype, shape, contiguity, index ranges),
+// then the raw kernels. Every error quotes the bad value and the limit.
+#include <torch/extension.h>
+
+#include <string>
+
+#include "qmatmul.h"
+
+namespace agentkv {
+namespace {
+
+void check_f32(const at::Tensor& t, const char* name, int64_t dim) {
+    TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
+    TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
+    TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dims, got shape ", t.sizes());
+    TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void check_i32(const at::Tensor& t, const char* name, int64_t dim) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kInt && t.dim() == dim && t.is_contiguous(),
+                name, " must be a contiguous CPU int32 tensor with ", dim, " dims, got ",
+                t.scalar_type(), " ", t.sizes());
+}
+
+int64_t row_bytes_of(int64_t qtype, int64_t k) {
+    int qk = 0, bytes = 0;
+    TORCH_CHECK(qtype_info(static_cast<int>(qtype), qk, bytes), "unsupported qtype ", qtype,
+                " (supported: 0 F32, 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)");
+    TORCH_CHECK(k > 0 && k % qk == 0, "k=", k, " must be a positive multiple of ", qk, " for qtype ", qtype);
+    return k / qk * bytes;
+}
+
+void check_weight(const at::Tensor& w, int64_t qtype, int64_t n, int64_t k) {
+    const int64_t rb = row_bytes_of(qtype, k);
+    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.is_contiguous(),
+                "w must be a contiguous CPU uint8 tensor, got ", w.scalar_type());
+    TORCH_CHECK(w.numel() == n * rb, "w has ", w.numel(), " bytes, expected n*row_bytes = ", n, "*", rb);
+}
+
+at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int64_t n, int64_t k) {
+    check_f32(x, "x", 2);
+    TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, expected k=", k);
+    check_weight(w, qtype, n, k);
+    auto out = at::empty({x.size(0), n}, x.options());
+    if (x.size(0) == 0 || n == 0) return out;
+    qmatmul_raw(x.data_ptr<float>(), w.data_ptr<uint8_t>(), out.data_ptr<float>(), x.size(0), n, k,
+                row_bytes_of(qtype, k), static_cast<int>(qtype));
+    return out;
+}
+
+// f32 weights ride the quant driver as 32-float blocks; a k that is not a multiple of 32 is
+// zero-padded (both sides), which adds exact zeros in the same place for every row.
+at::Tensor matmul_f32(const at::Tensor& x, const at::Tensor& w) {
+    check_f32(x, "x", 2);
+    check_f32(w, "w", 2);
+    const int64_t k = x.size(1), n = w.size(0);
+    TORCH_CHECK(w.size(1) == k, "w has ", w.size(1), " columns, expected k=", k, " (x.size(1))");
+    auto out = at::empty({x.size(0), n}, x.options());
+    if (x.size(0) == 0 || n == 0 || k == 0) return out.zero_();
+    const int64_t kp = (k + 31) / 32 * 32;
+    at::Tensor xp = x, wp = w;
+    if (kp != k) {
+        xp = at::constant_pad_nd(x, {0, kp - k});
+        wp = at::constant_pad_nd(w, {0, kp - k});
+    }
+    qmatmul_raw(xp.data_ptr<float>(), reinterpret_cast<const uint8_t*>(wp.data_ptr<float>()),
+                out.data_ptr<float>(), x.size(0), n, kp, kp * 4, 0);
+    return out;
+}
+
+at::Tensor dequantize(const at::Tensor& w, int64_t qtype, int64_t n, int64_t k) {
+    check_weight(w, qtype, n, k);
+    auto out = at::empty({n, k}, at::TensorOptions().dtype(at::kFloat));
+    dequantize_raw(w.data_ptr<uint8_t>(), out.data_ptr<float>(), n, k, row_bytes_of(qtype, k),
+                   static_cast<int>(qtype));
+    return out;
+}
+
+void check_attention_indices(const at::Tensor& block_tables, const at::Tensor& row_seq,
+                             const at::Tensor& row_pos, int64_t num_blocks, int64_t block_size) {
+    const int64_t num_seqs = block_tables.size(0), mbps = block_tables.size(1);
+    const int32_t* bt = block_tables.data_ptr<int32_t>();
+    const int32_t* rs = row_seq.data_ptr<int32_t>();
+    const int32_t* rp = row_pos.data_ptr<int32_t>();
+    for (int64_t i = 0; i < row_seq.size(0); ++i) {
+        TORCH_CHECK(rs[i] >= 0 && rs[i] < num_seqs, "row_seq[", i, "]=", rs[i], " out of range [0, ", num_seqs, ")");
+        TORCH_CHECK(rp[i] >= 0 && rp[i] < mbps * block_size, "row_pos[", i, "]=", rp[i],
+                    " out of range [0, max_blocks_per_seq*block_size=", mbps * block_size, ")");
+        for (int64_t b = 0; b <= rp[i] / block_size; ++b) {
+            const int32_t id = bt[rs[i] * mbps + b];
+            TORCH_CHECK(id >= 0 && id < num_blocks, "block_tables[", rs[i], "][", b, "]=", id,
+                        " out of range [0, ", num_blocks, ")");
+        }
+    }
+}
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_tables, const at::Tensor& row_seq,
+                           const at::Tensor& row_pos, double scale, int64_t window, double softcap) {
+    check_f32(q, "q", 3);
+    check_f32(k_cache, "k_cache", 4);
+    check_f32(v_cache, "v_cache", 4);
+    check_i32(block_tables, "block_tables", 2);
+    check_i32(row_seq, "row_seq", 1);
+    check_i32(row_pos, "row_pos", 1);
+    TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache ", k_cache.sizes(), " and v_cache ",
+                v_cache.sizes(), " differ");
+    const int64_t n = q.size(0), h = q.size(1), hd = q.size(2), kvh = k_cache.size(2);
+    TORCH_CHECK(k_cache.size(3) == hd, "k_cache head_dim ", k_cache.size(3), " != q head_dim ", hd);
+    TORCH_CHECK(kvh > 0 && h % kvh == 0, "num heads ", h, " is not a multiple of kv heads ", kvh);
+    TORCH_CHECK(row_seq.size(0) == n && row_pos.size(0) == n, "row_seq/row_pos must have n=", n, " entries");
+    TORCH_CHECK(window >= 0, "window must be >= 0, got ", window);
+    TORCH_CHECK(softcap >= 0, "softcap must be >= 0, got ", softcap);
+    check_attention_indices(block_tables, row_seq, row_pos, k_cache.size(0), k_cache.size(1));
+    auto out = at::empty_like(q);
+    if (n == 0 || h == 0 || hd == 0) return out;
+    AttentionArgs a{q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                    block_tables.data_ptr<int32_t>(), row_seq.data_ptr<int32_t>(),
+                    row_pos.data_ptr<int32_t>(), out.data_ptr<float>(), n, h, kvh, hd,
+                    k_cache.size(1), block_tables.size(1), static_cast<float>(scale),
+                    static_cast<float>(softcap), window};
+    paged_attention_raw(a);
+    return out;
+}
+
+}  // namespace
+}  // namespace agentkv
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "agentkv batch-invariant CPU kernels (AVX2/FMA)";
+    m.def("qmatmul", &agentkv::qmatmul, "x[m,k] @ dequant(w).T -> [m,n]",
+          py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));
+    m.def("matmul_f32", &agentkv::matmul_f32, "x[m,k] @ w[n,k].T -> [m,n]", py::arg("x"), py::arg("w"));
+    m.def("dequantize", &agentkv::dequantize, "dequant(w) -> f32 [n,k]",
+          py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));
+    m.def("paged_attention", &agentkv::paged_attention, "paged causal attention -> [n,h,hd]",
+          py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
+          py::arg("row_seq"), py::arg("row_pos"), py::arg("scale"), py::arg("window") = 0,
+          py::arg("softcap") = 0.0);
+}

@@ -1,0 +1,102 @@
+"""Compiles (once) and loads the AVX2/FMA CPU kernel library; None when it cannot run here.
+
+The build is cached under ~/.cache/agentkv/kernels/<torch version>-<source hash>, so a
+changed source or torch gets a fresh directory and concurrent users of one tree share the
+finished build (torch's file lock serialises the compile itself).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+NAME = "agentkv_cpu_kernels"
+SOURCES = ("bindings.cpp", "qmatmul.cpp", "attention.cpp")
+HEADERS = ("simd.h", "quant.h", "qmatmul.h")
+# -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")
+LDFLAGS = ("-fopenmp",)
+COMPILE_SECONDS_HINT = 60
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+
+_HERE = Path(__file__).resolve().parent
+_cached: tuple[ModuleType | None] | None = None
+
+
+def load() -> ModuleType | None:
+    """The compiled kernel module, or None (reason logged) when unusable; cached per process."""
+    global _cached
+    if _cached is None:
+        _cached = (_load_uncached(),)
+    return _cached[0]
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot be built here, or None if nothing stands in the way."""
+    flags = _cpu_flags()
+    if flags is not None:
+        missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
+        if missing:
+            return f"CPU lacks {', '.join(missing)}"
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler ({cxx!r} not on PATH)"
+    return None
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return None
+
+
+def build_directory() -> Path:
+    import torch
+
+    digest = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        digest.update((_HERE / name).read_bytes())
+    digest.update(" ".join(CFLAGS + LDFLAGS).encode())
+    return Path.home() / ".cache" / "agentkv" / "kernels" / f"torch{torch.__version__}-{digest.hexdigest()[:16]}"
+
+
+def _load_uncached() -> ModuleType | None:
+    reason = unavailable_reason()
+    if reason is not None:
+        log.warning("agentkv CPU kernels disabled: %s; falling back to pure torch", reason)
+        return None
+    from torch.utils import cpp_extension
+
+    build_dir = build_directory()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    fresh = not (build_dir / f"{NAME}.so").exists()
+    if fresh:
+        print(f"compiling agentkv CPU kernels (once, ~{COMPILE_SECONDS_HINT} s)...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    try:
+        module = cpp_extension.load(
+            name=NAME,
+            sources=[str(_HERE / s) for s in SOURCES],
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
+            build_directory=str(build_dir),
+            verbose=False,
+        )
+    except (RuntimeError, OSError, ImportError) as exc:
+        log.warning("agentkv CPU kernels disabled: build failed (%s); falling back to pure torch", exc)
+        return None
+    if fresh:
+        log.info("compiled agentkv CPU kernels in %.1f s", time.perf_counter() - started)
+    return module

@@ -1,0 +1,204 @@
+// x @ dequant(w).T for GGUF-quantized (and f32) weights, batch-invariant by construction.
+//
+// The one accumulation order. For output (r, c): acc = 0 (8 lanes); for each 8-wide chunk j
+// of k in order: acc = fma(x[r, 8j..8j+8), w[c, 8j..8j+8), acc); out = hsum8(acc).
+// Both paths below follow it exactly, so a row's bits never depend on m, on which rows ride
+// along, on the thread count (threads split columns only) or on tile edges:
+//
+//   decode  (m <= 4): G columns at a time, each weight block decoded once in registers
+//                     and applied to all m rows; reads every weight byte once per call.
+//   prefill (m > 4) : a panel of PANEL columns is decoded into a per-thread f32 scratch
+//                     (L2-resident), then R x C register tiles sweep it for every row.
+#include "qmatmul.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+#include "quant.h"
+
+namespace agentkv {
+namespace {
+
+constexpr int PANEL = 24;  // columns decoded per scratch panel (a multiple of TILE_C)
+constexpr int TILE_R = 4, TILE_C = 3;
+
+// Shape of one call, shared by both paths. `k` is a multiple of 32 (x is padded by the
+// caller for f32 weights); `row_bytes` is the byte stride between weight rows.
+struct Problem {
+    const float* x;
+    const uint8_t* w;
+    float* out;
+    int64_t m, n, k, row_bytes;
+};
+
+// Decodes 32-weight unit u of weight row `row` (unit index over the whole row).
+template <class F>
+static inline void decode_unit(const uint8_t* row, int64_t u, __m256 wv[4]) {
+    constexpr int SUBS = F::QK / 32;
+    F::decode(row + (u / SUBS) * F::BYTES, static_cast<int>(u % SUBS), wv);
+}
+
+template <class F, int M, int G>
+static void decode_cols(const Problem& p, int64_t c0) {
+    __m256 acc[M][G];
+    for (int r = 0; r < M; ++r)
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
+    const uint8_t* rows[G];
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    const int64_t units = p.k / 32;
+    for (int64_t sb = 0; sb < units / (F::QK / 32); ++sb) {
+        for (int sub = 0; sub < F::QK / 32; ++sub) {
+            const float* xk = p.x + sb * F::QK + sub * 32;
+            for (int g = 0; g < G; ++g) {
+                __m256 wv[4];
+                F::decode(rows[g] + sb * F::BYTES, sub, wv);
+                for (int r = 0; r < M; ++r)
+                    for (int i = 0; i < 4; ++i)
+                        acc[r][g] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + r * p.k + 8 * i), wv[i],
+                                                    acc[r][g]);
+            }
+        }
+    }
+    for (int r = 0; r < M; ++r)
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum8(acc[r][g]);
+}
+
+template <class F, int M, int G>
+static void decode_path(const Problem& p) {
+    const int64_t groups = p.n / G;
+    at::parallel_for(0, groups + 1, 1, [&](int64_t b, int64_t e) {
+        for (int64_t gi = b; gi < e; ++gi) {
+            if (gi < groups) {
+                decode_cols<F, M, G>(p, gi * G);
+            } else {
+                for (int64_t c = groups * G; c < p.n; ++c) decode_cols<F, M, 1>(p, c);
+            }
+        }
+    });
+}
+
+// R x C register tile over rows r0.. and scratch columns (already decoded, stride k).
+template <int R, int C>
+static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* out, int64_t ldo) {
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < k; j += 8) {
+        __m256 wv[C];
+        for (int c = 0; c < C; ++c) wv[c] = _mm256_loadu_ps(wp + c * k + j);
+        for (int r = 0; r < R; ++r) {
+            const __m256 xv = _mm256_loadu_ps(x + r * ldx + j);
+            for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) out[r * ldo + c] = hsum8(acc[r][c]);
+}
+
+template <int R>
+static void tile_cols(const float* x, int64_t ldx, const float* wp, int64_t k, float* out,
+                      int64_t ldo, int cols) {
+    int c = 0;
+    for (; c + TILE_C <= cols; c += TILE_C) tile<R, TILE_C>(x, ldx, wp + c * k, k, out + c, ldo);
+    for (; c < cols; ++c) tile<R, 1>(x, ldx, wp + c * k, k, out + c, ldo);
+}
+
+template <class F>
+static void prefill_path(const Problem& p) {
+    const int64_t panels = (p.n + PANEL - 1) / PANEL;
+    at::parallel_for(0, panels, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> scratch(static_cast<size_t>(PANEL * p.k));
+        for (int64_t pi = b; pi < e; ++pi) {
+            const int64_t c0 = pi * PANEL;
+            const int cols = static_cast<int>(std::min<int64_t>(PANEL, p.n - c0));
+            for (int c = 0; c < cols; ++c) {
+                const uint8_t* row = p.w + (c0 + c) * p.row_bytes;
+                float* dst = scratch.data() + c * p.k;
+                for (int64_t u = 0; u < p.k / 32; ++u) {
+                    __m256 wv[4];
+                    decode_unit<F>(row, u, wv);
+                    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + 32 * u + 8 * i, wv[i]);
+                }
+            }
+            int64_t r = 0;
+            float* o = p.out + c0;
+            for (; r + TILE_R <= p.m; r += TILE_R)
+                tile_cols<TILE_R>(p.x + r * p.k, p.k, scratch.data(), p.k, o + r * p.n, p.n, cols);
+            switch (p.m - r) {
+                case 3: tile_cols<3>(p.x + r * p.k, p.k, scratch.data(), p.k, o + r * p.n, p.n, cols); break;
+                case 2: tile_cols<2>(p.x + r * p.k, p.k, scratch.data(), p.k, o + r * p.n, p.n, cols); break;
+                case 1: tile_cols<1>(p.x + r * p.k, p.k, scratch.data(), p.k, o + r * p.n, p.n, cols); break;
+                default: break;
+            }
+        }
+    });
+}
+
+template <class F>
+static void run(const Problem& p) {
+    switch (p.m) {
+        case 1: decode_path<F, 1, 4>(p); break;
+        case 2: decode_path<F, 2, 4>(p); break;
+        case 3: decode_path<F, 3, 2>(p); break;
+        case 4: decode_path<F, 4, 2>(p); break;
+        default: prefill_path<F>(p); break;
+    }
+}
+
+template <class F>
+static void dequant_rows(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, float* out) {
+    at::parallel_for(0, n, 16, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+            for (int64_t u = 0; u < k / 32; ++u) {
+                __m256 wv[4];
+                decode_unit<F>(w + c * row_bytes, u, wv);
+                for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + c * k + 32 * u + 8 * i, wv[i]);
+            }
+        }
+    });
+}
+
+}  // namespace
+
+template <class Fn>
+static void dispatch(int qtype, Fn&& fn) {
+    switch (qtype) {
+        case F32: fn(FmtF32{}); break;
+        case Q4_0: fn(FmtQ4_0{}); break;
+        case Q4_1: fn(FmtQ4_1{}); break;
+        case Q8_0: fn(FmtQ8_0{}); break;
+        case Q4_K: fn(FmtQ4_K{}); break;
+        case Q5_K: fn(FmtQ5_K{}); break;
+        case Q6_K: fn(FmtQ6_K{}); break;
+        default: throw std::invalid_argument("agentkv kernels: unsupported qtype " + std::to_string(qtype));
+    }
+}
+
+bool qtype_info(int qtype, int& block_weights, int& block_bytes) {
+    switch (qtype) {
+        case F32: block_weights = FmtF32::QK; block_bytes = FmtF32::BYTES; return true;
+        case Q4_0: block_weights = FmtQ4_0::QK; block_bytes = FmtQ4_0::BYTES; return true;
+        case Q4_1: block_weights = FmtQ4_1::QK; block_bytes = FmtQ4_1::BYTES; return true;
+        case Q8_0: block_weights = FmtQ8_0::QK; block_bytes = FmtQ8_0::BYTES; return true;
+        case Q4_K: block_weights = FmtQ4_K::QK; block_bytes = FmtQ4_K::BYTES; return true;
+        case Q5_K: block_weights = FmtQ5_K::QK; block_bytes = FmtQ5_K::BYTES; return true;
+        case Q6_K: block_weights = FmtQ6_K::QK; block_bytes = FmtQ6_K::BYTES; return true;
+        default: return false;
+    }
+}
+
+void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_t n, int64_t k,
+                 int64_t row_bytes, int qtype) {
+    const Problem p{x, w, out, m, n, k, row_bytes};
+    dispatch(qtype, [&](auto fmt) { run<decltype(fmt)>(p); });
+}
+
+void dequantize_raw(const uint8_t* w, float* out, int64_t n, int64_t k, int64_t row_bytes, int qtype) {
+    dispatch(qtype, [&](auto fmt) { dequant_rows<decltype(fmt)>(w, row_bytes, n, k, out); });
+}
+
+}  // namespace agentkv

@@ -1,0 +1,33 @@
+// Raw-pointer entry points of the compiled kernels; bindings.cpp checks tensors and calls these.
+#pragma once
+
+#include <cstdint>
+
+namespace agentkv {
+
+// Weights per block and bytes per block of a gguf qtype (0 = f32 as 32-float blocks).
+bool qtype_info(int qtype, int& block_weights, int& block_bytes);
+
+// out[m, n] = x[m, k] @ dequant(w[n, row_bytes]).T; k a multiple of 32.
+void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_t n, int64_t k,
+                 int64_t row_bytes, int qtype);
+
+// out[n, k] = dequant(w), bit-identical to gguf.quants.dequantize.
+void dequantize_raw(const uint8_t* w, float* out, int64_t n, int64_t k, int64_t row_bytes, int qtype);
+
+// Paged causal attention; see attention.cpp for the layout and the accumulation order.
+struct AttentionArgs {
+    const float* q;         // [n, h, hd]
+    const float* k_cache;   // [num_blocks, block_size, kvh, hd]
+    const float* v_cache;   // same
+    const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq]
+    const int32_t* row_seq;  // [n]
+    const int32_t* row_pos;  // [n]
+    float* out;             // [n, h, hd]
+    int64_t n, h, kvh, hd, block_size, max_blocks_per_seq;
+    float scale, softcap;
+    int64_t window;
+};
+void paged_attention_raw(const AttentionArgs& a);
+
+}  // namespace agentkv

@@ -1,0 +1,23 @@
+"""The gguf quant types the compiled kernels accept, with their block geometry."""
+from __future__ import annotations
+
+# qtype -> (weights per block, bytes per block); 0 is f32 (handled by matmul_f32).
+QTYPE_BLOCK: dict[int, tuple[int, int]] = {
+    2: (32, 18),  # Q4_0
+    3: (32, 20),  # Q4_1
+    8: (32, 34),  # Q8_0
+    12: (256, 144),  # Q4_K
+    13: (256, 176),  # Q5_K
+    14: (256, 210),  # Q6_K
+}
+SUPPORTED_QTYPES = frozenset(QTYPE_BLOCK)
+
+
+def row_bytes(qtype: int, k: int) -> int:
+    """Bytes of one weight row of k weights; raises ValueError for bad qtype or k."""
+    if qtype not in QTYPE_BLOCK:
+        raise ValueError(f"qtype {qtype} is not supported by the CPU kernels (supported: {sorted(QTYPE_BLOCK)})")
+    qk, nbytes = QTYPE_BLOCK[qtype]
+    if k <= 0 or k % qk:
+        raise ValueError(f"k={k} must be a positive multiple of {qk} for qtype {qtype}")
+    return k // qk * nbytes

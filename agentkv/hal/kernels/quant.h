@@ -1,0 +1,149 @@
+// GGUF block decoders: one struct per quant format, each turning 32 weights of a block
+// into 4 x 8 f32 lanes in registers.
+//
+// The arithmetic is gguf-py's, in f32 and in its order (scale * q, then + min or - d*min,
+// never fused), so `dequantize` here equals `gguf.quants.dequantize` bit for bit.
+//
+// A format has QK weights per block of BYTES bytes; `decode(block, sub, out)` yields the
+// sub-th run of 32 weights (sub < QK / 32) in row order.
+#pragma once
+
+#include "simd.h"
+
+namespace agentkv {
+
+enum QType : int { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+struct FmtQ8_0 {
+    static constexpr int QK = 32, BYTES = 34;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m256 d = _mm256_set1_ps(fp16_to_f32(b));
+        for (int i = 0; i < 4; ++i) {
+            __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * i));
+            out[i] = _mm256_mul_ps(i8x8_to_ps(q), d);
+        }
+    }
+};
+
+// Low nibbles of the 16 bytes are weights 0..15, high nibbles 16..31.
+static inline void nibbles16(const uint8_t* qs, __m128i& lo, __m128i& hi) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i m = _mm_set1_epi8(0x0F);
+    lo = _mm_and_si128(v, m);
+    hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+}
+
+struct FmtQ4_0 {
+    static constexpr int QK = 32, BYTES = 18;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m256 d = _mm256_set1_ps(fp16_to_f32(b));
+        const __m128i eight = _mm_set1_epi8(8);
+        __m128i lo, hi;
+        nibbles16(b + 2, lo, hi);
+        lo = _mm_sub_epi8(lo, eight);
+        hi = _mm_sub_epi8(hi, eight);
+        out[0] = _mm256_mul_ps(d, i8x8_to_ps(lo));
+        out[1] = _mm256_mul_ps(d, i8x8_to_ps(_mm_unpackhi_epi64(lo, lo)));
+        out[2] = _mm256_mul_ps(d, i8x8_to_ps(hi));
+        out[3] = _mm256_mul_ps(d, i8x8_to_ps(_mm_unpackhi_epi64(hi, hi)));
+    }
+};
+
+struct FmtQ4_1 {
+    static constexpr int QK = 32, BYTES = 20;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m256 d = _mm256_set1_ps(fp16_to_f32(b));
+        const __m256 m = _mm256_set1_ps(fp16_to_f32(b + 2));
+        __m128i lo, hi;
+        nibbles16(b + 4, lo, hi);
+        out[0] = _mm256_add_ps(_mm256_mul_ps(d, u8x8_to_ps(lo)), m);
+        out[1] = _mm256_add_ps(_mm256_mul_ps(d, u8x8_to_ps(_mm_unpackhi_epi64(lo, lo))), m);
+        out[2] = _mm256_add_ps(_mm256_mul_ps(d, u8x8_to_ps(hi)), m);
+        out[3] = _mm256_add_ps(_mm256_mul_ps(d, u8x8_to_ps(_mm_unpackhi_epi64(hi, hi))), m);
+    }
+};
+
+// 6-bit scale and min of sub-block j from the 12 packed bytes of Q4_K / Q5_K.
+static inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// Layout: d f16, dmin f16, scales[12], qs[128]; sub-blocks 2c and 2c+1 are the low and high
+// nibbles of qs[32c .. 32c+32).
+struct FmtQ4_K {
+    static constexpr int QK = 256, BYTES = 144;
+    static inline void decode(const uint8_t* b, int sub, __m256 out[4]) {
+        int sc, mn;
+        scale_min_k4(b + 4, sub, sc, mn);
+        const __m256 d = _mm256_set1_ps(fp16_to_f32(b) * static_cast<float>(sc));
+        const __m256 dm = _mm256_set1_ps(fp16_to_f32(b + 2) * static_cast<float>(mn));
+        __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * (sub >> 1)));
+        q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(4 * (sub & 1))),
+                             _mm256_set1_epi8(0x0F));
+        u8x32_to_ps(q, out);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_sub_ps(_mm256_mul_ps(d, out[i]), dm);
+    }
+};
+
+// Layout: d, dmin, scales[12], qh[32], qs[128]; bit `sub` of qh[l] is the fifth bit.
+struct FmtQ5_K {
+    static constexpr int QK = 256, BYTES = 176;
+    static inline void decode(const uint8_t* b, int sub, __m256 out[4]) {
+        int sc, mn;
+        scale_min_k4(b + 4, sub, sc, mn);
+        const __m256 d = _mm256_set1_ps(fp16_to_f32(b) * static_cast<float>(sc));
+        const __m256 dm = _mm256_set1_ps(fp16_to_f32(b + 2) * static_cast<float>(mn));
+        __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * (sub >> 1)));
+        q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(4 * (sub & 1))),
+                             _mm256_set1_epi8(0x0F));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+        const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << sub));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        u8x32_to_ps(q, out);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_sub_ps(_mm256_mul_ps(d, out[i]), dm);
+    }
+};
+
+// Layout: ql[128], qh[64], scales int8[16], d f16. Sub-block g = 4h + t of half h takes
+// ql[64h + 32(t&1) ..] shifted by 4(t>>1), and bits 2t..2t+1 of qh[32h ..]; minus 32.
+// Each 16 weights have their own scale.
+struct FmtQ6_K {
+    static constexpr int QK = 256, BYTES = 210;
+    static inline void decode(const uint8_t* b, int sub, __m256 out[4]) {
+        const int h = sub >> 2, t = sub & 3;
+        const float d = fp16_to_f32(b + 208);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (t & 1)));
+        ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t >> 1))),
+                              _mm256_set1_epi8(0x0F));
+        __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+        qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+        __m256i q = _mm256_or_si256(ql, _mm256_slli_epi16(qh, 4));
+        q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+        __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(sc[2 * sub]));
+        const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sc[2 * sub + 1]));
+        out[0] = _mm256_mul_ps(d0, i8x8_to_ps(lo));
+        out[1] = _mm256_mul_ps(d0, i8x8_to_ps(_mm_unpackhi_epi64(lo, lo)));
+        out[2] = _mm256_mul_ps(d1, i8x8_to_ps(hi));
+        out[3] = _mm256_mul_ps(d1, i8x8_to_ps(_mm_unpackhi_epi64(hi, hi)));
+    }
+};
+
+// f32 weights as a "format" of 32-weight blocks, so matmul_f32 shares the quant driver.
+struct FmtF32 {
+    static constexpr int QK = 32, BYTES = 128;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const float* w = reinterpret_cast<const float*>(b);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_loadu_ps(w + 8 * i);
+    }
+};
+
+}  // namespace agentkv
