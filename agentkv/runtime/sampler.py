@@ -83,8 +83,8 @@ def sample(logits: np.ndarray, params: SamplingParams, state: SamplingState,
         token_id = _draw(warp(processed, params), state.rng)
     if not np.isfinite(processed[token_id]):
         raise RuntimeError(f"sampled token {token_id} has a -inf logit: sampler bug")
-    lse = _logsumexp(raw)
-    return SampleResult(token_id, _logprob(raw[token_id], lse),
+    lse = logsumexp(raw)
+    return SampleResult(token_id, token_logprob(raw[token_id], lse),
                         top_logprobs(raw, lse, params.logprobs or 0))
 
 
@@ -202,7 +202,7 @@ def apply_min_p(z: np.ndarray, min_p: float) -> None:
 
 def raw_logprobs(logits: np.ndarray) -> np.ndarray:
     """log_softmax of the raw row in float64 `[vocab]`."""
-    return logits.astype(np.float64) - _logsumexp(logits)
+    return logits.astype(np.float64) - logsumexp(logits)
 
 
 def top_logprobs(logits: np.ndarray, lse: float, n: int) -> list[tuple[int, float]]:
@@ -215,16 +215,16 @@ def top_logprobs(logits: np.ndarray, lse: float, n: int) -> list[tuple[int, floa
     kth = np.partition(logits, vocab - n)[vocab - n]
     candidates = np.flatnonzero(logits >= kth)
     best = candidates[np.lexsort((candidates, -logits[candidates]))][:n]
-    return [(int(i), _logprob(logits[i], lse)) for i in best]
+    return [(int(i), token_logprob(logits[i], lse)) for i in best]
 
 
-def _logsumexp(logits: np.ndarray) -> float:
+def logsumexp(logits: np.ndarray) -> float:
     """float64 logsumexp of a row (max-shifted, so no overflow)."""
     m = float(logits.max())
     return m + float(np.log(np.exp(logits.astype(np.float64) - m).sum()))
 
 
-def _logprob(logit: np.floating, lse: float) -> float:
+def token_logprob(logit: np.floating, lse: float) -> float:
     """float64 logit - lse, cast to float32 and back (the precision a client sees)."""
     return float(np.float32(np.float64(logit) - lse))
 

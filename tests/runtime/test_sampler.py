@@ -18,7 +18,10 @@ from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.sampler import (
     SamplingState,
     process_logits,
+    logsumexp,
     raw_logprobs,
+    token_logprob,
+    top_logprobs,
     sample,
     warp,
 )
@@ -330,6 +333,9 @@ def test_logprobs_are_raw_log_softmax() -> None:
     np.testing.assert_allclose([lp for _, lp in result.top_logprobs], expected[best],
                                rtol=0, atol=1e-6)
     np.testing.assert_allclose(raw_logprobs(logits), expected, rtol=0, atol=1e-12)
+    lse = logsumexp(logits)
+    assert token_logprob(logits[7], lse) == float(np.float32(expected[7]))
+    assert top_logprobs(logits, lse, 5) == result.top_logprobs
 
 
 def test_top_logprobs_ties_by_lower_id_and_counts() -> None:
