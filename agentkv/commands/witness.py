@@ -1,0 +1,48 @@
+"""`agentkv witness --backend NAME [--model MODEL] [--json]`: op-by-op and whole-model checks."""
+from __future__ import annotations
+
+import json
+import math
+
+from agentkv.hal.registry import BackendUnavailable, UnknownBackend, lookup
+from agentkv.witness.ops import WitnessRow, run_ops
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--backend", required=True, help="backend to witness (e.g. torch, torch-cuda)")
+    p.add_argument("--model", help="also witness a whole forward of this model")
+    p.add_argument("--weights", choices=["resident", "f32"], default="resident")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    reference = lookup("reference")
+    try:
+        backend = lookup(args.backend)
+    except (BackendUnavailable, UnknownBackend) as e:
+        rows = [WitnessRow("backend", args.backend, math.nan, math.nan, None, math.nan, "SKIP", str(e))]
+    else:
+        rows = run_ops(backend, reference)
+        if args.model:
+            from agentkv.witness.model import witness_model
+
+            rows.append(witness_model(args.model, backend, reference, args.weights))
+    ok = all(r.status == "PASS" for r in rows)
+    if args.json:
+        print(json.dumps({"backend": args.backend, "ok": ok, "rows": [r._asdict() for r in rows]},
+                         default=str))
+    else:
+        print(_table(rows))
+        counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
+        print(f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+    return 0 if ok else 1
+
+
+def _table(rows: list[WitnessRow]) -> str:
+    head = f"{'op':<28} {'shape':<34} {'max|Δ|':>10} {'cosine':>12} {'argmax':>6} {'floor':>9}  status"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        am = "-" if r.argmax_match is None else ("yes" if r.argmax_match else "NO")
+        lines.append(f"{r.op:<28} {r.shape:<34} {r.max_abs:>10.3g} {r.cosine:>12.9f} {am:>6} "
+                     f"{r.floor:>9.6g}  {r.status}{'  ' + r.note if r.note else ''}")
+    return "\n".join(lines)

@@ -1,0 +1,270 @@
+"""The engine loop: admit requests, step the scheduler, run the model, sample, stream.
+
+Synchronous and single-threaded by design; `AsyncEngine` drives it from its own thread.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Hashable
+
+import numpy as np
+
+from agentkv.cache import BlockPool, RadixCache
+from agentkv.formats.chat_template import load_chat_template
+from agentkv.formats.errors import ChatTemplateError
+from agentkv.formats.resolve import open_model
+from agentkv.formats.tokenizer import IncrementalDecoder, load_tokenizer
+from agentkv.hal.registry import lookup
+from agentkv.models.base import LoadOptions
+from agentkv.models.registry import load_model
+from agentkv.runtime.config import DEFAULT_KV_MEMORY, EngineConfig
+from agentkv.runtime.errors import InvalidTokenError, PromptTooLongError
+from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
+from agentkv.runtime.params import SamplingParams
+from agentkv.runtime.runner import Chunk, ModelRunner
+from agentkv.runtime.sampler import SamplingState, raw_logprobs, sample, top_logprobs
+from agentkv.runtime.stop import StopChecker
+from agentkv.sched import Scheduler, Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    seq: Sequence
+    params: SamplingParams
+    sampling: SamplingState
+    stop: StopChecker
+    detok: IncrementalDecoder
+    constraint: Any = None
+    text: str = ""
+    sent_chars: int = 0
+    sent_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    first_sent: bool = False
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    arrival: float = 0.0
+
+
+class Engine:
+    """One model, one KV store, one scheduler. Not thread-safe: one thread calls it."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        t0 = time.perf_counter()
+        self.source = open_model(config.model)
+        self.backend = lookup(config.backend)
+        self.model = load_model(self.source, self.backend, LoadOptions(weights=config.weights))
+        self.tokenizer = load_tokenizer(self.source)
+        try:
+            self.chat_template = load_chat_template(self.source)
+        except ChatTemplateError:
+            self.chat_template = None
+        hp = self.model.hparams
+        self.model_name = config.served_model_name or config.model
+        self.max_model_len = min(config.max_model_len or hp.context_len, hp.context_len)
+        self.vocab_size = self.model.vocab_size
+        self.is_embedding = self.model.is_embedding
+        self.block_size = config.cache.block_size
+        self.num_blocks = self._num_blocks()
+        self.pool = BlockPool(self.num_blocks)
+        self.cache = RadixCache(self.pool, self.block_size)
+        sched_cfg = replace(config.scheduler, block_size=self.block_size,
+                            enable_prefix_cache=config.cache.enable_prefix_cache)
+        self.scheduler = Scheduler(sched_cfg, self.pool, self.cache)
+        self.runner = None if self.is_embedding else ModelRunner(self.model, self.num_blocks, self.block_size)
+        self.counters = Counters()
+        self._requests: dict[str, _Request] = {}
+        self._by_seq: dict[int, _Request] = {}
+        self._seq_ids = itertools.count()
+        log.info("loaded %s (%s, %s backend) in %.1fs; KV: %d blocks x %d tokens",
+                 config.model, hp.arch, self.backend.name, time.perf_counter() - t0,
+                 self.num_blocks, self.block_size)
+
+    def _num_blocks(self) -> int:
+        cc = self.config.cache
+        if cc.num_blocks is not None:
+            return cc.num_blocks
+        per_block = self.model.kv_spec(1, self.block_size).bytes_per_block
+        budget = cc.memory_bytes or DEFAULT_KV_MEMORY
+        needed = math.ceil(self.max_model_len / self.block_size) + 1
+        num = budget // per_block
+        if num < needed and cc.memory_bytes is not None:
+            raise ValueError(f"kv cache memory {budget} bytes holds {num} blocks, fewer than one "
+                             f"max_model_len sequence needs ({needed}); raise it or lower max_model_len")
+        return max(int(num), needed)
+
+    # -- requests -------------------------------------------------------------------------
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise for a request that cannot run (pure: call it from any thread)."""
+        if not prompt_ids:
+            raise ValueError("prompt must contain at least one token")
+        if len(prompt_ids) >= self.max_model_len:
+            raise PromptTooLongError(len(prompt_ids), self.max_model_len)
+        bad = [t for t in prompt_ids if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise InvalidTokenError(f"prompt token id {bad[0]} is outside the vocabulary "
+                                    f"[0, {self.vocab_size})")
+        for tok, _ in params.logit_bias:
+            if not 0 <= tok < self.vocab_size:
+                raise ValueError(f"logit_bias token id {tok} is outside [0, {self.vocab_size})")
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                    constraint: Any = None, namespace: Hashable = None) -> None:
+        """Queue a request (mutates). Raises ValueError subclasses for bad input."""
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.validate(prompt_ids, params)
+        max_tokens = min(params.max_tokens, self.max_model_len - len(prompt_ids))
+        seq = Sequence(seq_id=next(self._seq_ids), namespace=(self.model_name, namespace),
+                       prompt_ids=list(map(int, prompt_ids)), max_tokens=max_tokens)
+        if params.prompt_logprobs is not None:
+            seq.cache_hit_allowed = False  # every prompt row's logits are needed
+        req = _Request(request_id, seq, params, SamplingState.create(params, prompt_ids),
+                       StopChecker(replace(params, max_tokens=max_tokens), self.tokenizer.eos_ids),
+                       IncrementalDecoder(self.tokenizer, params.skip_special_tokens),
+                       constraint, arrival=time.perf_counter())
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None]
+        self._requests[request_id] = req
+        self._by_seq[seq.seq_id] = req
+        self.scheduler.add(seq)
+        self.counters.prompt_tokens += len(prompt_ids)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its KV at once (mutates). None if it is unknown/finished."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.abort(req.seq.seq_id)
+        req.finish_reason = "abort"
+        return self._emit(req, finished=True)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    # -- the step -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule and run one batch; return outputs of requests that made progress."""
+        plan = self.scheduler.schedule()
+        self.runner.copy_blocks(list(plan.copies))
+        if not plan.chunks:
+            return []
+        chunks, wants = [], []
+        for sc in plan.chunks:
+            req = self._by_seq[sc.seq.seq_id]
+            ids = sc.seq.all_ids[sc.start:sc.start + sc.num_tokens]
+            in_prompt = req.prompt_logprobs is not None and sc.start < len(sc.seq.prompt_ids)
+            want = "all" if in_prompt else ("last" if sc.samples else None)
+            chunks.append(Chunk(ids, sc.start, sc.seq.block_table, want))
+            wants.append(want)
+        logits = self.runner.run(chunks)
+        self.counters.steps += 1
+        self.counters.computed_tokens += sum(len(c.token_ids) for c in chunks)
+        return self._consume(plan.chunks, chunks, logits)
+
+    def _consume(self, scheduled, chunks, logits) -> list[RequestOutput]:
+        row, sampled, touched = 0, {}, []
+        for sc, chunk in zip(scheduled, chunks):
+            req = self._by_seq[sc.seq.seq_id]
+            if chunk.logits is None:
+                continue
+            n = len(chunk.token_ids) if chunk.logits == "all" else 1
+            rows = logits[row:row + n]
+            row += n
+            if chunk.logits == "all":
+                self._prompt_logprobs(req, sc.start, rows)
+            if sc.samples:
+                result = sample(rows[-1], req.params, req.sampling, self._allowed(req))
+                sampled[sc.seq.seq_id] = result
+                touched.append(req)
+        self.scheduler.on_tokens({sid: r.token_id for sid, r in sampled.items()})
+        outputs = []
+        for req in touched:
+            outputs.append(self._advance(req, sampled[req.seq.seq_id]))
+        return outputs
+
+    def _allowed(self, req: _Request) -> np.ndarray | None:
+        return req.constraint.allowed_mask() if req.constraint is not None else None
+
+    def _prompt_logprobs(self, req: _Request, start: int, rows: np.ndarray) -> None:
+        prompt = req.seq.prompt_ids
+        k = req.params.prompt_logprobs or 0
+        for i, logits_row in enumerate(rows):
+            target = start + i + 1
+            if target >= len(prompt):
+                break
+            lp = raw_logprobs(logits_row)
+            lse = float(logits_row.astype(np.float64).max() - lp.max())
+            req.prompt_logprobs.append(TokenLogprob(prompt[target], float(lp[prompt[target]]),
+                                                    top_logprobs(logits_row, lse, k)))
+
+    def _advance(self, req: _Request, result) -> RequestOutput:
+        tok = result.token_id
+        req.sampling.append(tok)
+        self.counters.generation_tokens += 1
+        if req.params.logprobs is not None:
+            req.logprobs.append(TokenLogprob(tok, result.logprob, result.top_logprobs))
+        if req.constraint is not None:
+            req.constraint.accept(tok)
+        new_text = req.detok.push(tok)
+        decision = req.stop.check(tok, req.text + new_text, new_text)
+        if decision.finished and isinstance(decision.matched, int):
+            # A stop token's text is not part of the answer (a stop id's only when asked).
+            if not (req.params.include_stop_str_in_output and tok in req.params.stop_token_ids):
+                new_text = ""
+        req.text += new_text
+        if decision.trim_text_to is not None:
+            req.text = req.text[:decision.trim_text_to]
+        finished = decision.finished
+        if not finished and req.constraint is not None and req.constraint.is_finished():
+            finished, req.finish_reason = True, "stop"
+        if decision.finished:
+            req.finish_reason, req.stop_reason = decision.reason, decision.matched
+        if finished:
+            if decision.trim_text_to is None and decision.matched is None:
+                req.text += req.detok.flush()
+            self.scheduler.finish(req.seq.seq_id, req.finish_reason)
+        return self._emit(req, finished)
+
+    def _emit(self, req: _Request, finished: bool) -> RequestOutput:
+        hold = 0 if finished else req.stop.holdback_len(req.text)
+        upto = max(req.sent_chars, len(req.text) - hold)
+        delta = req.text[req.sent_chars:upto]
+        ids = req.sampling.output_ids
+        out = RequestOutput(
+            request_id=req.request_id, prompt_len=len(req.seq.prompt_ids),
+            cached_len=req.seq.cached_len, text=req.text[:upto], delta_text=delta,
+            token_ids=list(ids), delta_token_ids=list(ids[req.sent_tokens:]),
+            logprobs=req.logprobs[req.sent_tokens:] if req.params.logprobs is not None else None,
+            prompt_logprobs=req.prompt_logprobs if not req.first_sent else None,
+            finished=finished, finish_reason=req.finish_reason if finished else None,
+            stop_reason=req.stop_reason if finished else None)
+        req.sent_chars, req.sent_tokens, req.first_sent = upto, len(ids), True
+        if finished:
+            self._requests.pop(req.request_id, None)
+            self._by_seq.pop(req.seq.seq_id, None)
+        return out
+
+    # -- introspection --------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        c = self.cache
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_blocks_used=self.pool.num_used, kv_blocks_free=self.pool.num_free,
+            prefix_queried_tokens=c.queried_tokens, prefix_hit_tokens=c.hit_tokens,
+            evicted_blocks=c.evicted_blocks, preemptions=self.scheduler.preemptions,
+            prompt_tokens=self.counters.prompt_tokens,
+            generation_tokens=self.counters.generation_tokens,
+            computed_tokens=self.counters.computed_tokens)
+
+    def free_cache(self) -> int:
+        """Evict every unlocked cached block (mutates); returns how many returned to the pool."""
+        return self.cache.evict(self.num_blocks)

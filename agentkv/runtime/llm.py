@@ -1,0 +1,70 @@
+"""`LLM`: the offline entry point — load a model, generate for a list of prompts."""
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+from agentkv.runtime.config import CacheConfig, EngineConfig
+from agentkv.runtime.engine import Engine
+from agentkv.runtime.outputs import RequestOutput
+from agentkv.runtime.params import SamplingParams
+
+
+class LLM:
+    """Synchronous generation on the batching engine.
+
+    `LLM("smollm2", backend="torch").generate(["Hello"], SamplingParams(max_tokens=8))`"""
+
+    def __init__(self, model: str, backend: str = "torch", *, weights: str = "resident",
+                 max_model_len: int | None = None, kv_cache_blocks: int | None = None,
+                 block_size: int = 16, enable_prefix_cache: bool = True, **engine_kw):
+        cache = CacheConfig(block_size=block_size, num_blocks=kv_cache_blocks,
+                            enable_prefix_cache=enable_prefix_cache)
+        self.engine = Engine(EngineConfig(model=model, backend=backend, weights=weights,
+                                          max_model_len=max_model_len, cache=cache, **engine_kw))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion (batched); results in prompt order.
+
+        Prompts are strings (tokenized with the model's own rules) or lists of token ids."""
+        params = params or SamplingParams()
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        order = []
+        for prompt in prompts:
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            rid = f"llm-{next(self._ids)}"
+            self.engine.add_request(rid, ids, params)
+            order.append(rid)
+        return self._drain(order)
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None, **template_kw) -> RequestOutput:
+        """One chat turn through the model's chat template."""
+        if self.engine.chat_template is None:
+            from agentkv.formats.errors import ChatTemplateError
+
+            raise ChatTemplateError(f"{self.engine.source.path}: the model has no chat template")
+        prompt = self.engine.chat_template.render(messages, add_generation_prompt=True, **template_kw)
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        return self.generate([ids], params)[0]
+
+    def _drain(self, order: list[str]) -> list[RequestOutput]:
+        """Step until every request in `order` finished; whole logprob lists in the results."""
+        final: dict[str, RequestOutput] = {}
+        prompt_lps: dict[str, list] = {}
+        lps: dict[str, list] = {rid: [] for rid in order}
+        while len(final) < len(order):
+            for out in self.engine.step():
+                if out.prompt_logprobs is not None:
+                    prompt_lps[out.request_id] = out.prompt_logprobs
+                if out.logprobs is not None:
+                    lps[out.request_id].extend(out.logprobs)
+                if out.finished:
+                    final[out.request_id] = out
+        for rid, out in final.items():
+            out.prompt_logprobs = prompt_lps.get(rid)
+            out.logprobs = lps[rid] if out.logprobs is not None else None
+        return [final[rid] for rid in order]

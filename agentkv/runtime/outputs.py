@@ -1,0 +1,58 @@
+"""What the engine hands back: per-step request outputs and engine-wide counters."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class TokenLogprob(NamedTuple):
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # best (id, logprob), descending
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One step's news for a request: cumulative text/ids plus the delta since the last output."""
+
+    request_id: str
+    prompt_len: int
+    cached_len: int
+    text: str
+    delta_text: str
+    token_ids: list[int]
+    delta_token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: str | int | None = None
+
+    @property
+    def completion_len(self) -> int:
+        return len(self.token_ids)
+
+
+class EngineStats(NamedTuple):
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    evicted_blocks: int
+    preemptions: int
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    computed_tokens: int = 0  # prefill + decode rows actually run through the model
+
+
+@dataclass(slots=True)
+class Counters:
+    """Engine-owned running totals (mutated by the engine thread only)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    computed_tokens: int = 0
+    steps: int = 0
+    extra: dict = field(default_factory=dict)

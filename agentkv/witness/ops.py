@@ -1,0 +1,166 @@
+"""Op-by-op witness: run each backend op on random inputs against the reference backend.
+
+Floors are recorded here, in code: an approx backend's op passes when its output's cosine
+to the reference is at least the floor (and, for logits-like outputs, the argmax matches).
+An op the backend cannot run is SKIP, and a SKIP is never a PASS."""
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from agentkv.hal.base import AttnMeta, Backend, KVSpec, RopeSpec, RopeStyle
+
+COSINE_FLOOR_F32 = 0.99999  # f32 ops: only summation order differs from the reference
+COSINE_FLOOR_QUANT = 0.9999  # weight-only quantized kernels with f32 activations
+COSINE_FLOOR_MODEL = 0.99999  # a whole forward pass, f32 weights
+
+Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K = 8, 2, 3, 12, 13, 14
+
+
+class WitnessRow(NamedTuple):
+    op: str
+    shape: str
+    max_abs: float
+    cosine: float
+    argmax_match: bool | None
+    floor: float
+    status: str  # PASS | FAIL | SKIP
+    note: str = ""
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    denom = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / denom) if denom else float(np.array_equal(a, b))
+
+
+def compare(op: str, shape: str, ref: np.ndarray, got: np.ndarray, floor: float,
+            check_argmax: bool = False) -> WitnessRow:
+    if ref.shape != got.shape:
+        return WitnessRow(op, shape, math.inf, 0.0, None, floor, "FAIL", f"shape {got.shape} != {ref.shape}")
+    cos = cosine(ref, got)
+    max_abs = float(np.max(np.abs(ref.astype(np.float64) - got))) if ref.size else 0.0
+    am = bool((ref.argmax(-1) == got.argmax(-1)).all()) if check_argmax else None
+    ok = cos >= floor and am is not False and np.isfinite(got).all()
+    return WitnessRow(op, shape, max_abs, cos, am, floor, "PASS" if ok else "FAIL")
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _w(be: Backend, arr: np.ndarray, name: str = "w"):
+    return be.upload_weight(name, arr.astype(np.float32), 0, arr.shape)
+
+
+def _attention_case(be: Backend, seed: int, h: int, kvh: int, hd: int, lens: list[int],
+                    window: int | None, softcap: float | None) -> np.ndarray:
+    """A batch of sequences each with some cached and some new rows; returns the output."""
+    rng, bs = _rng(seed), 16
+    num_blocks = sum(-(-n // bs) for n in lens) + 1
+    kv = be.allocate_kv(KVSpec(1, num_blocks, bs, kvh, hd))
+    tables, next_block = [], 1
+    for n in lens:
+        nb = -(-n // bs)
+        tables.append(tuple(range(next_block, next_block + nb)))
+        next_block += nb
+    # store every position's K/V, then query the last q_len rows of each sequence
+    q_lens = [max(1, n // 3) for n in lens]
+    pos = np.concatenate([np.arange(n) for n in lens])
+    slots = np.concatenate([np.asarray(t)[np.arange(n) // bs] * bs + np.arange(n) % bs
+                            for t, n in zip(tables, lens)])
+    k = rng.standard_normal((len(pos), kvh, hd)).astype(np.float32)
+    v = rng.standard_normal((len(pos), kvh, hd)).astype(np.float32)
+    be.kv_store(kv, 0, be.upload(k), be.upload(v), slots)
+    qpos = np.concatenate([np.arange(n - q, n) for n, q in zip(lens, q_lens)])
+    meta = AttnMeta(tuple(q_lens), tuple(lens), tuple(tables), qpos.astype(np.int64),
+                    np.zeros(len(qpos), np.int64))
+    q = rng.standard_normal((len(qpos), h, hd)).astype(np.float32)
+    return be.read(be.attention(be.upload(q), kv, 0, meta, 1 / math.sqrt(hd), window, softcap))
+
+
+def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, bool]]:
+    """(op, shape, run(backend) -> output, floor, check_argmax). Shapes include odd sizes."""
+    cases = []
+    for n, k, m in [(1, 64, 96), (7, 576, 1536), (33, 1536, 576), (5, 100, 37)]:
+        def mm(be, n=n, k=k, m=m):
+            r = _rng(n * 1000 + k)
+            x, w = r.standard_normal((n, k)), r.standard_normal((m, k)) / math.sqrt(k)
+            b = r.standard_normal(m)
+            return be.read(be.matmul(be.upload(x), _w(be, w), _w(be, b, "b")))
+        cases.append(("matmul", f"[{n},{k}]x[{m},{k}]", mm, COSINE_FLOOR_F32, True))
+    for n, d in [(1, 576), (9, 640), (3, 33)]:
+        def rms(be, n=n, d=d, unit=False):
+            r = _rng(d)
+            return be.read(be.rms_norm(be.upload(r.standard_normal((n, d))), _w(be, r.standard_normal(d)), 1e-6, unit))
+        def ln(be, n=n, d=d):
+            r = _rng(d + 1)
+            return be.read(be.layer_norm(be.upload(r.standard_normal((n, d))), _w(be, r.standard_normal(d)),
+                                         _w(be, r.standard_normal(d), "b"), 1e-12))
+        cases += [("rms_norm", f"[{n},{d}]", rms, COSINE_FLOOR_F32, False),
+                  ("layer_norm", f"[{n},{d}]", ln, COSINE_FLOOR_F32, False)]
+    for style in RopeStyle:
+        for scaling in (None, {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}):
+            def rope(be, style=style, scaling=scaling):
+                r = _rng(7)
+                spec = RopeSpec(dim=64, theta=10000.0, style=style, scaling=scaling)
+                pos = r.integers(0, 5000, 11)
+                return be.read(be.rope(be.upload(r.standard_normal((11, 3, 64))), pos, spec))
+            label = f"rope/{style.value}" + ("/llama3" if scaling else "")
+            cases.append((label, "[11,3,64]", rope, COSINE_FLOOR_F32, False))
+    for kind in ("silu", "gelu_tanh", "gelu"):
+        def ga(be, kind=kind):
+            r = _rng(3)
+            return be.read(be.gated_act(be.upload(r.standard_normal((5, 1537))),
+                                        be.upload(r.standard_normal((5, 1537))), kind))
+        cases.append((f"gated_act/{kind}", "[5,1537]", ga, COSINE_FLOOR_F32, False))
+    def emb(be):
+        r = _rng(11)
+        table = r.standard_normal((301, 64))
+        return be.read(be.embedding(_w(be, table), r.integers(0, 301, 17)))
+    cases.append(("embedding", "[301,64][17]", emb, COSINE_FLOOR_F32, False))
+    for h, kvh, hd, lens, window, cap in [(9, 3, 64, [37], None, None), (4, 1, 32, [5, 70, 16], None, None),
+                                          (8, 4, 16, [50, 9], 8, None), (4, 2, 32, [40], None, 50.0)]:
+        def att(be, h=h, kvh=kvh, hd=hd, lens=lens, window=window, cap=cap):
+            return _attention_case(be, 5, h, kvh, hd, lens, window, cap)
+        label = "attention" + (f"/window={window}" if window else "") + (f"/softcap={cap}" if cap else "")
+        cases.append((label, f"h={h},kvh={kvh},hd={hd},lens={lens}", att, COSINE_FLOOR_F32, False))
+    cases += _quant_cases()
+    return cases
+
+
+def _quant_cases():
+    from agentkv.formats.quants import QUANTIZABLE, dequantize, quantize
+
+    cases = []
+    for qtype, name in [(Q8_0, "Q8_0"), (Q4_0, "Q4_0"), (Q4_1, "Q4_1")]:
+        if qtype not in QUANTIZABLE:
+            continue
+        for n in (1, 19):
+            def qmm(be, qtype=qtype, n=n):
+                r = _rng(qtype * 10 + n)
+                w = (r.standard_normal((96, 256)) / 16).astype(np.float32)
+                raw = quantize(w, qtype)
+                wt = be.upload_weight("wq", raw, qtype, (96, 256))
+                return be.read(be.matmul(be.upload(r.standard_normal((n, 256))), wt))
+            cases.append((f"matmul/{name}", f"[{n},256]x[96,256]", qmm, COSINE_FLOOR_QUANT, True))
+    return cases
+
+
+def run_ops(backend: Backend, reference: Backend) -> list[WitnessRow]:
+    rows = []
+    for op, shape, fn, floor, check_argmax in op_cases():
+        try:
+            ref = fn(reference)
+        except NotImplementedError as e:
+            rows.append(WitnessRow(op, shape, math.nan, math.nan, None, floor, "SKIP", f"reference: {e}"))
+            continue
+        try:
+            got = fn(backend)
+        except NotImplementedError as e:
+            rows.append(WitnessRow(op, shape, math.nan, math.nan, None, floor, "SKIP", str(e)))
+            continue
+        rows.append(compare(op, shape, ref, got, floor, check_argmax))
+    return rows
