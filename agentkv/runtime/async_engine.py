@@ -76,7 +76,8 @@ class AsyncEngine:
 
     # -- requests -------------------------------------------------------------------------
     async def generate(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams,
-                       *, constraint: Any = None, namespace: Hashable = None) -> AsyncIterator[RequestOutput]:
+                       *, constraint: Any = None, namespace: Hashable = None,
+                       index: int = 0) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; the last one has `finished`. Raises ValueError subclasses
         for bad input before anything is queued. Cancelling the iteration aborts the request."""
         if self._dead is not None:
@@ -87,7 +88,7 @@ class AsyncEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (asyncio.get_running_loop(), q)
-        self._send(("add", rid, list(prompt_ids), params, constraint, namespace))
+        self._send(("add", rid, list(prompt_ids), params, constraint, namespace, index))
         finished = False
         try:
             while not finished:
@@ -142,9 +143,9 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if cmd[0] == "add":
-                _, rid, ids, params, constraint, namespace = cmd
+                _, rid, ids, params, constraint, namespace, index = cmd
                 try:
-                    self.engine.add_request(rid, ids, params, constraint, namespace)
+                    self.engine.add_request(rid, ids, params, constraint, namespace, index)
                 except ValueError as e:
                     self._deliver(rid, e)
             elif cmd[0] == "abort":

@@ -26,7 +26,7 @@ from agentkv.runtime.errors import InvalidTokenError, PromptTooLongError
 from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
 from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.runner import Chunk, ModelRunner
-from agentkv.runtime.sampler import SamplingState, raw_logprobs, sample, top_logprobs
+from agentkv.runtime.sampler import SamplingState, logsumexp, sample, token_logprob, top_logprobs
 from agentkv.runtime.stop import StopChecker
 from agentkv.sched import Scheduler, Sequence
 
@@ -117,8 +117,9 @@ class Engine:
                 raise ValueError(f"logit_bias token id {tok} is outside [0, {self.vocab_size})")
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    constraint: Any = None, namespace: Hashable = None) -> None:
-        """Queue a request (mutates). Raises ValueError subclasses for bad input."""
+                    constraint: Any = None, namespace: Hashable = None, index: int = 0) -> None:
+        """Queue a request (mutates). Raises ValueError subclasses for bad input. `index` is
+        the request's place among the n choices of one API call (seeds it as seed + index)."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate(prompt_ids, params)
@@ -127,7 +128,7 @@ class Engine:
                        prompt_ids=list(map(int, prompt_ids)), max_tokens=max_tokens)
         if params.prompt_logprobs is not None:
             seq.cache_hit_allowed = False  # every prompt row's logits are needed
-        req = _Request(request_id, seq, params, SamplingState.create(params, prompt_ids),
+        req = _Request(request_id, seq, params, SamplingState.create(params, prompt_ids, index),
                        StopChecker(replace(params, max_tokens=max_tokens), self.tokenizer.eos_ids),
                        IncrementalDecoder(self.tokenizer, params.skip_special_tokens),
                        constraint, arrival=time.perf_counter())
@@ -201,9 +202,9 @@ class Engine:
             target = start + i + 1
             if target >= len(prompt):
                 break
-            lp = raw_logprobs(logits_row)
-            lse = float(logits_row.astype(np.float64).max() - lp.max())
-            req.prompt_logprobs.append(TokenLogprob(prompt[target], float(lp[prompt[target]]),
+            lse = logsumexp(logits_row)
+            tok = prompt[target]
+            req.prompt_logprobs.append(TokenLogprob(tok, token_logprob(logits_row[tok], lse),
                                                     top_logprobs(logits_row, lse, k)))
 
     def _advance(self, req: _Request, result) -> RequestOutput:
