@@ -1,0 +1,330 @@
+"""Continuous batching: decodes first, then chunked prefills under a token budget,
+admission through the prefix cache, eviction then preemption when KV blocks run short."""
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from agentkv.cache import BlockId, BlockPool, MatchResult, Node, RadixCache, common_prefix_len
+from agentkv.sched.config import SchedulerConfig
+from agentkv.sched.sequence import SeqId, SeqStatus, Sequence
+
+
+class ScheduledChunk(NamedTuple):
+    """Compute KV for seq.all_ids[start:start + num_tokens] at positions start.. into
+    seq.block_table; when `samples`, the last row's logits sample the next token."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    samples: bool
+
+
+class SchedulerOutput(NamedTuple):
+    chunks: list[ScheduledChunk]
+    copies: list[tuple[BlockId, BlockId]]  # run backend.copy_blocks(kv, copies) first
+    preempted: list[SeqId]  # lost their blocks this step; they will recompute
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+
+@dataclass(slots=True)
+class _Step:
+    budget: int
+    chunks: dict[SeqId, ScheduledChunk] = field(default_factory=dict)
+    copies: list[tuple[BlockId, BlockId]] = field(default_factory=list)
+    preempted: list[SeqId] = field(default_factory=list)
+
+    @property
+    def budget_left(self) -> int:
+        return self.budget - sum(chunk.num_tokens for chunk in self.chunks.values())
+
+    def add(self, seq: Sequence, num_tokens: int) -> None:
+        samples = seq.num_computed + num_tokens == seq.num_tokens
+        self.chunks[seq.seq_id] = ScheduledChunk(seq, seq.num_computed, num_tokens, samples)
+
+
+class Scheduler:
+    """Decides, step by step, which tokens of which sequences to compute.
+
+    Protocol per step: `schedule()`, the runner computes the chunks, `on_tokens(sampled)`;
+    between steps the caller may `add`, `finish` and `abort`. Deterministic: no wall time,
+    no hashing of unordered sets.
+    """
+
+    def __init__(self, config: SchedulerConfig, pool: BlockPool,
+                 cache: RadixCache | None) -> None:
+        if cache is not None and cache.block_size != config.block_size:
+            raise ValueError(f"cache block_size={cache.block_size} differs from "
+                             f"config block_size={config.block_size}")
+        if config.enable_prefix_cache and cache is None:
+            raise ValueError("enable_prefix_cache=True needs a RadixCache")
+        self.config = config
+        self.pool = pool
+        self.cache = cache if config.enable_prefix_cache else None
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in arrival order
+        self._seqs: dict[SeqId, Sequence] = {}
+        self._locks: dict[SeqId, Node] = {}
+        self._pinned: list[BlockId] = []  # copy sources kept alive until the step ran
+        self._last: SchedulerOutput | None = None
+        self._num_arrivals = 0
+        self.preemptions = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def _num_blocks(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.config.block_size)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (FCFS). Raises ValueError for one that can never fit."""
+        if not seq.prompt_ids:
+            raise ValueError(f"seq {seq.seq_id}: empty prompt")
+        if seq.max_tokens < 1:
+            raise ValueError(f"seq {seq.seq_id}: max_tokens={seq.max_tokens} must be >= 1")
+        needed = self._num_blocks(len(seq.prompt_ids) + seq.max_tokens)
+        if needed > self.pool.num_blocks:
+            raise ValueError(f"seq {seq.seq_id}: prompt + max_tokens needs {needed} KV "
+                             f"blocks, the pool has {self.pool.num_blocks}")
+        if seq.seq_id in self._seqs:
+            raise ValueError(f"seq {seq.seq_id} already added")
+        seq.arrival = self._num_arrivals
+        self._num_arrivals += 1
+        seq.status = SeqStatus.WAITING
+        self._seqs[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step (mutates: admits, allocates, may evict and preempt)."""
+        step = _Step(self.config.max_num_batched_tokens)
+        for seq in list(self.running):
+            if step.budget_left == 0:
+                break
+            if seq.status is SeqStatus.RUNNING and seq.is_decoding:
+                self._extend(seq, 1, step)
+        for seq in list(self.running):
+            num_tokens = min(seq.num_remaining, step.budget_left, self.config.max_chunk_len)
+            if num_tokens == 0:
+                break
+            if seq.status is SeqStatus.RUNNING and not seq.is_decoding:
+                self._extend(seq, num_tokens, step)
+        self._admit(step)
+        self._last = SchedulerOutput(list(step.chunks.values()), step.copies, step.preempted)
+        return self._last
+
+    def _extend(self, seq: Sequence, num_tokens: int, step: _Step) -> None:
+        """Give a running sequence blocks for `num_tokens` more and schedule them; when the
+        pool is short, evict from the cache, then preempt the youngest running sequence
+        (possibly `seq` itself, which then waits)."""
+        needed = self._num_blocks(seq.num_computed + num_tokens) - len(seq.block_table)
+        while needed > 0:
+            blocks = self._allocate(needed)
+            if blocks is not None:
+                seq.block_table.extend(blocks)
+                break
+            victim = max(self.running, key=lambda s: s.arrival)
+            self._preempt(victim, step)
+            if victim is seq:
+                return
+        step.add(seq, num_tokens)
+
+    def _allocate(self, num_blocks: int) -> list[BlockId] | None:
+        blocks = self.pool.allocate(num_blocks)
+        if blocks is None and self.cache is not None:
+            self.cache.evict(num_blocks - self.pool.num_free)
+            blocks = self.pool.allocate(num_blocks)
+        return blocks
+
+    def _preempt(self, seq: Sequence, step: _Step) -> None:
+        """Release a running sequence's blocks (its computed KV goes to the cache first, so
+        resuming re-matches it) and put it at the front of the queue to recompute."""
+        self._release(seq, insert=True)
+        self.running.remove(seq)
+        step.chunks.pop(seq.seq_id, None)
+        step.preempted.append(seq.seq_id)
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)  # the youngest goes first, so older ones end up ahead
+        self.preemptions += 1
+
+    def _release(self, seq: Sequence, insert: bool) -> None:
+        if insert and self.cache is not None and seq.num_computed > 0:
+            self.cache.insert(seq.namespace, seq.all_ids[:seq.num_computed], seq.block_table)
+        node = self._locks.pop(seq.seq_id, None)
+        if node is not None:
+            assert self.cache is not None
+            self.cache.unlock(node)
+        self.pool.free(seq.block_table)
+        seq.block_table = []
+        seq.num_computed = 0
+
+    def _admit(self, step: _Step) -> None:
+        """Start waiting sequences FCFS while budget, batch width and blocks allow. A
+        sequence preempted this step, or one that cannot get its blocks, stops admission
+        (nobody overtakes it); one waiting for an in-flight prefix lets others pass."""
+        for seq in list(self.waiting):
+            if step.budget_left == 0 or len(self.running) >= self.config.max_num_seqs:
+                return
+            if seq.seq_id in step.preempted:
+                return
+            if self._waits_for_inflight(seq, step):
+                continue
+            if not self._start(seq, step):
+                return
+
+    def _waits_for_inflight(self, seq: Sequence, step: _Step) -> bool:
+        """True when a running sequence is still prefilling a longer prefix of `seq` than
+        the cache holds now: `seq` waits for its progressive insertion instead of computing
+        the same KV twice, unless waiting would leave the batch empty."""
+        if self.cache is None or not step.chunks:
+            return False
+        limit = seq.num_tokens - 1
+        cached_len = self.cache.match(seq.namespace, seq.all_ids, limit, record=False).cached_len
+        for other in self.running:
+            if other.namespace != seq.namespace or other.is_decoding:
+                continue
+            shared_len = common_prefix_len(seq.all_ids[:limit], other.all_ids)
+            if shared_len > cached_len and other.num_computed < shared_len:
+                return True
+        return False
+
+    def _start(self, seq: Sequence, step: _Step) -> bool:
+        """Admit `seq`: match the cache, lock the path, build its block table (shared full
+        blocks, a copied partial one) and schedule its first chunk. False, with nothing
+        taken, when the blocks cannot be had even after eviction."""
+        match = MatchResult(0, [], None)
+        if self.cache is not None:
+            match = self.cache.match(seq.namespace, seq.all_ids, seq.num_tokens - 1)
+            assert match.last_node is not None
+            self.cache.lock(match.last_node)
+        num_tokens = min(seq.num_tokens - match.cached_len, step.budget_left,
+                         self.config.max_chunk_len)
+        bs = self.config.block_size
+        num_new = self._num_blocks(match.cached_len + num_tokens) - match.cached_len // bs
+        if self.pool.num_free < num_new and self.cache is not None:
+            self.cache.evict(num_new - self.pool.num_free)
+        if self.pool.num_free < num_new:
+            if match.last_node is not None:
+                self.cache.unlock(match.last_node)  # type: ignore[union-attr]
+            return False
+        if self.cache is not None:
+            shared = self.cache.share(match)
+            assert shared is not None
+            table, copies = shared.block_table, shared.copies
+            self._locks[seq.seq_id] = match.last_node  # type: ignore[assignment]
+        else:
+            table, copies = [], []
+        rest = self.pool.allocate(num_new - len(copies))
+        assert rest is not None
+        for src, _ in copies:
+            self.pool.incref(src)  # the source must outlive this step's copy
+            self._pinned.append(src)
+        step.copies.extend(copies)
+        self._begin(seq, table + rest, match.cached_len)
+        step.add(seq, num_tokens)
+        return True
+
+    def _begin(self, seq: Sequence, table: list[BlockId], cached_len: int) -> None:
+        if seq.num_preemptions == 0:
+            seq.cached_len = cached_len
+        seq.block_table = table
+        seq.num_computed = cached_len
+        seq.status = SeqStatus.RUNNING
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        self.running.sort(key=lambda s: s.arrival)
+
+    def on_tokens(self, sampled: dict[SeqId, int]) -> None:
+        """The last scheduled step ran: advance each chunk's KV, append sampled tokens
+        (`sampled` must hold one for every chunk with samples=True of a sequence still
+        running), and insert prefilled prefixes into the cache so others can hit them.
+        Chunks of sequences finished or aborted since `schedule` are ignored."""
+        if self._last is None:
+            raise RuntimeError("on_tokens without a schedule: bug")
+        out, self._last = self._last, None
+        self.pool.free(self._pinned)
+        self._pinned = []
+        for chunk in out.chunks:
+            seq = chunk.seq
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            if seq.num_computed != chunk.start:
+                raise RuntimeError(f"seq {seq.seq_id} computed {seq.num_computed}, chunk "
+                                   f"starts at {chunk.start}: bug")
+            if chunk.samples and seq.seq_id not in sampled:
+                raise ValueError(f"no sampled token for seq {seq.seq_id}")
+            seq.num_computed += chunk.num_tokens
+            if chunk.samples:
+                seq.output_ids.append(sampled[seq.seq_id])
+            if not chunk.samples or chunk.start < len(seq.prompt_ids):
+                self._insert_progress(seq)
+
+    def _insert_progress(self, seq: Sequence) -> None:
+        """Cache what `seq` has computed so far and move its lock to the deepest node, so
+        the in-flight prefix is neither computed twice nor evicted under it."""
+        if self.cache is None:
+            return
+        computed = seq.all_ids[:seq.num_computed]
+        self.cache.insert(seq.namespace, computed, seq.block_table)
+        node = self.cache.match(seq.namespace, computed, record=False).last_node
+        assert node is not None
+        self.cache.lock(node)
+        self.cache.unlock(self._locks[seq.seq_id])
+        self._locks[seq.seq_id] = node
+
+    def finish(self, seq_id: SeqId, reason: str) -> Sequence:
+        """End a sequence normally: its computed tokens go to the cache, its blocks and
+        lock are released. Returns the finished sequence."""
+        return self._end(seq_id, SeqStatus.FINISHED, reason, insert=True)
+
+    def abort(self, seq_id: SeqId) -> Sequence:
+        """End a sequence at once, waiting or running, without caching its tokens."""
+        return self._end(seq_id, SeqStatus.ABORTED, "abort", insert=False)
+
+    def _end(self, seq_id: SeqId, status: SeqStatus, reason: str, insert: bool) -> Sequence:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise KeyError(f"seq {seq_id} is not scheduled")
+        if seq.status is SeqStatus.RUNNING:
+            self._release(seq, insert)
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.status = status
+        seq.finish_reason = reason
+        return seq
+
+    def check_integrity(self) -> None:
+        """Pool and tree are consistent, and every block's refcount is exactly the tree's
+        references plus the running sequences' tables plus pinned copy sources."""
+        self.pool.check_integrity()
+        refs: Counter[BlockId] = Counter(self._pinned)
+        if self.cache is not None:
+            self.cache.check_integrity()
+            refs.update(self.cache.block_refs())
+        for seq in self.running:
+            if seq.status is not SeqStatus.RUNNING:
+                raise RuntimeError(f"seq {seq.seq_id} in running is {seq.status}: bug")
+            if len(seq.block_table) < self._num_blocks(seq.num_computed):
+                raise RuntimeError(f"seq {seq.seq_id} has too few blocks: bug")
+            refs.update(seq.block_table)
+        for seq in self.waiting:
+            if seq.status is not SeqStatus.WAITING or seq.block_table or seq.num_computed:
+                raise RuntimeError(f"waiting seq {seq.seq_id} holds state: bug")
+        for block in range(self.pool.num_blocks):
+            if self.pool.refcount(BlockId(block)) != refs[BlockId(block)]:
+                raise RuntimeError(f"block {block}: refcount {self.pool.refcount(block)}, "
+                                   f"{refs[BlockId(block)]} holders: bug")
