@@ -17,7 +17,9 @@ so both match whole when they appear in text.
 """
 from __future__ import annotations
 
+import functools
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -28,6 +30,7 @@ from tokenizers.models import BPE
 from agentkv.formats.errors import TokenizerError
 
 CONTROL, USER_DEFINED = 3, 4
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 # llama.cpp's end-of-generation spellings (llama-vocab.cpp): a turn ends on any of them.
 _EOG_SPELLINGS = frozenset({
@@ -258,6 +261,10 @@ class Tokenizer:
             backend = _Backend.from_file(str(file))
         except Exception as exc:
             raise TokenizerError(f"{file}: cannot be read as a tokenizer.json: {exc}") from exc
+        # A file may ask for padding/truncation to a fixed length (MiniLM pads to 128); the engine
+        # needs the raw ids, as HF's tokenizer gives them unless asked otherwise.
+        backend.no_padding()
+        backend.no_truncation()
         if tokenizer_config is None:
             cfg_file = file.parent / "tokenizer_config.json"
             tokenizer_config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
@@ -271,6 +278,14 @@ class Tokenizer:
         eot += [i for t, i in vocab.items() if t in _EOG_SPELLINGS]
         return cls(backend, bos_id=role_ids["bos"], eos_id=role_ids["eos"], pad_id=role_ids["pad"],
                    unk_id=role_ids["unk"], eot_ids=[i for i in eot if i is not None], origin=str(file))
+
+    @functools.cached_property
+    def byte_token_ids(self) -> frozenset[int]:
+        """Ids of byte-fallback tokens (`<0x41>`); empty for byte-level vocabularies."""
+        if not getattr(self.backend.model, "byte_fallback", False):
+            return frozenset()
+        vocab = self.backend.get_vocab(with_added_tokens=False)
+        return frozenset(i for tok, i in vocab.items() if _BYTE_TOKEN.fullmatch(tok))
 
     @property
     def vocab_size(self) -> int:
@@ -319,8 +334,9 @@ class IncrementalDecoder:
         ids:  [ ... emitted ... | prefix_offset ... read_offset | new ids ]
                                  \\_ context, already emitted _/ \\_ text to emit _/
 
-    Text whose window ends in U+FFFD is held back until the character completes; `flush()`
-    returns whatever is still held. The concatenation of all pieces equals `decode(all ids)`.
+    Text whose window ends in U+FFFD is held back until the character completes, and so is a
+    run of byte-fallback tokens: the decoder turns a whole run that is not valid UTF-8 into
+    U+FFFDs, so a byte already emitted could change. `flush()` returns whatever is still held. The concatenation of all pieces equals `decode(all ids)`.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
@@ -339,6 +355,8 @@ class IncrementalDecoder:
     def push(self, token_id: int) -> str:
         """Add one id; returns the newly completed text (possibly empty). Mutates the decoder."""
         self.ids.append(token_id)
+        if token_id in self.tokenizer.byte_token_ids:
+            return ""
         done, text = self._window_texts()
         if len(text) <= len(done) or text.endswith("\ufffd"):
             return ""
