@@ -1,8 +1,8 @@
 """Compiles (once) and loads the AVX2/FMA CPU kernel library; None when it cannot run here.
 
-The build is cached under ~/.cache/agentkv/kernels/<torch version>-<source hash>, so a
-changed source or torch gets a fresh directory and concurrent users of one tree share the
-finished build (torch's file lock serialises the compile itself).
+The build is cached under ~/.cache/agentkv/kernels/torch<version>-<flags hash>; torch
+rebuilds (incrementally, through ninja) when a source changes, and its file lock serialises
+concurrent compiles. A stamp per source hash tells whether this exact source was built.
 """
 from __future__ import annotations
 
@@ -65,11 +65,15 @@ def _cpu_flags() -> set[str] | None:
 def build_directory() -> Path:
     import torch
 
+    flags = hashlib.sha256(" ".join(CFLAGS + LDFLAGS).encode()).hexdigest()[:12]
+    return Path.home() / ".cache" / "agentkv" / "kernels" / f"torch{torch.__version__}-{flags}"
+
+
+def _source_digest() -> str:
     digest = hashlib.sha256()
     for name in SOURCES + HEADERS:
         digest.update((_HERE / name).read_bytes())
-    digest.update(" ".join(CFLAGS + LDFLAGS).encode())
-    return Path.home() / ".cache" / "agentkv" / "kernels" / f"torch{torch.__version__}-{digest.hexdigest()[:16]}"
+    return digest.hexdigest()[:16]
 
 
 def _load_uncached() -> ModuleType | None:
@@ -81,7 +85,8 @@ def _load_uncached() -> ModuleType | None:
 
     build_dir = build_directory()
     build_dir.mkdir(parents=True, exist_ok=True)
-    fresh = not (build_dir / f"{NAME}.so").exists()
+    stamp = build_dir / f"built-{_source_digest()}"
+    fresh = not stamp.exists()
     if fresh:
         print(f"compiling agentkv CPU kernels (once, ~{COMPILE_SECONDS_HINT} s)...", file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -98,5 +103,6 @@ def _load_uncached() -> ModuleType | None:
         log.warning("agentkv CPU kernels disabled: build failed (%s); falling back to pure torch", exc)
         return None
     if fresh:
+        stamp.touch()
         log.info("compiled agentkv CPU kernels in %.1f s", time.perf_counter() - started)
     return module

@@ -53,10 +53,13 @@ static void decode_cols(const Problem& p, int64_t c0) {
     for (int64_t sb = 0; sb < units / (F::QK / 32); ++sb) {
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
+#pragma GCC unroll 8
             for (int g = 0; g < G; ++g) {
                 __m256 wv[4];
                 F::decode(rows[g] + sb * F::BYTES, sub, wv);
+#pragma GCC unroll 4
                 for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
                     for (int i = 0; i < 4; ++i)
                         acc[r][g] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + r * p.k + 8 * i), wv[i],
                                                     acc[r][g]);
