@@ -81,6 +81,9 @@ class Engine:
         self.scheduler = Scheduler(sched_cfg, self.pool, self.cache)
         self.runner = None if self.is_embedding else ModelRunner(self.model, self.num_blocks, self.block_size)
         self.counters = Counters()
+        # Tests of the exactness contract read the sampled logits rows: request id -> rows.
+        self.record_logits = False
+        self.recorded: dict[str, list[np.ndarray]] = {}
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[int, _Request] = {}
         self._seq_ids = itertools.count()
@@ -112,9 +115,7 @@ class Engine:
         if bad:
             raise InvalidTokenError(f"prompt token id {bad[0]} is outside the vocabulary "
                                     f"[0, {self.vocab_size})")
-        for tok, _ in params.logit_bias:
-            if not 0 <= tok < self.vocab_size:
-                raise ValueError(f"logit_bias token id {tok} is outside [0, {self.vocab_size})")
+        params.check_vocab(self.vocab_size)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     constraint: Any = None, namespace: Hashable = None, index: int = 0) -> None:
@@ -124,10 +125,11 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate(prompt_ids, params)
         max_tokens = min(params.max_tokens, self.max_model_len - len(prompt_ids))
-        seq = Sequence(seq_id=next(self._seq_ids), namespace=(self.model_name, namespace),
-                       prompt_ids=list(map(int, prompt_ids)), max_tokens=max_tokens)
+        ns = (self.model_name, namespace)
         if params.prompt_logprobs is not None:
-            seq.cache_hit_allowed = False  # every prompt row's logits are needed
+            ns = (*ns, "prompt-logprobs", request_id)  # every prompt row's logits are needed: no hit
+        seq = Sequence(seq_id=next(self._seq_ids), namespace=ns,
+                       prompt_ids=list(map(int, prompt_ids)), max_tokens=max_tokens)
         req = _Request(request_id, seq, params, SamplingState.create(params, prompt_ids, index),
                        StopChecker(replace(params, max_tokens=max_tokens), self.tokenizer.eos_ids),
                        IncrementalDecoder(self.tokenizer, params.skip_special_tokens),
@@ -183,6 +185,8 @@ class Engine:
             if chunk.logits == "all":
                 self._prompt_logprobs(req, sc.start, rows)
             if sc.samples:
+                if self.record_logits:
+                    self.recorded.setdefault(req.request_id, []).append(rows[-1].copy())
                 result = sample(rows[-1], req.params, req.sampling, self._allowed(req))
                 sampled[sc.seq.seq_id] = result
                 touched.append(req)

@@ -1,0 +1,151 @@
+"""The exactness contract (DESIGN.md): a request's logits are bit-identical whether its prefix
+came from the cache or was computed, whether it ran alone or batched, however it was chunked.
+
+Every comparison is `np.array_equal` on float32 logits rows — never a tolerance. A control
+runs the same checks on a backend with a deliberately non-invariant matmul and expects them
+to fail, so these tests are known to be able to fail."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch.nn.functional as F
+
+from agentkv.hal.registry import register
+from agentkv.hal.torch_backend import F32, TorchBackend
+from agentkv.hal.base import Tensor
+from agentkv.runtime.config import CacheConfig, EngineConfig
+from agentkv.runtime.engine import Engine
+from agentkv.runtime.params import SamplingParams
+from agentkv.sched import SchedulerConfig
+from tests.models.helpers import tiny_hf_model
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
+
+
+class NonInvariantTorch(TorchBackend):
+    """The control: plain F.linear, whose row bits depend on how many rows share the GEMM."""
+
+    def matmul(self, x, weight, bias=None):
+        if weight.qtype != F32:
+            return super().matmul(x, weight, bias)
+        out = F.linear(x.raw, weight.raw)
+        return Tensor(out + bias.raw if bias is not None else out)
+
+
+register("torch-noninvariant", NonInvariantTorch, "approx")
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen2")
+    tiny_hf_model(folder, "qwen2", seed=3, vocab_size=256, max_position_embeddings=512)
+    byte_level_tokenizer(folder)
+    return str(folder)
+
+
+def byte_level_tokenizer(folder) -> None:
+    """A 256-token byte-level tokenizer.json so the engine can detokenize the tiny model."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def make_engine(model: str, backend: str = "torch", chunk: int = 512, prefix_cache: bool = True,
+                num_blocks: int = 256) -> Engine:
+    engine = Engine(EngineConfig(model=model, backend=backend,
+                                 cache=CacheConfig(num_blocks=num_blocks, enable_prefix_cache=prefix_cache),
+                                 scheduler=SchedulerConfig(max_num_batched_tokens=chunk)))
+    engine.record_logits = True
+    return engine
+
+
+def run(engine: Engine, prompts: dict[str, list[int]], params=GREEDY) -> dict[str, list[np.ndarray]]:
+    """Submit all prompts at once, step to completion; request id -> sampled logits rows."""
+    for rid, ids in prompts.items():
+        engine.add_request(rid, ids, params)
+    outs = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                outs[out.request_id] = out
+    engine.scheduler.check_integrity()
+    return {rid: engine.recorded.pop(rid) for rid in prompts}, outs
+
+
+def rows_equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def tokens(n: int, seed: int, vocab: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(3, vocab) for _ in range(n)]
+
+
+def check_contract(model: str, backend: str, vocab: int, prompt_len: int, seed: int) -> list[str]:
+    """Run every variant of the contract; return the names of those that broke it."""
+    prompt = tokens(prompt_len, seed, vocab)
+    cold = run(make_engine(model, backend), {"p": prompt})[0]["p"]
+    broken = []
+    rnd = random.Random(seed)
+    splits = sorted({1, 16, 17, prompt_len - 1, rnd.randrange(2, prompt_len - 1)})
+    for split in splits:  # warm: a prefix of the prompt was computed by an earlier request
+        engine = make_engine(model, backend)
+        run(engine, {"prefix": prompt[:split]}, SamplingParams(max_tokens=1, temperature=0.0))
+        warm, outs = run(engine, {"p": prompt})
+        assert outs["p"].cached_len > 0
+        if not rows_equal(warm["p"], cold):
+            broken.append(f"warm split={split}")
+    for others in (1, 3, 7):  # batched with unrelated requests
+        batch = {f"o{i}": tokens(rnd.randrange(5, 40), seed + 100 + i, vocab) for i in range(others)}
+        got = run(make_engine(model, backend), {**batch, "p": prompt})[0]["p"]
+        if not rows_equal(got, cold):
+            broken.append(f"batched with {others}")
+    for chunk in (1, 7, 64):  # chunked prefill
+        got = run(make_engine(model, backend, chunk=chunk), {"p": prompt})[0]["p"]
+        if not rows_equal(got, cold):
+            broken.append(f"chunk={chunk}")
+    return broken
+
+
+def test_exact_reuse_tiny_qwen2(qwen2_dir):
+    assert check_contract(qwen2_dir, "torch", 256, 45, seed=1) == []
+
+
+def test_exact_reuse_tiny_qwen2_reference(qwen2_dir):
+    assert check_contract(qwen2_dir, "reference", 256, 37, seed=2) == []
+
+
+@pytest.mark.slow
+def test_exact_reuse_smollm2():
+    assert check_contract("smollm2", "torch", 49152, 40, seed=3) == []
+
+
+def test_control_non_invariant_backend_is_caught(qwen2_dir):
+    broken = check_contract(qwen2_dir, "torch-noninvariant", 256, 45, seed=1)
+    assert broken, "a non-invariant matmul went unnoticed: the exactness tests cannot fail"
+
+
+def agent_conversation(engine: Engine, vocab: int, turns: int = 4) -> list[list[int]]:
+    """Greedy multi-turn: each turn's prompt = last prompt + its answer + a tool result."""
+    context = tokens(30, 7, vocab)
+    answers = []
+    for t in range(turns):
+        _, outs = run(engine, {f"t{t}": context}, SamplingParams(max_tokens=6, temperature=0.0))
+        answers.append(outs[f"t{t}"].token_ids)
+        context = context + outs[f"t{t}"].token_ids + tokens(9, 50 + t, vocab)
+    return answers
+
+
+@pytest.mark.parametrize("model,vocab", [("qwen2", 256), ("smollm2", 49152)])
+def test_agent_turns_identical_with_cache_on_and_off(model, vocab, qwen2_dir):
+    path = qwen2_dir if model == "qwen2" else model
+    on = make_engine(path)
+    off = make_engine(path, prefix_cache=False)
+    assert agent_conversation(on, vocab) == agent_conversation(off, vocab)
+    assert on.stats().prefix_hit_tokens > 0 and off.stats().prefix_hit_tokens == 0
