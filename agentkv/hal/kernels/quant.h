@@ -25,41 +25,44 @@ struct FmtQ8_0 {
     }
 };
 
-// Low nibbles of the 16 bytes are weights 0..15, high nibbles 16..31.
-static inline void nibbles16(const uint8_t* qs, __m128i& lo, __m128i& hi) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m128i m = _mm_set1_epi8(0x0F);
-    lo = _mm_and_si128(v, m);
-    hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+// Weights 0..7 | 8..15 are the low nibbles of bytes 0..7 | 8..15, weights 16..23 | 24..31
+// their high nibbles: widen 8 bytes to 8 dwords straight from memory, then mask or shift.
+static inline void nibbles32(const uint8_t* qs, __m256 out[4]) {
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
+    const __m256i m = _mm256_set1_epi32(0x0F);
+    out[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, m));
+    out[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, m));
+    out[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+    out[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+}
+
+// Two adjacent f16 values (scale, min) converted in one instruction.
+static inline __m128 fp16x2_to_f32(const uint8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
 }
 
 struct FmtQ4_0 {
     static constexpr int QK = 32, BYTES = 18;
     static inline void decode(const uint8_t* b, int, __m256 out[4]) {
         const __m256 d = _mm256_set1_ps(fp16_to_f32(b));
-        const __m128i eight = _mm_set1_epi8(8);
-        __m128i lo, hi;
-        nibbles16(b + 2, lo, hi);
-        lo = _mm_sub_epi8(lo, eight);
-        hi = _mm_sub_epi8(hi, eight);
-        out[0] = _mm256_mul_ps(d, i8x8_to_ps(lo));
-        out[1] = _mm256_mul_ps(d, i8x8_to_ps(_mm_unpackhi_epi64(lo, lo)));
-        out[2] = _mm256_mul_ps(d, i8x8_to_ps(hi));
-        out[3] = _mm256_mul_ps(d, i8x8_to_ps(_mm_unpackhi_epi64(hi, hi)));
+        const __m256 eight = _mm256_set1_ps(8.0f);
+        nibbles32(b + 2, out);
+        // q - 8 is exact in f32, so subtracting after the conversion equals gguf's int8 q - 8
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_mul_ps(d, _mm256_sub_ps(out[i], eight));
     }
 };
 
 struct FmtQ4_1 {
     static constexpr int QK = 32, BYTES = 20;
     static inline void decode(const uint8_t* b, int, __m256 out[4]) {
-        const __m256 d = _mm256_set1_ps(fp16_to_f32(b));
-        const __m256 m = _mm256_set1_ps(fp16_to_f32(b + 2));
-        __m128i lo, hi;
-        nibbles16(b + 4, lo, hi);
-        out[0] = _mm256_add_ps(_mm256_mul_ps(d, u8x8_to_ps(lo)), m);
-        out[1] = _mm256_add_ps(_mm256_mul_ps(d, u8x8_to_ps(_mm_unpackhi_epi64(lo, lo))), m);
-        out[2] = _mm256_add_ps(_mm256_mul_ps(d, u8x8_to_ps(hi)), m);
-        out[3] = _mm256_add_ps(_mm256_mul_ps(d, u8x8_to_ps(_mm_unpackhi_epi64(hi, hi))), m);
+        const __m128 dm = fp16x2_to_f32(b);
+        const __m256 d = _mm256_broadcastss_ps(dm);
+        const __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        nibbles32(b + 4, out);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_add_ps(_mm256_mul_ps(d, out[i]), m);
     }
 };
 
