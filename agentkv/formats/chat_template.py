@@ -24,6 +24,8 @@ from agentkv.formats.errors import ChatTemplateError
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _TOOLS_REFERENCE = re.compile(r"\btools\b")
+# HF's SPECIAL_TOKENS_ATTRIBUTES: the names `special_tokens_map` offers to every template.
+_SPECIAL_TOKEN_ROLES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 def _raise_exception(message: str) -> None:
@@ -191,7 +193,7 @@ def _find_template(source: Any) -> tuple[str | None, str, dict[str, str | None]]
         return meta.get("tokenizer.chat_template"), "GGUF key tokenizer.chat_template", names
     if source.kind == "safetensors":
         config = source.metadata.get("tokenizer_config") or {}
-        names = {role: _token_name(config.get(role)) for role in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        names = {role: _token_name(config.get(role)) for role in _SPECIAL_TOKEN_ROLES}
         where = "chat_template.jinja and tokenizer_config.json chat_template"
         return _folder_template(Path(source.path), config), where, names
     raise ChatTemplateError(f"{source.path}: no chat template for a source of kind {source.kind!r}")
