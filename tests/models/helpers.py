@@ -53,12 +53,14 @@ def hf_logits(model, token_ids: list[int]) -> np.ndarray:
     return out.logits[0].float().numpy()
 
 
-def our_logits(path: Path | str, backend: str, token_ids: list[int], block_size: int = 4) -> np.ndarray:
-    """agentkv logits `[len, vocab]` for one prompt run cold in a single chunk."""
+def our_logits(path: Path | str, backend: str, token_ids: list[int], block_size: int = 4,
+               rows: str = "all") -> np.ndarray:
+    """agentkv logits for one prompt run cold in a single chunk: `[len, vocab]` for rows="all",
+    `[1, vocab]` (the prompt end) for rows="last"."""
     model = load_model(open_model(path), lookup(backend))
     num_blocks = math.ceil(len(token_ids) / block_size)
     runner = ModelRunner(model, num_blocks, block_size)
-    return runner.run([Chunk(token_ids, 0, list(range(num_blocks)), "all")])
+    return runner.run([Chunk(token_ids, 0, list(range(num_blocks)), rows)])
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
