@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from agentkv.formats.errors import GGUFError
 from agentkv.formats.hparams import hparams_from_gguf
@@ -42,18 +42,63 @@ class _TensorSpan:
 
 
 class _CheckedReader(GGUFReader):
-    """GGUFReader whose reads are bounded by the file size and whose tensors are validated."""
+    """GGUFReader whose reads are bounded by the file size and whose tensors are validated.
+
+    Speed: gguf-py parses a 262k-entry vocabulary one element at a time through np.memmap
+    slices (tens of seconds for gemma3 on a busy machine). Header reads here slice a plain
+    ndarray view of the same mapping, and arrays of scalars or strings are read in one pass:
+    a scalar array becomes one part, each string one memoryview part. `contents()` returns
+    the same values (the tests compare with an unmodified GGUFReader); field.data indices
+    differ, so `contents(i)` on a packed scalar array is not supported — use contents()."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._plain: np.ndarray | None = None
+        self._mapping_tensors = False  # tensor data keeps gguf-py's np.memmap slices
         super().__init__(path, "r")
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
-        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        dtype = np.dtype(dtype)
+        end = int(offset) + dtype.itemsize * int(count)
         if end > len(self.data):
             raise GGUFError(f"{self._path}: truncated header: a read at byte {int(offset)} needs "
                             f"{end} bytes, the file has {len(self.data)}")
-        return super()._get(offset, dtype, count, override_order)
+        if self._mapping_tensors:
+            return super()._get(offset, dtype, count, override_order)
+        if self._plain is None or self._plain.base is not self.data:
+            self._plain = self.data.view(np.ndarray)
+        arr = self._plain[int(offset):end].view(dtype)
+        return arr.view(arr.dtype.newbyteorder(override_order or self.byte_order))
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any], list[int], list[Any]]:
+        if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        count, offs = int(alen[0]), orig_offs + 12
+        itype = GGUFValueType(int(raw_itype[0]))
+        nptype = self.gguf_scalar_to_np.get(itype)
+        if count and nptype is not None:
+            values = self._get(offs, nptype, count)
+            return 12 + int(values.nbytes), [raw_itype, alen, values], [2], [GGUFValueType.ARRAY, itype]
+        if count and itype == GGUFValueType.STRING:
+            parts: list[Any] = [raw_itype, alen]
+            offs = self._read_strings(offs, count, parts)
+            return offs - orig_offs, parts, list(range(2, 2 + count)), [GGUFValueType.ARRAY, itype]
+        return super()._get_field_parts(orig_offs, raw_type)
+
+    def _read_strings(self, offs: int, count: int, parts: list[Any]) -> int:
+        """Append `count` length-prefixed strings from `offs` as memoryviews; returns the end."""
+        buf, size = memoryview(self.data), len(self.data)
+        for _ in range(count):
+            if offs + 8 > size:
+                self._get(offs, np.uint64)  # raises the truncated-header GGUFError
+            length = int.from_bytes(buf[offs:offs + 8], "little")
+            if offs + 8 + length > size:
+                self._get(offs + 8, np.uint8, length)
+            parts.append(buf[offs + 8:offs + 8 + length])
+            offs += 8 + length
+        return offs
 
     def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
         spans = sorted((self._span(start_offs, field) for field in fields), key=lambda s: s.start)
@@ -66,6 +111,7 @@ class _CheckedReader(GGUFReader):
                 raise GGUFError(f"{self._path}: {span.describe()} needs {span.num_bytes} bytes for "
                                 f"its shape and type, but {after.describe()} starts "
                                 f"{after.start - span.start} bytes after it")
+        self._mapping_tensors = True
         super()._build_tensors(start_offs, fields)
 
     def _span(self, start_offs: int, field: Any) -> _TensorSpan:

@@ -52,7 +52,9 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", skip_keys: tuple[str, ..
         add = writer.add_float32 if isinstance(value, float) else writer.add_uint32
         add(f"{arch}.{key}", value)
     writer.add_string("tokenizer.ggml.model", "gpt2")
-    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(VOCAB)])
+    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" if i % 7 else f"é{i}" for i in range(VOCAB)])
+    writer.add_array("tokenizer.ggml.scores", [float(-i) / 3 for i in range(VOCAB)])
+    writer.add_array("tokenizer.ggml.token_type", [i % 4 for i in range(VOCAB)])
     writer.add_bool("tokenizer.ggml.add_bos_token", False)
     writer.add_tensor("token_embd.weight", _encode(rng, (VOCAB, HIDDEN), Q.Q8_0), raw_dtype=Q.Q8_0)
     for i in range(LAYERS):
@@ -89,6 +91,9 @@ def test_reads_back_identical_to_gguf_py(tiny_gguf: Path) -> None:
         assert info.data.tobytes() == t.data.tobytes()
         assert info.num_bytes == t.n_bytes
     assert source.metadata == {k: f.contents() for k, f in oracle.fields.items()}
+    assert source.metadata["tokenizer.ggml.tokens"][7] == "é7"
+    assert source.metadata["tokenizer.ggml.scores"][3] == -1.0
+    assert type(source.metadata["tokenizer.ggml.token_type"][1]) is int
     types = {source.tensor(n).qtype for n in source.tensor_names()}
     assert types == {int(q) for q in (Q.F32, Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K)}
 
@@ -185,6 +190,12 @@ def test_wrong_magic(tiny_gguf: Path) -> None:
 @pytest.mark.parametrize("keep", [2, 40, 300])
 def test_truncated_header(tiny_gguf: Path, keep: int) -> None:
     tiny_gguf.write_bytes(tiny_gguf.read_bytes()[:keep])
+    _raises(tiny_gguf, "truncated header")
+
+
+def test_truncated_inside_string_array(tiny_gguf: Path) -> None:
+    offset = gguf.GGUFReader(tiny_gguf).fields["tokenizer.ggml.tokens"].offset
+    tiny_gguf.write_bytes(tiny_gguf.read_bytes()[:offset + 200])
     _raises(tiny_gguf, "truncated header")
 
 
