@@ -237,3 +237,12 @@ def test_unknown_tensor_name_and_error_hierarchy(tiny_gguf: Path) -> None:
     with pytest.raises(FormatError, match="no tensor named 'nope'"):
         GGUFSource(tiny_gguf).tensor("nope")
     assert issubclass(GGUFError, ValueError)
+
+
+def test_dequantized_matches_gguf_py(tiny_gguf: Path) -> None:
+    source = GGUFSource(tiny_gguf)
+    for t in gguf.GGUFReader(tiny_gguf).tensors:
+        want = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        got = source.dequantized(t.name)
+        assert got.shape == source.tensor(t.name).shape
+        assert np.array_equal(got.reshape(want.shape), want, equal_nan=True), t.name

@@ -182,3 +182,10 @@ def test_scalar_tensor_is_mapped(tmp_path: Path) -> None:
     _tiny_file(tmp_path, {"s": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}, value.tobytes())
     info = SafetensorsSource(tmp_path).tensor("s")
     assert info.shape == () and float(info.data) == 2.5
+
+
+def test_bf16_dequantizes_to_the_torch_values(tmp_path: Path) -> None:
+    state = _save(tmp_path, "llama", dtype=torch.bfloat16)
+    source = SafetensorsSource(tmp_path)
+    got = source.dequantized("blk.0.ffn_up.weight")
+    assert np.array_equal(got, state["model.layers.0.mlp.up_proj.weight"].float().numpy())
