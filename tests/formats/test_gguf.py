@@ -246,3 +246,37 @@ def test_dequantized_matches_gguf_py(tiny_gguf: Path) -> None:
         got = source.dequantized(t.name)
         assert got.shape == source.tensor(t.name).shape
         assert np.array_equal(got.reshape(want.shape), want, equal_nan=True), t.name
+
+
+def _llama_md(**extra) -> dict:
+    base = {"general.architecture": "llama", "llama.embedding_length": 64, "llama.block_count": 2,
+            "llama.feed_forward_length": 128, "llama.attention.head_count": 4,
+            "llama.context_length": 512, "llama.attention.layer_norm_rms_epsilon": 1e-5,
+            "llama.vocab_size": 32}
+    return {**base, **extra}
+
+
+def test_rope_scaling_keys() -> None:
+    from agentkv.formats.hparams import hparams_from_gguf
+
+    md = _llama_md(**{"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+                      "llama.rope.scaling.original_context_length": 128})
+    hp = hparams_from_gguf(md, Path("x.gguf"), ["output.weight"])
+    assert hp.rope_scaling == {"type": "yarn", "factor": 4.0, "original_context_length": 128}
+    assert (hp.num_kv_heads, hp.head_dim, hp.tie_embeddings) == (4, 16, False)
+    md["llama.rope.scaling.type"] = "none"
+    assert hparams_from_gguf(md, Path("x.gguf"), []).rope_scaling is None
+
+
+def test_bert_pooling_and_layer_norm_eps() -> None:
+    from agentkv.formats.hparams import hparams_from_gguf
+
+    md = {k.replace("llama.", "bert."): v for k, v in _llama_md().items()}
+    md.update({"general.architecture": "bert", "bert.pooling_type": 2,
+               "bert.attention.layer_norm_epsilon": 1e-12})
+    del md["bert.attention.layer_norm_rms_epsilon"]
+    hp = hparams_from_gguf(md, Path("e.gguf"), [])
+    assert (hp.arch, hp.pooling, hp.norm_eps) == ("bert", "cls", 1e-12)
+    del md["bert.attention.layer_norm_epsilon"]
+    with pytest.raises(GGUFError, match=r"e\.gguf.*'bert\.attention\.layer_norm_rms_epsilon'"):
+        hparams_from_gguf(md, Path("e.gguf"), [])

@@ -189,3 +189,17 @@ def test_bf16_dequantizes_to_the_torch_values(tmp_path: Path) -> None:
     source = SafetensorsSource(tmp_path)
     got = source.dequantized("blk.0.ffn_up.weight")
     assert np.array_equal(got, state["model.layers.0.mlp.up_proj.weight"].float().numpy())
+
+
+def test_config_rope_scaling_old_and_new_styles(tmp_path: Path) -> None:
+    from agentkv.formats.hparams import hparams_from_config
+
+    base = {"model_type": "llama", **TINY, "rms_norm_eps": 1e-5}
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    old = hparams_from_config({**base, "rope_theta": 5e5, "rope_scaling": llama3}, tmp_path)
+    new = hparams_from_config({**base, "rope_parameters": {"rope_theta": 5e5, **llama3}}, tmp_path)
+    for hp in (old, new):
+        assert hp.rope_theta == 5e5
+        assert hp.rope_scaling == {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    mistral = hparams_from_config({**base, "model_type": "mistral", "sliding_window": 64}, tmp_path)
+    assert (mistral.arch, mistral.sliding_window, mistral.sliding_window_layers) == ("llama", 64, (True, True))
