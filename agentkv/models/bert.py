@@ -1,0 +1,118 @@
+"""BERT encoder for sentence embeddings (all-MiniLM-L6-v2): absolute position embeddings,
+post-LN layers, erf-GELU MLP, bidirectional attention with no KV cache, then pooling and L2
+normalisation as sentence-transformers does.
+
+    h = LN(word + position + token_type)
+    per layer:  h = LN(h + attention(h))          attn_output_norm
+                h = LN(h + down(gelu(up(h))))      layer_output_norm
+    embedding = normalise(pool(h))                 pool: hparams.pooling (mean | cls | last)
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from agentkv.hal.base import Tensor
+from agentkv.models.base import LoadOptions, Model
+
+POOLING = ("mean", "cls", "last")
+
+
+class BertModel(Model):
+    is_embedding = True
+
+    def __init__(self, source, backend, options: LoadOptions = LoadOptions()):
+        super().__init__(source, backend, options)
+        hp = self.hparams
+        self.pooling = hp.pooling or "cls"  # a bare BERT folder (no 1_Pooling/) pools [CLS]
+        if self.pooling not in POOLING:
+            raise ValueError(f"{source.path}: pooling {self.pooling!r} is not supported "
+                             f"(supported: {', '.join(POOLING)})")
+        self.scale = 1.0 / math.sqrt(hp.head_dim)
+        self.word = self.weight("token_embd.weight")
+        self.position = self.weight("position_embd.weight")
+        self.token_types = self.weight("token_types.weight")
+        self.embd_norm = (self.weight("token_embd_norm.weight"), self.weight("token_embd_norm.bias"))
+        self.layers = [self._layer(i) for i in range(hp.num_layers)]
+
+    def _layer(self, i: int) -> dict:
+        w = lambda name: self.weight(f"blk.{i}.{name}")  # noqa: E731
+        return {
+            "q": w("attn_q.weight"), "q_bias": w("attn_q.bias"),
+            "k": w("attn_k.weight"), "k_bias": w("attn_k.bias"),
+            "v": w("attn_v.weight"), "v_bias": w("attn_v.bias"),
+            "o": w("attn_output.weight"), "o_bias": w("attn_output.bias"),
+            "attn_norm": (w("attn_output_norm.weight"), w("attn_output_norm.bias")),
+            "up": w("ffn_up.weight"), "up_bias": w("ffn_up.bias"),
+            "down": w("ffn_down.weight"), "down_bias": w("ffn_down.bias"),
+            "out_norm": (w("layer_output_norm.weight"), w("layer_output_norm.bias")),
+        }
+
+    def forward(self, token_ids, meta, kv, logit_rows) -> Tensor:
+        """Not available: an encoder has no causal step, KV cache or logits — use `embed`."""
+        raise NotImplementedError("BERT is an embedding encoder (bidirectional, no KV cache, "
+                                  "no LM head): call embed(token_id_lists) instead of forward")
+
+    def embed(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
+        """L2-normalised sentence embeddings `[batch, hidden]` float32, one per id list (each
+        list already tokenised with its [CLS]/[SEP]). Sequences run together as one flat batch
+        of rows, attention confined to each sequence; no padding, so nothing to mask."""
+        seq_lens = self._check(token_id_lists)
+        ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_id_lists])
+        positions = np.concatenate([np.arange(n, dtype=np.int64) for n in seq_lens])
+        hidden = self.backend.read(self._encode(ids, positions, seq_lens))  # [n, d]
+        return _normalise(self._pool(hidden, seq_lens))
+
+    def _check(self, token_id_lists) -> tuple[int, ...]:
+        hp = self.hparams
+        if len(token_id_lists) == 0:
+            raise ValueError("embed needs at least one sequence, got an empty batch")
+        seq_lens = tuple(len(t) for t in token_id_lists)
+        for i, n in enumerate(seq_lens):
+            if not 0 < n <= hp.context_len:
+                raise ValueError(f"sequence {i} has {n} tokens; {hp.arch} takes 1..{hp.context_len}")
+        for i, ids in enumerate(token_id_lists):
+            bad = [t for t in ids if not 0 <= int(t) < hp.vocab_size]
+            if bad:
+                raise ValueError(f"sequence {i} has token id {bad[0]} outside the vocabulary "
+                                 f"0..{hp.vocab_size - 1}")
+        return seq_lens
+
+    def _encode(self, ids: np.ndarray, positions: np.ndarray, seq_lens: tuple[int, ...]) -> Tensor:
+        be, hp = self.backend, self.hparams
+        h = be.add(be.embedding(self.word, ids), be.embedding(self.position, positions))
+        h = be.add(h, be.embedding(self.token_types, np.zeros_like(ids)))  # single-segment input
+        h = be.layer_norm(h, *self.embd_norm, hp.norm_eps)
+        for layer in self.layers:
+            h = be.layer_norm(be.add(h, self._attention(layer, h, seq_lens)), *layer["attn_norm"],
+                              hp.norm_eps)
+            ffn = be.act(be.matmul(h, layer["up"], layer["up_bias"]), "gelu")
+            h = be.layer_norm(be.add(h, be.matmul(ffn, layer["down"], layer["down_bias"])),
+                              *layer["out_norm"], hp.norm_eps)
+        return h  # [n, d]
+
+    def _attention(self, layer: dict, x: Tensor, seq_lens: tuple[int, ...]) -> Tensor:
+        be, hp = self.backend, self.hparams
+        n, shape = sum(seq_lens), (sum(seq_lens), hp.num_heads, hp.head_dim)
+        q = be.reshape(be.matmul(x, layer["q"], layer["q_bias"]), shape)
+        k = be.reshape(be.matmul(x, layer["k"], layer["k_bias"]), shape)
+        v = be.reshape(be.matmul(x, layer["v"], layer["v_bias"]), shape)
+        out = be.attention_dense(q, k, v, seq_lens, self.scale)
+        return be.matmul(be.reshape(out, (n, hp.num_heads * hp.head_dim)), layer["o"], layer["o_bias"])
+
+    def _pool(self, hidden: np.ndarray, seq_lens: tuple[int, ...]) -> np.ndarray:
+        """`[n, d]` rows grouped by sequence -> `[batch, d]` (host-side: the rows are read)."""
+        starts = np.concatenate([[0], np.cumsum(seq_lens)[:-1]]).astype(np.int64)
+        if self.pooling == "cls":
+            return hidden[starts]
+        if self.pooling == "last":
+            return hidden[starts + np.asarray(seq_lens) - 1]
+        return np.stack([hidden[s:s + n].mean(axis=0, dtype=np.float32)
+                         for s, n in zip(starts, seq_lens)])
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return (x / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
