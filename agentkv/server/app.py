@@ -1,0 +1,151 @@
+"""The FastAPI app factory: routes, API-key check, request metrics, and the engine's life.
+
+`create_app(engine)` takes a ready AsyncEngine, or a zero-argument callable that builds one:
+then the app answers at once (GET /health is 503 "loading") while the model loads in a
+background thread. Handlers never touch tensors: they translate HTTP to engine calls."""
+from __future__ import annotations
+
+import secrets
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agentkv.server import responses as r
+from agentkv.server.errors import ErrorResponse, install_handlers, unauthorized
+from agentkv.server.schemas import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest)
+from agentkv.server.serving_chat import create_chat_completion
+from agentkv.server.serving_completions import create_completion
+from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
+from agentkv.server.state import ServerState
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 503)}
+STREAM = {200: {"content": {"text/event-stream": {}}}}
+_ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+              "/tokenize", "/detokenize", "/health", "/metrics"}
+
+
+class MetricsMiddleware:
+    """Counts every request by endpoint and status and times it to the last byte (streams
+    included). Pure ASGI, so it never buffers a stream or hides a disconnect."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500
+        path = scope["path"]
+        endpoint = path if path in _ENDPOINTS else "other"
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.state.metrics.observe_request(endpoint, status, time.perf_counter() - start)
+
+
+def _openapi_400s(app: FastAPI) -> dict[str, Any]:
+    """FastAPI documents validation failures as 422; this server answers them with 400."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                             routes=app.routes)
+        for path in schema.get("paths", {}).values():
+            for op in path.values():
+                op.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def create_app(engine: Any, *, api_key: str | None = None,
+               served_model_name: str | None = None) -> FastAPI:
+    """The app for `engine` (an AsyncEngine, or a callable that loads one in the background)."""
+    state = ServerState(engine, api_key=api_key, served_model_name=served_model_name)
+    owns_engine = state.engine is None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.start_loading()
+        yield
+        if owns_engine and state.engine is not None:
+            await state.engine.shutdown()
+
+    app = FastAPI(title="agentkv", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible API over an agentkv engine")
+    app.state.server = state
+    install_handlers(app)
+    app.add_middleware(MetricsMiddleware, state=state)
+    app.openapi = lambda: _openapi_400s(app)  # type: ignore[method-assign]
+    _add_routes(app, state)
+    return app
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    def check_key(request: Request) -> None:
+        if state.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), state.api_key):
+            raise unauthorized("Invalid or missing API key; send 'Authorization: Bearer <key>'")
+
+    auth = [Depends(check_key)]
+
+    @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
+    async def health() -> Any:
+        if state.engine is not None:
+            return r.HealthResponse(status="ok", model=state.model_name)
+        status = "failed" if state.load_error else "loading"
+        body = r.HealthResponse(status=status, detail=state.load_error)
+        return JSONResponse(body.model_dump(), status_code=503)
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=r.ModelList, responses=ERRORS, dependencies=auth)
+    async def models() -> Any:
+        return list_models(state)
+
+    @app.get("/v1/models/{model_id}", response_model=r.ModelCard, responses=ERRORS, dependencies=auth)
+    async def model(model_id: str) -> Any:
+        state.check_model(model_id)
+        return list_models(state).data[0]
+
+    @app.post("/v1/chat/completions", response_model=r.ChatCompletionResponse,
+              responses={**ERRORS, **STREAM}, dependencies=auth)
+    async def chat(req: ChatCompletionRequest) -> Any:
+        return await create_chat_completion(state, req)
+
+    @app.post("/v1/completions", response_model=r.CompletionResponse,
+              responses={**ERRORS, **STREAM}, dependencies=auth)
+    async def completions(req: CompletionRequest) -> Any:
+        return await create_completion(state, req)
+
+    @app.post("/v1/embeddings", response_model=r.EmbeddingResponse, responses=ERRORS, dependencies=auth)
+    async def embeddings(req: EmbeddingRequest) -> Any:
+        return await create_embeddings(state, req)
+
+    @app.post("/tokenize", response_model=r.TokenizeResponse, responses=ERRORS, dependencies=auth)
+    async def tokenize_route(req: TokenizeRequest) -> Any:
+        return await tokenize(state, req)
+
+    @app.post("/detokenize", response_model=r.DetokenizeResponse, responses=ERRORS, dependencies=auth)
+    async def detokenize_route(req: DetokenizeRequest) -> Any:
+        return await detokenize(state, req)

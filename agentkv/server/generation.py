@@ -1,0 +1,116 @@
+"""Driving the engine for one HTTP request: several engine requests (n choices, batched
+prompts) run concurrently and merge into one stream of (choice index, output); whatever way
+the consumer leaves — finished, error, client gone — unfinished requests are aborted at once,
+so their KV blocks return to the pool."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import anyio
+
+from agentkv.server.metrics import TokenTimer
+from agentkv.server.state import ServerState, engine_error
+
+_DONE = object()
+
+
+@dataclass(slots=True)
+class Job:
+    """One engine request: the choice it answers and what to generate."""
+
+    index: int
+    request_id: str
+    prompt_ids: list[int]
+    params: Any
+    constraint: Any = None
+
+
+class ChoiceStreams:
+    """Async iterator over (index, RequestOutput) for `jobs`; use with `async with`.
+
+    The first `__anext__` surfaces the engine's validation errors as APIError, so a caller can
+    pull one output before committing to a 200 response."""
+
+    def __init__(self, state: ServerState, engine: Any, jobs: list[Job]) -> None:
+        self._state, self._engine, self._jobs = state, engine, jobs
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._unfinished = {job.request_id for job in jobs}
+        self._pending = len(jobs)
+        start = time.perf_counter()
+        self._timers = [TokenTimer(state.metrics, start) for _ in jobs]
+        self._by_index = {job.index: pos for pos, job in enumerate(jobs)}
+
+    async def __aenter__(self) -> ChoiceStreams:
+        for job in self._jobs:
+            self._tasks.append(asyncio.create_task(self._pump(job)))
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.close()
+
+    async def close(self) -> None:
+        """Abort what is still running (mutates: empties the unfinished set)."""
+        for task in self._tasks:
+            task.cancel()
+        unfinished, self._unfinished = list(self._unfinished), set()
+        for request_id in unfinished:
+            await self._engine.abort(request_id)
+
+    async def _pump(self, job: Job) -> None:
+        try:
+            async for out in self._engine.generate(job.request_id, job.prompt_ids, job.params,
+                                                   constraint=job.constraint):
+                if out.finished:
+                    self._unfinished.discard(job.request_id)
+                await self._queue.put((job.index, out))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # handed to the consumer, which maps or re-raises it
+            self._unfinished.discard(job.request_id)
+            await self._queue.put(exc)
+            return
+        await self._queue.put(_DONE)
+
+    def __aiter__(self) -> AsyncIterator[tuple[int, Any]]:
+        return self
+
+    async def __anext__(self) -> tuple[int, Any]:
+        while self._pending:
+            item = await self._queue.get()
+            if item is _DONE:
+                self._pending -= 1
+                continue
+            if isinstance(item, Exception):
+                raise engine_error(item) from item
+            index, out = item
+            self._record(index, out)
+            return index, out
+        raise StopAsyncIteration
+
+    def _record(self, index: int, out: Any) -> None:
+        self._timers[self._by_index[index]].tokens(time.perf_counter(), len(out.delta_token_ids))
+        if out.finished:
+            self._state.metrics.observe_generation(out.prompt_len, out.cached_len,
+                                                   len(out.token_ids), out.finish_reason)
+
+
+async def collect(streams: ChoiceStreams) -> dict[int, Any]:
+    """Run to the end; the last output of each choice, with logprobs accumulated over steps."""
+    last: dict[int, Any] = {}
+    logprobs: dict[int, list[Any]] = {}
+    prompt_logprobs: dict[int, Any] = {}
+    async for index, out in streams:
+        if out.logprobs:
+            logprobs.setdefault(index, []).extend(out.logprobs)
+        if out.prompt_logprobs is not None:
+            prompt_logprobs[index] = out.prompt_logprobs
+        last[index] = out
+    for index, out in last.items():
+        out.logprobs = logprobs.get(index, out.logprobs)
+        out.prompt_logprobs = prompt_logprobs.get(index, out.prompt_logprobs)
+    return last

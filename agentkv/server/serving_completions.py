@@ -1,0 +1,149 @@
+"""POST /v1/completions: string, token-id and batched prompts, n samples each, `echo` with
+prompt logprobs (what likelihood-scoring clients such as lm-evaluation-harness send:
+`echo=true, logprobs=k, max_tokens=0|1`), whole or streamed."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from agentkv.server.errors import bad_request
+from agentkv.server.generation import ChoiceStreams, Job, collect
+from agentkv.server.logprobs import TokenText, completion_logprobs
+from agentkv.server.responses import (
+    CompletionChoice, CompletionResponse, PromptTokensDetails, Usage, new_id, now)
+from agentkv.server.schemas import CompletionRequest
+from agentkv.server.state import ServerState
+from agentkv.server.streaming import sse_response
+
+MAX_N = 16
+MAX_PROMPTS = 256
+
+
+async def prompt_id_lists(state: ServerState, prompt: Any, add_special_tokens: bool,
+                          param: str = "prompt") -> list[list[int]]:
+    """The four OpenAI prompt shapes -> one id list per prompt."""
+    engine = state.require_engine()
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts or len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"{param} must hold 1 to {MAX_PROMPTS} prompts, got {len(prompts)}", param=param)
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            ids = await asyncio.to_thread(engine.tokenizer.encode, p, add_special_tokens)
+        else:
+            ids = list(p)
+            state.check_tokens(ids, param)
+        if not ids:
+            raise bad_request(f"{param} is empty after tokenization", param=param)
+        out.append(ids)
+    return out
+
+
+async def _jobs(state: ServerState, req: CompletionRequest, engine: Any) -> tuple[list[Job], list[list[int]]]:
+    if engine.is_embedding:
+        raise bad_request("This model produces embeddings; use /v1/embeddings", param="model")
+    if not 1 <= req.n <= MAX_N:
+        raise bad_request(f"n={req.n} is out of range: allowed [1, {MAX_N}]", param="n")
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request(f"best_of={req.best_of} is not supported; only best_of == n", param="best_of")
+    if req.suffix:
+        raise bad_request("suffix is not supported", param="suffix")
+    if req.max_tokens == 0 and not req.echo:
+        raise bad_request("max_tokens=0 is only meaningful with echo=true", param="max_tokens")
+    prompts = await prompt_id_lists(state, req.prompt, req.add_special_tokens)
+    base = new_id("cmpl")
+    jobs = []
+    for p_idx, ids in enumerate(prompts):
+        # max_tokens=0 (score the prompt only) runs one token and drops it.
+        max_tokens = state.fit_max_tokens(len(ids), req.max_tokens if req.max_tokens != 0 else 1,
+                                          "max_tokens")
+        prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
+        for j in range(req.n):
+            params = state.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
+                                           prompt_logprobs=prompt_logprobs, seed_offset=j)
+            index = p_idx * req.n + j
+            jobs.append(Job(index, f"{base}-{index}", ids, params))
+    return jobs, prompts
+
+
+def _choice(req: CompletionRequest, index: int, out: Any, prompt_ids: list[int],
+            text_of: TokenText) -> CompletionChoice:
+    keep = req.max_tokens != 0
+    prompt_text = text_of.tokenizer_decode(prompt_ids) if req.echo else ""
+    text = prompt_text + (out.text if keep else "")
+    logprobs = None
+    if req.logprobs is not None:
+        if req.echo:
+            entries = out.prompt_logprobs or [None] * len(prompt_ids)
+            logprobs = completion_logprobs(entries, prompt_ids, text_of)
+        if keep:
+            logprobs = completion_logprobs(out.logprobs or [], out.token_ids, text_of,
+                                           start_offset=len(prompt_text), into=logprobs)
+        elif logprobs is None:
+            logprobs = completion_logprobs([], [], text_of)
+    reason = out.finish_reason if keep else "length"
+    return CompletionChoice(index=index, text=text, finish_reason=reason, logprobs=logprobs)
+
+
+def _usage(outs: dict[int, Any], n: int, keep: bool) -> Usage:
+    prompt = sum(o.prompt_len for i, o in outs.items() if i % n == 0)
+    completion = sum(len(o.token_ids) for o in outs.values()) if keep else 0
+    cached = sum(o.cached_len for i, o in outs.items() if i % n == 0)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+async def create_completion(state: ServerState, req: CompletionRequest) -> Any:
+    engine = state.check_model(req.model)
+    jobs, prompts = await _jobs(state, req, engine)
+    streams = ChoiceStreams(state, engine, jobs)
+    text_of = TokenText(engine.tokenizer)
+    if req.stream:
+        return await sse_response(streams, lambda first: _chunks(state, req, streams, first, prompts, text_of))
+    async with streams:
+        last = await collect(streams)
+    choices = [_choice(req, i, last[i], prompts[i // req.n], text_of) for i in sorted(last)]
+    return CompletionResponse(id=jobs[0].request_id.rsplit("-", 1)[0], created=now(), model=state.model_name,
+                              choices=choices, usage=_usage(last, req.n, req.max_tokens != 0))
+
+
+async def _chunks(state: ServerState, req: CompletionRequest, streams: ChoiceStreams, first: Any,
+                  prompts: list[list[int]], text_of: TokenText) -> AsyncIterator[str]:
+    chunk_id, created, model = new_id("cmpl"), now(), state.model_name
+    keep = req.max_tokens != 0
+    finals: dict[int, Any] = {}
+    echoed: set[int] = set()
+
+    async def outputs() -> AsyncIterator[tuple[int, Any]]:
+        yield first
+        async for item in streams:
+            yield item
+
+    async for index, out in outputs():
+        prompt_ids = prompts[index // req.n]
+        text, logprobs = (out.delta_text, None) if keep else ("", None)
+        if req.logprobs is not None and keep:
+            logprobs = completion_logprobs(out.logprobs or [], out.delta_token_ids, text_of)
+        if req.echo and index not in echoed:
+            echoed.add(index)
+            text = text_of.tokenizer_decode(prompt_ids) + text
+            if req.logprobs is not None:
+                entries = out.prompt_logprobs or [None] * len(prompt_ids)
+                pre = completion_logprobs(entries, prompt_ids, text_of)
+                logprobs = completion_logprobs(out.logprobs or [], out.delta_token_ids if keep else [],
+                                               text_of, into=pre)
+        if out.finished:
+            finals[index] = out
+        reason = (out.finish_reason if keep else "length") if out.finished else None
+        if text or reason or logprobs:
+            yield CompletionResponse(id=chunk_id, created=created, model=model, choices=[
+                CompletionChoice(index=index, text=text, finish_reason=reason, logprobs=logprobs)
+            ]).model_dump_json()
+    if req.stream_options is not None and req.stream_options.include_usage:
+        yield CompletionResponse(id=chunk_id, created=created, model=model, choices=[],
+                                 usage=_usage(finals, req.n, keep)).model_dump_json()

@@ -1,0 +1,75 @@
+"""The small endpoints: /v1/models, /v1/embeddings, /tokenize, /detokenize."""
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import numpy as np
+
+from agentkv.server.chat import render_chat
+from agentkv.server.errors import bad_request
+from agentkv.server.responses import (
+    DetokenizeResponse, EmbeddingData, EmbeddingResponse, EmbeddingUsage, ModelCard, ModelList,
+    TokenizeResponse, now)
+from agentkv.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
+from agentkv.server.serving_completions import prompt_id_lists
+from agentkv.server.state import ServerState, engine_error
+
+_CREATED = now()
+
+
+def list_models(state: ServerState) -> ModelList:
+    engine = state.require_engine()
+    return ModelList(data=[ModelCard(id=state.model_name, created=_CREATED,
+                                     max_model_len=engine.max_model_len)])
+
+
+async def create_embeddings(state: ServerState, req: EmbeddingRequest) -> EmbeddingResponse:
+    engine = state.check_model(req.model)
+    if not engine.is_embedding:
+        raise bad_request(f"The model {state.model_name!r} does not produce embeddings; "
+                          f"serve an embedding model (e.g. minilm) for /v1/embeddings", param="model")
+    batch = await prompt_id_lists(state, req.input, True, param="input")
+    for ids in batch:
+        if len(ids) > engine.max_model_len:
+            raise bad_request(f"This model's maximum context length is {engine.max_model_len} tokens, "
+                              f"but an input has {len(ids)} tokens", param="input",
+                              code="context_length_exceeded")
+    try:
+        vectors = await engine.embed(batch)
+    except ValueError as exc:
+        raise engine_error(exc) from exc
+    if req.dimensions is not None and vectors and req.dimensions != len(vectors[0]):
+        raise bad_request(f"dimensions={req.dimensions} is not supported: this model's embeddings "
+                          f"have {len(vectors[0])} dimensions", param="dimensions")
+    data = []
+    for i, vec in enumerate(vectors):
+        value: Any = vec
+        if req.encoding_format == "base64":
+            value = base64.b64encode(np.asarray(vec, dtype=np.float32).tobytes()).decode()
+        data.append(EmbeddingData(index=i, embedding=value))
+    num = sum(len(ids) for ids in batch)
+    return EmbeddingResponse(data=data, model=state.model_name,
+                             usage=EmbeddingUsage(prompt_tokens=num, total_tokens=num))
+
+
+async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:
+    engine = state.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("give exactly one of prompt or messages", param="prompt")
+    if req.messages is not None:
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
+        text = render_chat(engine.chat_template, req.messages, tools=tools,
+                           add_generation_prompt=req.add_generation_prompt)
+        add_special = False
+    else:
+        text, add_special = req.prompt, req.add_special_tokens
+    ids = await asyncio.to_thread(engine.tokenizer.encode, text, add_special)
+    return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=engine.max_model_len)
+
+
+async def detokenize(state: ServerState, req: DetokenizeRequest) -> DetokenizeResponse:
+    engine = state.check_model(req.model)
+    state.check_tokens(req.tokens, "tokens")
+    return DetokenizeResponse(prompt=engine.tokenizer.decode(req.tokens))

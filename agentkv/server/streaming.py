@@ -1,0 +1,75 @@
+"""Server-sent events for streamed completions. The request is validated before the 200 goes
+out (the first engine output is pulled first), and a client that goes away mid-stream is
+noticed at once — even while no token is being sent — so its engine requests are aborted and
+their KV blocks freed."""
+from __future__ import annotations
+
+import json
+import logging
+from functools import partial
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from agentkv.server.errors import APIError, error_body
+
+log = logging.getLogger("agentkv.server")
+
+
+class AbortingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always watches for the client's disconnect (whatever ASGI
+    version the server speaks) and always runs `on_close` — finished, failed or cut off."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                async def run_then_cancel(func: Callable[[], Awaitable[None]]) -> None:
+                    await func()
+                    group.cancel_scope.cancel()
+
+                group.start_soon(run_then_cancel, partial(self.stream_response, send))
+                await run_then_cancel(partial(self.listen_for_disconnect, receive))
+        except OSError:
+            log.info("client went away mid-stream")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_close()
+
+
+def sse(payload: str) -> str:
+    return f"data: {payload}\n\n"
+
+
+async def _events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Payloads as SSE events, `[DONE]` last. An error after the 200 is sent as an error event
+    (the status line is gone); the stream still ends cleanly."""
+    try:
+        async for payload in chunks:
+            yield sse(payload)
+    except APIError as exc:
+        yield sse(json.dumps(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code)))
+    except Exception as exc:  # a bug: logged with its trace, and the client told
+        log.exception("stream failed")
+        yield sse(json.dumps(error_body(f"Internal server error: {type(exc).__name__}",
+                                        type="internal_server_error")))
+    yield sse("[DONE]")
+
+
+async def sse_response(streams: Any, make_chunks: Callable[[Any], AsyncIterator[str]]) -> StreamingResponse:
+    """Start `streams` (a ChoiceStreams), pull its first output — engine validation errors
+    surface here as APIError, before any byte is sent — then stream `make_chunks(first)`."""
+    await streams.__aenter__()
+    try:
+        first = await streams.__anext__()
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await streams.close()
+        raise
+    return AbortingStreamingResponse(_events(make_chunks(first)), streams.close)
