@@ -62,7 +62,7 @@ class TorchBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        resident = RESIDENT_QTYPES if self._kernels is not None else frozenset()
+        resident = _resident_qtypes() if self._kernels is not None else frozenset()
         return Capabilities(device=str(self.device), resident_qtypes=resident,
                             asynchronous=self.device.type == "cuda",
                             fused_attention=self._kernels is not None)
@@ -72,9 +72,10 @@ class TorchBackend(Backend):
         return Tensor(torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).to(self.device))
 
     def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
-        if resident and qtype in self.capabilities.resident_qtypes:
-            raw = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8)).to(self.device)
-            return Weight(raw, shape, qtype, name)
+        if resident and len(shape) == 2 and qtype in self.capabilities.resident_qtypes:
+            # The file's own blocks, kept as they are: [out, bytes_per_row] uint8.
+            raw = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8).reshape(shape[0], -1))
+            return Weight(raw.to(self.device), shape, qtype, name)
         from agentkv.formats.quants import dequantize
 
         arr = dequantize(np.asarray(data), qtype).reshape(shape).astype(np.float32)
@@ -97,8 +98,8 @@ class TorchBackend(Backend):
     def embedding(self, weight: Weight, ids) -> Tensor:
         idx = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
         if weight.qtype != F32:
-            rows = self._kernels.dequantize_rows(weight.raw, idx, weight.qtype, weight.shape[1])
-            return Tensor(rows)
+            rows = weight.raw.index_select(0, idx).contiguous()  # raw blocks of the wanted rows
+            return Tensor(self._kernels.dequantize(rows, weight.qtype, len(idx), weight.shape[1]))
         return Tensor(weight.raw.index_select(0, idx))
 
     def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
@@ -251,7 +252,10 @@ def _slots(table, num_keys: int, bs: int, device) -> torch.Tensor:
     return torch.as_tensor(slots, device=device)
 
 
-RESIDENT_QTYPES: frozenset[int] = frozenset()  # filled once the quantized kernels are witnessed
+def _resident_qtypes() -> frozenset[int]:
+    from agentkv.hal.kernels import SUPPORTED_QTYPES
+
+    return SUPPORTED_QTYPES
 
 
 def _load_kernels():

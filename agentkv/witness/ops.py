@@ -127,7 +127,7 @@ def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, b
             return _attention_case(be, 5, h, kvh, hd, lens, window, cap)
         label = "attention" + (f"/window={window}" if window else "") + (f"/softcap={cap}" if cap else "")
         cases.append((label, f"h={h},kvh={kvh},hd={hd},lens={lens}", att, COSINE_FLOOR_F32, False))
-    cases += _quant_cases()
+    cases += _quant_cases() + _kquant_cases()
     return cases
 
 
@@ -146,6 +146,37 @@ def _quant_cases():
                 wt = be.upload_weight("wq", raw, qtype, (96, 256))
                 return be.read(be.matmul(be.upload(r.standard_normal((n, 256))), wt))
             cases.append((f"matmul/{name}", f"[{n},256]x[96,256]", qmm, COSINE_FLOOR_QUANT, True))
+    return cases
+
+
+def random_kquant_blocks(qtype: int, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random K-quant rows whose f16 scale fields are small finite numbers (gguf layouts)."""
+    r = _rng(seed)
+    nblocks, size = cols // 256, {Q4_K: 144, Q5_K: 176, Q6_K: 210}[qtype]
+    raw = r.integers(0, 256, (rows, nblocks, size), dtype=np.uint8)
+    scale = lambda: (r.random((rows, nblocks)) * 0.01).astype(np.float16).view(np.uint8).reshape(rows, nblocks, 2)  # noqa: E731
+    if qtype == Q6_K:
+        raw[..., 208:210] = scale()
+    else:
+        raw[..., 0:2], raw[..., 2:4] = scale(), scale()
+    return raw.reshape(rows, nblocks * size)
+
+
+def _kquant_cases():
+    cases = []
+    for qtype, name in [(Q4_K, "Q4_K"), (Q5_K, "Q5_K"), (Q6_K, "Q6_K")]:
+        for n in (1, 19):
+            def kmm(be, qtype=qtype, n=n):
+                raw = random_kquant_blocks(qtype, 64, 512, qtype)
+                wt = be.upload_weight("wk", raw, qtype, (64, 512))
+                return be.read(be.matmul(be.upload(_rng(n).standard_normal((n, 512))), wt))
+            cases.append((f"matmul/{name}", f"[{n},512]x[64,512]", kmm, COSINE_FLOOR_QUANT, True))
+    def qemb(be):
+        from agentkv.formats.quants import quantize
+
+        table = quantize((_rng(4).standard_normal((50, 64)) / 8).astype(np.float32), Q8_0)
+        return be.read(be.embedding(be.upload_weight("e", table, Q8_0, (50, 64)), np.array([3, 0, 49, 3])))
+    cases.append(("embedding/Q8_0", "[50,64][4]", qemb, COSINE_FLOOR_QUANT, False))
     return cases
 
 
