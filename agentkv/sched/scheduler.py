@@ -136,6 +136,10 @@ class Scheduler:
                 seq.block_table.extend(blocks)
                 break
             victim = max(self.running, key=lambda s: s.arrival)
+            if victim is seq and len(self.running) == 1 and self._unlock(seq):
+                # Alone, its own lock is what still pins blocks: the path's interior nodes
+                # keep boundary blocks its table has copies of. Drop it and evict again.
+                continue
             self._preempt(victim, step)
             if victim is seq:
                 return
@@ -163,13 +167,19 @@ class Scheduler:
     def _release(self, seq: Sequence, insert: bool) -> None:
         if insert and self.cache is not None and seq.num_computed > 0:
             self.cache.insert(seq.namespace, seq.all_ids[:seq.num_computed], seq.block_table)
-        node = self._locks.pop(seq.seq_id, None)
-        if node is not None:
-            assert self.cache is not None
-            self.cache.unlock(node)
+        self._unlock(seq)
         self.pool.free(seq.block_table)
         seq.block_table = []
         seq.num_computed = 0
+
+    def _unlock(self, seq: Sequence) -> bool:
+        """Release `seq`'s lock on the tree, if it holds one."""
+        node = self._locks.pop(seq.seq_id, None)
+        if node is None:
+            return False
+        assert self.cache is not None
+        self.cache.unlock(node)
+        return True
 
     def _admit(self, step: _Step) -> None:
         """Start waiting sequences FCFS while budget, batch width and blocks allow. A
@@ -202,40 +212,61 @@ class Scheduler:
         return False
 
     def _start(self, seq: Sequence, step: _Step) -> bool:
-        """Admit `seq`: match the cache, lock the path, build its block table (shared full
-        blocks, a copied partial one) and schedule its first chunk. False, with nothing
-        taken, when the blocks cannot be had even after eviction."""
-        match = MatchResult(0, [], None)
-        if self.cache is not None:
-            match = self.cache.match(seq.namespace, seq.all_ids, seq.num_tokens - 1)
-            assert match.last_node is not None
-            self.cache.lock(match.last_node)
+        """Admit `seq` if its first chunk's blocks can be had, evicting but never
+        preempting. With nothing running nobody will ever free a block, so when even the
+        locked matched path does not leave room, drop the cache and start cold."""
+        if self._try_start(seq, step):
+            return True
+        if self.running or self.cache is None:
+            return False
+        self.cache.evict(self.pool.num_blocks)
+        return self._try_start(seq, step)
+
+    def _try_start(self, seq: Sequence, step: _Step) -> bool:
+        """Match the cache, lock the path, build `seq`'s block table (shared full blocks, a
+        copied partial one) and schedule its first chunk. False, with nothing taken, when
+        the blocks cannot be had even after evicting unlocked entries."""
+        match = self._lock_prefix(seq)
         num_tokens = min(seq.num_tokens - match.cached_len, step.budget_left,
                          self.config.max_chunk_len)
-        bs = self.config.block_size
-        num_new = self._num_blocks(match.cached_len + num_tokens) - match.cached_len // bs
+        num_full = match.cached_len // self.config.block_size
+        num_new = self._num_blocks(match.cached_len + num_tokens) - num_full
         if self.pool.num_free < num_new and self.cache is not None:
             self.cache.evict(num_new - self.pool.num_free)
         if self.pool.num_free < num_new:
-            if match.last_node is not None:
-                self.cache.unlock(match.last_node)  # type: ignore[union-attr]
+            if self.cache is not None and match.last_node is not None:
+                self.cache.unlock(match.last_node)
             return False
-        if self.cache is not None:
-            shared = self.cache.share(match)
-            assert shared is not None
-            table, copies = shared.block_table, shared.copies
-            self._locks[seq.seq_id] = match.last_node  # type: ignore[assignment]
-        else:
-            table, copies = [], []
+        table, copies = self._share(seq, match)
         rest = self.pool.allocate(num_new - len(copies))
         assert rest is not None
-        for src, _ in copies:
-            self.pool.incref(src)  # the source must outlive this step's copy
-            self._pinned.append(src)
         step.copies.extend(copies)
         self._begin(seq, table + rest, match.cached_len)
         step.add(seq, num_tokens)
         return True
+
+    def _lock_prefix(self, seq: Sequence) -> MatchResult:
+        """Match the longest cached prefix leaving one token to compute, and lock it."""
+        if self.cache is None:
+            return MatchResult(0, [], None)
+        match = self.cache.match(seq.namespace, seq.all_ids, seq.num_tokens - 1)
+        assert match.last_node is not None
+        self.cache.lock(match.last_node)
+        return match
+
+    def _share(self, seq: Sequence, match: MatchResult
+               ) -> tuple[list[BlockId], list[tuple[BlockId, BlockId]]]:
+        """The shared part of `seq`'s block table and its copies; the caller checked that
+        a block is free for the copy. Copy sources are pinned until `on_tokens`."""
+        if self.cache is None or match.last_node is None:
+            return [], []
+        shared = self.cache.share(match)
+        assert shared is not None
+        self._locks[seq.seq_id] = match.last_node
+        for src, _ in shared.copies:
+            self.pool.incref(src)  # the source must outlive this step's copy
+            self._pinned.append(src)
+        return shared.block_table, shared.copies
 
     def _begin(self, seq: Sequence, table: list[BlockId], cached_len: int) -> None:
         if seq.num_preemptions == 0:
@@ -282,7 +313,7 @@ class Scheduler:
         node = self.cache.match(seq.namespace, computed, record=False).last_node
         assert node is not None
         self.cache.lock(node)
-        self.cache.unlock(self._locks[seq.seq_id])
+        self._unlock(seq)
         self._locks[seq.seq_id] = node
 
     def finish(self, seq_id: SeqId, reason: str) -> Sequence:

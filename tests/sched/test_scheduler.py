@@ -275,3 +275,17 @@ def test_namespaces_do_not_share_prefixes():
     drain(sched, model)
     assert c.cached_len == 11
     assert_idle_and_empty(sched)
+
+
+def test_a_lone_sequence_never_livelocks_on_blocks_its_own_lock_pins():
+    # b matches 3 of a's 4 cached tokens (bs 3): the node it locks keeps a's block for
+    # position 3, which b has its own copy of. With a 3-block pool b cannot grow while it
+    # holds the lock; it must drop it, not preempt itself forever.
+    sched, model = make(num_blocks=3, block_size=3, max_num_batched_tokens=1, max_num_seqs=1)
+    a, b = seq(1, range(4), max_tokens=1), seq(2, range(4), max_tokens=4)
+    sched.add(a)
+    sched.add(b)
+    drain(sched, model, max_steps=100)
+    assert b.cached_len == 3 and b.output_ids == expected_output(b.prompt_ids, 4)
+    assert sched.preemptions == 0
+    assert_idle_and_empty(sched)
