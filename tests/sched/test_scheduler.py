@@ -289,3 +289,17 @@ def test_a_lone_sequence_never_livelocks_on_blocks_its_own_lock_pins():
     assert b.cached_len == 3 and b.output_ids == expected_output(b.prompt_ids, 4)
     assert sched.preemptions == 0
     assert_idle_and_empty(sched)
+
+
+def test_admission_with_nothing_running_starts_cold_when_the_locked_hit_cannot_fit():
+    # a's 29 cached tokens sit in one node of 10 blocks: the whole pool. b hits 4 of them,
+    # but locking that node pins all 10 blocks while b's first chunk needs 7 more.
+    sched, model = make(num_blocks=10, block_size=3, max_num_batched_tokens=32)
+    sched.add(seq(1, range(29), max_tokens=1))
+    drain(sched, model)
+    assert sched.pool.num_free == 0
+    b = seq(2, list(range(4)) + list(range(100, 120)), max_tokens=1)
+    sched.add(b)
+    assert step(sched, model) == [(2, 0, 24, True)]
+    assert b.cached_len == 0 and b.output_ids == expected_output(b.prompt_ids, 1)
+    assert_idle_and_empty(sched)
