@@ -283,6 +283,10 @@ class RadixCache:
             if self._evictable(parent):
                 heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
         self.evicted_blocks += num_freed
+        # Drop empty namespaces too: a per-request namespace must not leak its root.
+        for namespace, root in list(self._roots.items()):
+            if not root.children and not root.lock_ref:
+                del self._roots[namespace]
         return num_freed
 
     def block_refs(self) -> Counter[BlockId]:

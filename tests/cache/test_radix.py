@@ -191,3 +191,14 @@ def test_insert_rejects_a_short_block_table():
     pool, cache = make(8)
     with pytest.raises(ValueError, match="need 3"):
         cache.insert(None, A, pool.allocate(2))
+
+
+def test_evict_drops_empty_unlocked_namespaces():
+    pool, cache = make(8)
+    serve(pool, cache, A, ns="gone")
+    kept = cache.root("kept")
+    cache.lock(kept)
+    cache.evict(8)
+    check(pool, cache)
+    assert set(cache._roots) == {"kept"}
+    cache.unlock(kept)
