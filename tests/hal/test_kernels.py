@@ -94,6 +94,26 @@ def test_qmatmul_rows_are_batch_invariant(name, threads):
     assert torch.equal(K.qmatmul(x[perm].contiguous(), w, QTYPES[name], n, k), full[perm])
 
 
+@pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
+def test_qmatmul_bits_do_not_depend_on_thread_count(name):
+    """Big enough (>= 64 KiB of weights per task) that the decode GEMV really splits columns
+    across threads; every m path (1..4 decode, >4 prefill) against one thread."""
+    n, k = 1030, 512
+    w = torch.from_numpy(random_quant(name, n, k, seed=9))
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(10))
+    before = torch.get_num_threads()
+    try:
+        outs = {}
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            outs[t] = [K.qmatmul(x[:m].contiguous(), w, QTYPES[name], n, k) for m in (1, 2, 3, 4, 9)]
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(outs[1], outs[2]):
+        assert torch.equal(one, two)
+        assert torch.equal(one, outs[1][-1][: one.shape[0]])
+
+
 def test_qmatmul_invariance_control_can_fail():
     """The invariance checks compare exact bits; one changed input bit must show."""
     name, n, k = "Q4_1", 16, 256

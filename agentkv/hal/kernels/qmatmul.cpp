@@ -25,6 +25,10 @@ namespace {
 
 constexpr int PANEL = 24;  // columns decoded per scratch panel (a multiple of TILE_C)
 constexpr int TILE_R = 4, TILE_C = 3;
+// A decode GEMV only goes parallel past this many weight bytes per task: below it, waking a
+// second thread costs more than the few microseconds of work (and a time slice when the
+// machine is oversubscribed). Threads split columns only, so this never changes bits.
+constexpr int64_t MIN_TASK_BYTES = 64 * 1024;
 
 // Shape of one call, shared by both paths. `k` is a multiple of 32 (x is padded by the
 // caller for f32 weights); `row_bytes` is the byte stride between weight rows.
@@ -73,7 +77,8 @@ static void decode_cols(const Problem& p, int64_t c0) {
 template <class F, int M, int G>
 static void decode_path(const Problem& p) {
     const int64_t groups = p.n / G;
-    at::parallel_for(0, groups + 1, 1, [&](int64_t b, int64_t e) {
+    const int64_t grain = std::max<int64_t>(1, MIN_TASK_BYTES / (G * p.row_bytes));
+    at::parallel_for(0, groups + 1, grain, [&](int64_t b, int64_t e) {
         for (int64_t gi = b; gi < e; ++gi) {
             if (gi < groups) {
                 decode_cols<F, M, G>(p, gi * G);
