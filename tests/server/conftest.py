@@ -91,3 +91,12 @@ def client(smollm2_server) -> openai.OpenAI:
 def http(smollm2_server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=smollm2_server.base_url, timeout=300) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def server_tools() -> Any:
+    """The helpers, for tests that start their own server or client."""
+    class Tools:
+        start = staticmethod(start_server)
+        client = staticmethod(make_client)
+    return Tools
