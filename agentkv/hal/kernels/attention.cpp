@@ -29,17 +29,27 @@ namespace agentkv {
 namespace {
 
 constexpr int KEYS_AT_ONCE = 4;  // independent dot products in flight (same per-key order)
+constexpr int V_CHUNKS = 8;      // output chunks held in registers per pass over the keys
 
-struct HeadView {
-    const AttentionArgs& a;
-    const int32_t* table;  // this row's block table
-    int64_t kv;            // kv head index
-
-    const float* key(const float* cache, int64_t p) const {
-        const int64_t block = table[p / a.block_size], off = p % a.block_size;
-        return cache + ((block * a.block_size + off) * a.kvh + kv) * a.hd;
-    }
+// Per-thread scratch, reused across (row, head) pairs.
+struct Scratch {
+    std::vector<float> s;        // scores, then exp weights; padded to a multiple of 8
+    std::vector<int64_t> where;  // element offset of key start + j in the caches
 };
+
+// Offsets of keys start..start+len-1 for one kv head: a block-table walk without a
+// division per key.
+static void key_offsets(const AttentionArgs& a, const int32_t* table, int64_t kv, int64_t start,
+                        int64_t len, int64_t* where) {
+    int64_t b = start / a.block_size, off = start % a.block_size;
+    for (int64_t j = 0; j < len; ++j) {
+        where[j] = ((static_cast<int64_t>(table[b]) * a.block_size + off) * a.kvh + kv) * a.hd;
+        if (++off == a.block_size) {
+            off = 0;
+            ++b;
+        }
+    }
+}
 
 // Loads chunk c (8 lanes) of a head vector, masking lanes past hd.
 static inline __m256 load_chunk(const float* v, int64_t c, int64_t full, __m256i tail) {
@@ -47,19 +57,15 @@ static inline __m256 load_chunk(const float* v, int64_t c, int64_t full, __m256i
 }
 
 template <int NK>
-static void scores_block(const HeadView& hv, const float* q, int64_t p0, float* out) {
-    const AttentionArgs& a = hv.a;
+static void scores_block(const AttentionArgs& a, const float* q, const int64_t* where, float* out) {
     const int64_t chunks = (a.hd + 7) / 8, full = a.hd / 8;
     const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
-    const float* ks[NK];
     __m256 acc[NK];
-    for (int t = 0; t < NK; ++t) {
-        ks[t] = hv.key(a.k_cache, p0 + t);
-        acc[t] = _mm256_setzero_ps();
-    }
+    for (int t = 0; t < NK; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c) {
         const __m256 qv = load_chunk(q, c, full, tail);
-        for (int t = 0; t < NK; ++t) acc[t] = _mm256_fmadd_ps(qv, load_chunk(ks[t], c, full, tail), acc[t]);
+        for (int t = 0; t < NK; ++t)
+            acc[t] = _mm256_fmadd_ps(qv, load_chunk(a.k_cache + where[t], c, full, tail), acc[t]);
     }
     for (int t = 0; t < NK; ++t) {
         float s = hsum8(acc[t]) * a.scale;
@@ -68,21 +74,59 @@ static void scores_block(const HeadView& hv, const float* q, int64_t p0, float* 
     }
 }
 
-static void attend_one(const AttentionArgs& a, int64_t row, int64_t head, std::vector<float>& buf,
-                       std::vector<__m256>& accv) {
+// o[c0 .. c0+NB chunks) = (sum_j e[j] * V[j]) / sum, keys in order, accumulators in registers.
+template <int NB>
+static void weighted_values(const AttentionArgs& a, const float* e, const int64_t* where, int64_t len,
+                            int64_t c0, float sum, float* o) {
+    const int64_t full = a.hd / 8;
+    const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
+    __m256 acc[NB];
+    for (int i = 0; i < NB; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) {
+        const __m256 ej = _mm256_set1_ps(e[j]);
+        const float* v = a.v_cache + where[j];
+        for (int i = 0; i < NB; ++i) acc[i] = _mm256_fmadd_ps(ej, load_chunk(v, c0 + i, full, tail), acc[i]);
+    }
+    const __m256 sv = _mm256_set1_ps(sum);
+    for (int i = 0; i < NB; ++i) {
+        const __m256 r = _mm256_div_ps(acc[i], sv);
+        if (c0 + i < full) _mm256_storeu_ps(o + 8 * (c0 + i), r);
+        else _mm256_maskstore_ps(o + 8 * (c0 + i), tail, r);
+    }
+}
+
+static void weighted_values_any(const AttentionArgs& a, const float* e, const int64_t* where, int64_t len,
+                                int64_t c0, int nb, float sum, float* o) {
+    switch (nb) {
+        case 8: weighted_values<8>(a, e, where, len, c0, sum, o); break;
+        case 7: weighted_values<7>(a, e, where, len, c0, sum, o); break;
+        case 6: weighted_values<6>(a, e, where, len, c0, sum, o); break;
+        case 5: weighted_values<5>(a, e, where, len, c0, sum, o); break;
+        case 4: weighted_values<4>(a, e, where, len, c0, sum, o); break;
+        case 3: weighted_values<3>(a, e, where, len, c0, sum, o); break;
+        case 2: weighted_values<2>(a, e, where, len, c0, sum, o); break;
+        default: weighted_values<1>(a, e, where, len, c0, sum, o); break;
+    }
+}
+
+static void attend_one(const AttentionArgs& a, int64_t row, int64_t head, Scratch& scratch) {
     const int64_t pos = a.row_pos[row];
     const int64_t start = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
     const int64_t len = pos - start + 1;
-    const HeadView hv{a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq,
-                      head / (a.h / a.kvh)};
-    const float* q = a.q + (row * a.h + head) * a.hd;
     const int64_t padded = (len + 7) / 8 * 8;
-    if (static_cast<int64_t>(buf.size()) < padded) buf.resize(padded);
-    float* s = buf.data();
+    if (static_cast<int64_t>(scratch.s.size()) < padded) {
+        scratch.s.resize(padded);
+        scratch.where.resize(padded);
+    }
+    float* s = scratch.s.data();
+    int64_t* where = scratch.where.data();
+    key_offsets(a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq, head / (a.h / a.kvh), start,
+                len, where);
+    const float* q = a.q + (row * a.h + head) * a.hd;
 
     int64_t j = 0;
-    for (; j + KEYS_AT_ONCE <= len; j += KEYS_AT_ONCE) scores_block<KEYS_AT_ONCE>(hv, q, start + j, s + j);
-    for (; j < len; ++j) scores_block<1>(hv, q, start + j, s + j);
+    for (; j + KEYS_AT_ONCE <= len; j += KEYS_AT_ONCE) scores_block<KEYS_AT_ONCE>(a, q, where + j, s + j);
+    for (; j < len; ++j) scores_block<1>(a, q, where + j, s + j);
 
     float mx = s[0];
     for (j = 1; j < len; ++j) mx = std::max(mx, s[j]);
@@ -97,30 +141,19 @@ static void attend_one(const AttentionArgs& a, int64_t row, int64_t head, std::v
     }
     const float sum = hsum8(sumv);
 
-    const int64_t chunks = (a.hd + 7) / 8, full = a.hd / 8;
-    const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
-    accv.assign(chunks, _mm256_setzero_ps());
-    for (j = 0; j < len; ++j) {
-        const __m256 e = _mm256_set1_ps(s[j]);
-        const float* v = hv.key(a.v_cache, start + j);
-        for (int64_t c = 0; c < chunks; ++c) accv[c] = _mm256_fmadd_ps(e, load_chunk(v, c, full, tail), accv[c]);
-    }
-    const __m256 sv = _mm256_set1_ps(sum);
+    const int64_t chunks = (a.hd + 7) / 8;
     float* o = a.out + (row * a.h + head) * a.hd;
-    for (int64_t c = 0; c < chunks; ++c) {
-        const __m256 r = _mm256_div_ps(accv[c], sv);
-        if (c < full) _mm256_storeu_ps(o + 8 * c, r);
-        else _mm256_maskstore_ps(o + 8 * c, tail, r);
-    }
+    for (int64_t c0 = 0; c0 < chunks; c0 += V_CHUNKS)
+        weighted_values_any(a, s, where, len, c0, static_cast<int>(std::min<int64_t>(V_CHUNKS, chunks - c0)),
+                            sum, o);
 }
 
 }  // namespace
 
 void paged_attention_raw(const AttentionArgs& a) {
     at::parallel_for(0, a.n * a.h, 1, [&](int64_t b, int64_t e) {
-        std::vector<float> buf;
-        std::vector<__m256> accv;
-        for (int64_t i = b; i < e; ++i) attend_one(a, i / a.h, i % a.h, buf, accv);
+        Scratch scratch;
+        for (int64_t i = b; i < e; ++i) attend_one(a, i / a.h, i % a.h, scratch);
     });
 }
 
