@@ -74,7 +74,7 @@ class TorchBackend(Backend):
     def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
         if resident and len(shape) == 2 and qtype in self.capabilities.resident_qtypes:
             # The file's own blocks, kept as they are: [out, bytes_per_row] uint8.
-            raw = torch.from_numpy(np.ascontiguousarray(data, dtype=np.uint8).reshape(shape[0], -1))
+            raw = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True).reshape(shape[0], -1))
             return Weight(raw.to(self.device), shape, qtype, name)
         from agentkv.formats.quants import dequantize
 

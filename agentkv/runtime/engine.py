@@ -87,9 +87,20 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[int, _Request] = {}
         self._seq_ids = itertools.count()
-        log.info("loaded %s (%s, %s backend) in %.1fs; KV: %d blocks x %d tokens",
+        log.info("loaded %s (%s, %s backend) in %.1fs; KV: %d blocks x %d tokens; %s",
                  config.model, hp.arch, self.backend.name, time.perf_counter() - t0,
-                 self.num_blocks, self.block_size)
+                 self.num_blocks, self.block_size, self.weights_summary())
+
+    def weights_summary(self) -> str:
+        """Which tensors stayed quantized and which fell back to f32 (for the load log)."""
+        from agentkv.formats.quants import QUANT_NAMES
+
+        src = {n: self.source.tensor(n).qtype for n in self.model.weight_formats}
+        kept = sum(1 for n, q in self.model.weight_formats.items() if q == src[n] and q not in (0, 1))
+        fell = sorted({QUANT_NAMES.get(src[n], str(src[n])) for n, q in self.model.weight_formats.items()
+                       if q != src[n]})
+        return (f"{kept} weights resident quantized"
+                + (f", dequantized to f32: {', '.join(fell)}" if fell else ""))
 
     def _num_blocks(self) -> int:
         cc = self.config.cache
