@@ -51,6 +51,7 @@ def summarize(source: ModelSource) -> dict[str, Any]:
         row["num_tensors"] += 1
         row["num_bytes"] += info.num_bytes
         row["num_params"] += int(np.prod(info.shape, dtype=np.int64))
+        row["cpu_weights"] = _cpu_residency(info.qtype)
     hparams = {k: v for k, v in dataclasses.asdict(hp).items() if k in KEY_HPARAMS}
     return {
         "model": str(source.path),
@@ -68,6 +69,15 @@ def summarize(source: ModelSource) -> dict[str, Any]:
         "tokenizer": _gguf_tokenizer(source.metadata) if source.kind == "gguf"
         else _folder_tokenizer(source.path, source.metadata),
     }
+
+
+def _cpu_residency(qtype: int) -> str:
+    """How the torch CPU backend holds this format with --weights resident (the default)."""
+    from agentkv.hal.kernels.qtypes import SUPPORTED_QTYPES
+
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+        return "f32"
+    return "resident" if qtype in SUPPORTED_QTYPES else "f32 (fallback)"
 
 
 def _gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:
@@ -131,10 +141,11 @@ def render(report: dict[str, Any]) -> str:
         f"context       {report['context_len']}",
         f"vocab         {report['vocab_size']}",
         "",
-        f"{'format':<8} {'tensors':>8} {'params':>14} {'bytes':>14}",
+        f"{'format':<8} {'tensors':>8} {'params':>14} {'bytes':>14}  cpu weights",
     ]
     for name, row in report["formats"].items():
-        lines.append(f"{name:<8} {row['num_tensors']:>8} {row['num_params']:>14,} {row['num_bytes']:>14,}")
+        lines.append(f"{name:<8} {row['num_tensors']:>8} {row['num_params']:>14,} {row['num_bytes']:>14,}"
+                     f"  {row['cpu_weights']}")
     lines.append("")
     lines += [f"{key:<22} {value}" for key, value in report["hparams"].items() if value is not None]
     if report["sliding_window_layers"]:

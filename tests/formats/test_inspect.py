@@ -64,8 +64,12 @@ def _oracle(path: Path) -> dict:
 def test_inspect_json_matches_gguf_py(reports, alias: str) -> None:
     report = reports[alias]
     want = _oracle(resolve_model_path(alias))
-    for key in ("arch", "formats", "num_params", "num_tensors", "num_bytes", "context_len", "vocab_size"):
+    for key in ("arch", "num_params", "num_tensors", "num_bytes", "context_len", "vocab_size"):
         assert report[key] == want[key], key
+    counts = {name: {k: v for k, v in row.items() if k != "cpu_weights"}
+              for name, row in report["formats"].items()}
+    assert counts == want["formats"]
+    assert {name: row["cpu_weights"] for name, row in report["formats"].items()}["Q8_0"] == "resident"
     tok = report["tokenizer"]
     assert (tok["kind"], tok["vocab_size"]) == (want["tokenizer_kind"], want["vocab_size"])
     assert tok["special_tokens"]["bos"]["id"] == want["bos_id"]
