@@ -78,7 +78,8 @@ def test_inspect_json_matches_gguf_py(reports, alias: str) -> None:
 
 def test_inspect_smollm2_exact_values(reports) -> None:
     report = reports["smollm2"]
-    assert report["formats"]["Q8_0"] == {"num_tensors": 1, "num_bytes": 30081024, "num_params": 49152 * 576}
+    assert report["formats"]["Q8_0"] == {"num_tensors": 1, "num_bytes": 30081024, "num_params": 49152 * 576,
+                                         "cpu_weights": "resident"}
     assert report["tokenizer"]["special_tokens"]["eos"] == {"id": 2, "text": "<|im_end|>"}
     assert report["hparams"]["num_kv_heads"] == 3 and report["hparams"]["tie_embeddings"] is True
 
