@@ -29,6 +29,8 @@ constexpr int TILE_R = 4, TILE_C = 3;
 // second thread costs more than the few microseconds of work (and a time slice when the
 // machine is oversubscribed). Threads split columns only, so this never changes bits.
 constexpr int64_t MIN_TASK_BYTES = 64 * 1024;
+// Software prefetch distance along each weight row (the rows of a decode GEMV stream from DRAM).
+constexpr int64_t PREFETCH_BYTES = 8192;
 
 // Shape of one call, shared by both paths. `k` is a multiple of 32 (x is padded by the
 // caller for f32 weights); `row_bytes` is the byte stride between weight rows.
@@ -55,6 +57,8 @@ static void decode_cols(const Problem& p, int64_t c0) {
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
     const int64_t units = p.k / 32;
     for (int64_t sb = 0; sb < units / (F::QK / 32); ++sb) {
+        for (int g = 0; g < G; ++g)
+            _mm_prefetch(reinterpret_cast<const char*>(rows[g] + sb * F::BYTES + PREFETCH_BYTES), _MM_HINT_T0);
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
 #pragma GCC unroll 8
