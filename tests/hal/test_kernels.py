@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentkv.hal.kernels import QTYPE_BLOCK, load, row_bytes
+from agentkv.hal.kernels import QTYPE_BLOCK, load, row_bytes, unavailable_reason
 
 gguf = pytest.importorskip("gguf")
 K = load()
@@ -291,3 +291,22 @@ def test_paged_attention_rejects_out_of_range_positions():
         cache.run(q, [(0, 10_000)], 1.0)
     with pytest.raises(RuntimeError, match="row_seq"):
         cache.run(q, [(3, 0)], 1.0)
+
+
+# ---------------------------------------------------------------- loader
+
+def test_missing_compiler_is_a_reason_not_a_crash(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-agentkv")
+    assert "no C++ compiler" in unavailable_reason()
+
+
+def test_load_is_cached():
+    assert load() is K
+
+
+def test_row_bytes_rejects_bad_input():
+    assert row_bytes(3, 576) == 18 * 20
+    with pytest.raises(ValueError, match="multiple of 256"):
+        row_bytes(12, 576)
+    with pytest.raises(ValueError, match="not supported"):
+        row_bytes(1, 64)

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -28,13 +29,24 @@ REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 _HERE = Path(__file__).resolve().parent
 _cached: tuple[ModuleType | None] | None = None
+_lock = threading.Lock()
 
 
 def load() -> ModuleType | None:
-    """The compiled kernel module, or None (reason logged) when unusable; cached per process."""
+    """The compiled kernel module, or None (reason logged) when unusable; cached per process.
+
+    The module's functions (tensors contiguous, on the CPU; errors raise RuntimeError):
+      qmatmul(x f32 [m, k], w uint8 [n, row_bytes], qtype, n, k) -> f32 [m, n]
+      matmul_f32(x f32 [m, k], w f32 [n, k]) -> f32 [m, n]
+      dequantize(w uint8 [n, row_bytes], qtype, n, k) -> f32 [n, k]   (== gguf-py, bit for bit)
+      paged_attention(q f32 [n, h, hd], k_cache, v_cache f32 [num_blocks, block_size, kvh, hd],
+                      block_tables int32 [num_seqs, max_blocks], row_seq int32 [n],
+                      row_pos int32 [n], scale, window=0, softcap=0.0) -> f32 [n, h, hd]
+    Every output row's bits depend only on that row's inputs (batch-invariant)."""
     global _cached
-    if _cached is None:
-        _cached = (_load_uncached(),)
+    with _lock:
+        if _cached is None:
+            _cached = (_load_uncached(),)
     return _cached[0]
 
 
