@@ -30,10 +30,11 @@ namespace {
 
 constexpr int KEYS_AT_ONCE = 4;  // independent dot products in flight (same per-key order)
 constexpr int V_CHUNKS = 8;      // output chunks held in registers per pass over the keys
+constexpr int HEADS_AT_ONCE = 3; // query heads of one kv head scored together (GQA)
 
 // Per-thread scratch, reused across (row, head) pairs.
 struct Scratch {
-    std::vector<float> s;        // scores, then exp weights; padded to a multiple of 8
+    std::vector<float> s;        // per head: scores, then exp weights; padded to a multiple of 8
     std::vector<int64_t> where;  // element offset of key start + j in the caches
 };
 
@@ -56,22 +57,38 @@ static inline __m256 load_chunk(const float* v, int64_t c, int64_t full, __m256i
     return c < full ? _mm256_loadu_ps(v + 8 * c) : _mm256_maskload_ps(v + 8 * c, tail);
 }
 
-template <int NK>
-static void scores_block(const AttentionArgs& a, const float* q, const int64_t* where, float* out) {
+// Scores of NH query heads (sharing one kv head) against NK keys: each K chunk is loaded
+// once for all heads; each (head, key) still runs its own fma chain over hd in order.
+template <int NH, int NK>
+static void scores_block(const AttentionArgs& a, const float* const* q, const int64_t* where, float* const* out,
+                         int64_t j) {
     const int64_t chunks = (a.hd + 7) / 8, full = a.hd / 8;
     const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
-    __m256 acc[NK];
-    for (int t = 0; t < NK; ++t) acc[t] = _mm256_setzero_ps();
+    __m256 acc[NH][NK];
+    for (int hh = 0; hh < NH; ++hh)
+        for (int t = 0; t < NK; ++t) acc[hh][t] = _mm256_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c) {
-        const __m256 qv = load_chunk(q, c, full, tail);
-        for (int t = 0; t < NK; ++t)
-            acc[t] = _mm256_fmadd_ps(qv, load_chunk(a.k_cache + where[t], c, full, tail), acc[t]);
+        __m256 kv[NK];
+        for (int t = 0; t < NK; ++t) kv[t] = load_chunk(a.k_cache + where[j + t], c, full, tail);
+        for (int hh = 0; hh < NH; ++hh) {
+            const __m256 qv = load_chunk(q[hh], c, full, tail);
+            for (int t = 0; t < NK; ++t) acc[hh][t] = _mm256_fmadd_ps(qv, kv[t], acc[hh][t]);
+        }
     }
-    for (int t = 0; t < NK; ++t) {
-        float s = hsum8(acc[t]) * a.scale;
-        if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
-        out[t] = s;
-    }
+    for (int hh = 0; hh < NH; ++hh)
+        for (int t = 0; t < NK; ++t) {
+            float s = hsum8(acc[hh][t]) * a.scale;
+            if (a.softcap > 0.0f) s = a.softcap * std::tanh(s / a.softcap);
+            out[hh][j + t] = s;
+        }
+}
+
+template <int NH>
+static void scores(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len,
+                   float* const* out) {
+    int64_t j = 0;
+    for (; j + KEYS_AT_ONCE <= len; j += KEYS_AT_ONCE) scores_block<NH, KEYS_AT_ONCE>(a, q, where, out, j);
+    for (; j < len; ++j) scores_block<NH, 1>(a, q, where, out, j);
 }
 
 // o[c0 .. c0+NB chunks) = (sum_j e[j] * V[j]) / sum, keys in order, accumulators in registers.
@@ -109,51 +126,71 @@ static void weighted_values_any(const AttentionArgs& a, const float* e, const in
     }
 }
 
-static void attend_one(const AttentionArgs& a, int64_t row, int64_t head, Scratch& scratch) {
-    const int64_t pos = a.row_pos[row];
-    const int64_t start = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
-    const int64_t len = pos - start + 1;
+// Softmax weights in place over s[0 .. len) (padded to a multiple of 8); returns their sum.
+static float softmax_weights(float* s, int64_t len) {
     const int64_t padded = (len + 7) / 8 * 8;
-    if (static_cast<int64_t>(scratch.s.size()) < padded) {
-        scratch.s.resize(padded);
-        scratch.where.resize(padded);
-    }
-    float* s = scratch.s.data();
-    int64_t* where = scratch.where.data();
-    key_offsets(a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq, head / (a.h / a.kvh), start,
-                len, where);
-    const float* q = a.q + (row * a.h + head) * a.hd;
-
-    int64_t j = 0;
-    for (; j + KEYS_AT_ONCE <= len; j += KEYS_AT_ONCE) scores_block<KEYS_AT_ONCE>(a, q, where + j, s + j);
-    for (; j < len; ++j) scores_block<1>(a, q, where + j, s + j);
-
     float mx = s[0];
-    for (j = 1; j < len; ++j) mx = std::max(mx, s[j]);
-    for (j = len; j < padded; ++j) s[j] = mx;  // lanes computed but never summed
+    for (int64_t j = 1; j < len; ++j) mx = std::max(mx, s[j]);
+    for (int64_t j = len; j < padded; ++j) s[j] = mx;  // lanes computed but never summed
     const __m256 mxv = _mm256_set1_ps(mx);
     __m256 sumv = _mm256_setzero_ps();
-    for (j = 0; j < padded; j += 8) {
+    for (int64_t j = 0; j < padded; j += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
         e = _mm256_and_ps(e, _mm256_castsi256_ps(lane_mask(static_cast<int>(std::min<int64_t>(8, len - j)))));
         _mm256_storeu_ps(s + j, e);
         sumv = _mm256_add_ps(sumv, e);
     }
-    const float sum = hsum8(sumv);
+    return hsum8(sumv);
+}
 
+// Query heads h0 .. h0+nh-1 of one row, all reading kv head `kv` (nh <= HEADS_AT_ONCE).
+static void attend_heads(const AttentionArgs& a, int64_t row, int64_t kv, int64_t h0, int nh, Scratch& scratch) {
+    const int64_t pos = a.row_pos[row];
+    const int64_t start = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+    const int64_t len = pos - start + 1;
+    const int64_t padded = (len + 7) / 8 * 8;
+    if (static_cast<int64_t>(scratch.where.size()) < padded) {
+        scratch.s.resize(HEADS_AT_ONCE * padded);
+        scratch.where.resize(padded);
+    }
+    int64_t* where = scratch.where.data();
+    key_offsets(a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq, kv, start, len, where);
+    const float* q[HEADS_AT_ONCE];
+    float* s[HEADS_AT_ONCE];
+    for (int hh = 0; hh < nh; ++hh) {
+        q[hh] = a.q + (row * a.h + h0 + hh) * a.hd;
+        s[hh] = scratch.s.data() + hh * padded;
+    }
+    switch (nh) {
+        case 3: scores<3>(a, q, where, len, s); break;
+        case 2: scores<2>(a, q, where, len, s); break;
+        default: scores<1>(a, q, where, len, s); break;
+    }
     const int64_t chunks = (a.hd + 7) / 8;
-    float* o = a.out + (row * a.h + head) * a.hd;
-    for (int64_t c0 = 0; c0 < chunks; c0 += V_CHUNKS)
-        weighted_values_any(a, s, where, len, c0, static_cast<int>(std::min<int64_t>(V_CHUNKS, chunks - c0)),
-                            sum, o);
+    for (int hh = 0; hh < nh; ++hh) {
+        const float sum = softmax_weights(s[hh], len);
+        float* o = a.out + (row * a.h + h0 + hh) * a.hd;
+        for (int64_t c0 = 0; c0 < chunks; c0 += V_CHUNKS)
+            weighted_values_any(a, s[hh], where, len, c0,
+                                static_cast<int>(std::min<int64_t>(V_CHUNKS, chunks - c0)), sum, o);
+    }
 }
 
 }  // namespace
 
+// Work unit: (row, kv head, a run of up to HEADS_AT_ONCE of its query heads). Threads split
+// units only; every (row, head) result is computed the same way in whichever unit it sits.
 void paged_attention_raw(const AttentionArgs& a) {
-    at::parallel_for(0, a.n * a.h, 1, [&](int64_t b, int64_t e) {
+    const int64_t group = a.h / a.kvh;
+    const int64_t runs = (group + HEADS_AT_ONCE - 1) / HEADS_AT_ONCE;
+    at::parallel_for(0, a.n * a.kvh * runs, 1, [&](int64_t b, int64_t e) {
         Scratch scratch;
-        for (int64_t i = b; i < e; ++i) attend_one(a, i / a.h, i % a.h, scratch);
+        for (int64_t i = b; i < e; ++i) {
+            const int64_t row = i / (a.kvh * runs), kv = (i / runs) % a.kvh, r = i % runs;
+            const int64_t h0 = kv * group + r * HEADS_AT_ONCE;
+            const int nh = static_cast<int>(std::min<int64_t>(HEADS_AT_ONCE, group - r * HEADS_AT_ONCE));
+            attend_heads(a, row, kv, h0, nh, scratch);
+        }
     });
 }
 
