@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(VENV)/bin/agentkv inspect $(MODEL)
+	$(VENV)/bin/agentkv serve $(MODEL) --host 127.0.0.1 --port 8000
 
 test: setup
 	$(PY) -m pytest -q

@@ -279,7 +279,8 @@ class Engine:
             evicted_blocks=c.evicted_blocks, preemptions=self.scheduler.preemptions,
             prompt_tokens=self.counters.prompt_tokens,
             generation_tokens=self.counters.generation_tokens,
-            computed_tokens=self.counters.computed_tokens)
+            computed_tokens=self.counters.computed_tokens,
+            kv_blocks_cached=sum(1 for b, n in c.block_refs().items() if self.pool.refcount(b) == n))
 
     def free_cache(self) -> int:
         """Evict every unlocked cached block (mutates); returns how many returned to the pool."""

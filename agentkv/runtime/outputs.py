@@ -45,6 +45,7 @@ class EngineStats(NamedTuple):
     prompt_tokens: int = 0
     generation_tokens: int = 0
     computed_tokens: int = 0  # prefill + decode rows actually run through the model
+    kv_blocks_cached: int = 0  # used blocks held only by the prefix cache (evictable)
 
 
 @dataclass(slots=True)
