@@ -19,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--kv-cache-memory", default=None, help="e.g. 512MiB, 2GiB")
     parser.add_argument("--no-prefix-cache", action="store_true")
     parser.add_argument("--backend", default="torch")
+    parser.add_argument("--weights", choices=["resident", "f32"], default="resident",
+                        help="keep quantized weights quantized (resident) or dequantize at load (f32)")
     parser.add_argument("--log-level", default="info")
 
 
@@ -33,7 +35,8 @@ def loader(args: argparse.Namespace) -> Any:
         return AsyncEngine.from_model(
             args.model, backend=args.backend, max_model_len=args.max_model_len,
             kv_cache_blocks=args.kv_cache_blocks, kv_cache_memory=memory,
-            enable_prefix_cache=not args.no_prefix_cache, served_model_name=args.served_model_name)
+            enable_prefix_cache=not args.no_prefix_cache, served_model_name=args.served_model_name,
+            weights=args.weights)
 
     return load
 
