@@ -102,7 +102,7 @@ def worker(spec: dict) -> dict:
     workload = load_workload(spec)
     blocks, n_ctx = kv_budget(workload)
     t0 = time.perf_counter()
-    arm = make_arm(spec["arm"], spec["model"], blocks, n_ctx)
+    arm = make_arm(spec["arm"], spec["model"], blocks, n_ctx, spec.get("weights", "resident"))
     load_s = time.perf_counter() - t0
     try:
         arm.warm_up(wl.lcg(24, 4242, 1000))
@@ -157,10 +157,11 @@ def _answers(result: dict, workload: wl.Workload) -> list[list[list[int]]]:
 
 def run_workload(name: str, arms: list[str], model: str, out_dir: Path, quick: bool = False,
                  overrides: dict | None = None, profile_on_miss: bool = True,
-                 log=print) -> dict:
+                 log=print, weights: str = "resident") -> dict:
     """Every arm on workload `name` (one subprocess each), then accounting, exactness and
     targets. The agentkv arm runs first: its answers are the transcript the others replay."""
-    spec0 = {"workload": name, "model": model, "quick": quick, "overrides": overrides or {}}
+    spec0 = {"workload": name, "model": model, "quick": quick, "overrides": overrides or {},
+             "weights": weights}
     workload = load_workload(spec0)
     results: dict[str, dict] = {}
     reference = None
@@ -176,7 +177,7 @@ def run_workload(name: str, arms: list[str], model: str, out_dir: Path, quick: b
                                  f"{res['wall_s']:.1f} s, prefill {res['prefill_computed']}"))
         if arm == REFERENCE and "error" not in res and workload.keep_answers:
             reference = _answers(res, workload)
-    summary = {"workload": workload.name, "params": workload.params, "notes": workload.notes,
+    summary = {"workload": workload.name, "params": workload.params, "weights": weights, "notes": workload.notes,
                "turns": workload.num_turns, "agents": workload.num_agents,
                "max_tokens": workload.max_tokens, "formulas": workload.formulas,
                "accounting": accounting(workload, results), "exactness": exactness(results),

@@ -117,10 +117,12 @@ class HttpArm(Arm):
     batched = True
     notes = "agentkv serve subprocess, /v1/completions (token-id prompt, stream) in parallel threads"
 
-    def __init__(self, model: str, kv_blocks: int, startup_s: float = 180.0):
+    def __init__(self, model: str, kv_blocks: int, weights: str = "resident", startup_s: float = 180.0):
         self.port = free_port()
         cmd = [sys.executable, "-m", "agentkv.cli", "serve", model, "--port", str(self.port),
                "--kv-cache-blocks", str(kv_blocks), "--log-level", "warning"]
+        if weights != "resident":
+            raise ValueError("agentkv serve has no --weights flag yet: the HTTP arm runs resident weights")
         env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
         self.model = model
@@ -279,14 +281,14 @@ class TransformersArm(Arm):
 ARMS = ("agentkv", "agentkv-nocache", "agentkv-http", "llamacpp", "transformers")
 
 
-def make_arm(name: str, model: str, kv_blocks: int, n_ctx: int) -> Arm:
+def make_arm(name: str, model: str, kv_blocks: int, n_ctx: int, weights: str = "resident") -> Arm:
     """Build the named arm (imports its peer library only now)."""
     from agentkv.formats.resolve import resolve_model_path
 
     if name in ("agentkv", "agentkv-nocache"):
-        return AgentkvArm(model, name == "agentkv", kv_blocks)
+        return AgentkvArm(model, name == "agentkv", kv_blocks, weights)
     if name == "agentkv-http":
-        return HttpArm(model, kv_blocks)
+        return HttpArm(model, kv_blocks, weights)
     if name == "llamacpp":
         return LlamaCppArm(str(resolve_model_path(model)), n_ctx)
     if name == "transformers":

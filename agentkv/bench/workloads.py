@@ -259,7 +259,10 @@ def tool_loop(tokenizer: Any, agents: int = 5, turns: int = 10, prefix: int = 10
     params = dict(agents=agents, turns=turns, prefix=prefix, answer=answer, tool=tool,
                   user=user, seed=seed, template="chatml (SmolLM2)")
     formulas = session_formulas(prefix, turns, agents, answer, tool, user)
-    formulas["agentkv_exact"] = agentkv_session_prefill(prefix, turns, agents, answer, tool, user)
+    # The user header ("<|im_start|>user\n") is shared too; chance coincidences of the first
+    # words are not in the closed form (the per-request prediction has them).
+    h = len(chat.header["user"])
+    formulas["agentkv_exact"] = agentkv_session_prefill(prefix + h, turns, agents, answer, tool, user - h)
     return Workload("tool-loop", params, segments, max_tokens=answer, keep_answers=True,
                     notes="ChatML turns (system + tool table, user task, greedy answer, tool "
                           "result) built at the token level", formulas=formulas)

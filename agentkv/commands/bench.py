@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="WORKLOAD.KEY=INT",
                         help="override a workload size, e.g. tool-loop.turns=4 (repeatable)")
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--weights", default="resident", choices=["resident", "f32"],
+                        help="agentkv's in-process weights (the HTTP arm always runs resident)")
     parser.add_argument("--out", default="bench/out")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds per arm)")
     parser.add_argument("--no-profile", action="store_true",
@@ -78,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     summaries = []
     for name in names:
         summaries.append(run_workload(name, peers, args.model, out, args.quick, overrides.get(name),
-                                      profile_on_miss=not args.no_profile, log=_log))
+                                      profile_on_miss=not args.no_profile, log=_log,
+                                      weights=args.weights))
     stem = "agents-quick" if args.quick else "agents"
     paths = write_all(summaries, out, stem, model=args.model, peers=peers, quick=args.quick)
     print(paths["md"].read_text())
