@@ -22,5 +22,17 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
+# The default suite (see bench/README.md). The bench extra's llama-cpp-python compiles from
+# source the first time: about 11 minutes on 2 cores; a ticker shows it is still going.
+BENCH_ARGS ?=
+bench: setup
+	@$(PY) -c "import llama_cpp, matplotlib" 2>/dev/null || { \
+	  echo "bench: installing '.[bench]' (matplotlib, llama-cpp-python: compiles ~11 min on 2 cores) ..."; \
+	  start=$$(date +%s); $(PIP) -e '.[bench]' & pid=$$!; \
+	  while kill -0 $$pid 2>/dev/null; do sleep 30; \
+	    kill -0 $$pid 2>/dev/null && echo "  ... still installing ($$(( $$(date +%s) - start )) s)"; done; \
+	  wait $$pid; }
+	$(VENV)/bin/agentkv bench agents $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info
