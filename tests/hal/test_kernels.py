@@ -14,8 +14,8 @@ if K is None:
     pytest.skip("agentkv CPU kernels unavailable here (see the logged reason: no compiler or no AVX2/FMA)",
                 allow_module_level=True)
 
-QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-LEGACY = {"Q4_0", "Q4_1", "Q8_0"}
+QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+LEGACY = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 
 @pytest.fixture(params=[1, 2], ids=lambda t: f"threads{t}")
@@ -94,7 +94,7 @@ def test_qmatmul_rows_are_batch_invariant(name, threads):
     assert torch.equal(K.qmatmul(x[perm].contiguous(), w, QTYPES[name], n, k), full[perm])
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q6_K"])
 def test_qmatmul_bits_do_not_depend_on_thread_count(name):
     """Big enough (>= 64 KiB of weights per task) that the decode GEMV really splits columns
     across threads; every m path (1..4 decode, >4 prefill) against one thread."""

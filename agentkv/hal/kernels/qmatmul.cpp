@@ -182,6 +182,8 @@ static void dispatch(int qtype, Fn&& fn) {
         case F32: fn(FmtF32{}); break;
         case Q4_0: fn(FmtQ4_0{}); break;
         case Q4_1: fn(FmtQ4_1{}); break;
+        case Q5_0: fn(FmtQ5_0{}); break;
+        case Q5_1: fn(FmtQ5_1{}); break;
         case Q8_0: fn(FmtQ8_0{}); break;
         case Q4_K: fn(FmtQ4_K{}); break;
         case Q5_K: fn(FmtQ5_K{}); break;
@@ -195,6 +197,8 @@ bool qtype_info(int qtype, int& block_weights, int& block_bytes) {
         case F32: block_weights = FmtF32::QK; block_bytes = FmtF32::BYTES; return true;
         case Q4_0: block_weights = FmtQ4_0::QK; block_bytes = FmtQ4_0::BYTES; return true;
         case Q4_1: block_weights = FmtQ4_1::QK; block_bytes = FmtQ4_1::BYTES; return true;
+        case Q5_0: block_weights = FmtQ5_0::QK; block_bytes = FmtQ5_0::BYTES; return true;
+        case Q5_1: block_weights = FmtQ5_1::QK; block_bytes = FmtQ5_1::BYTES; return true;
         case Q8_0: block_weights = FmtQ8_0::QK; block_bytes = FmtQ8_0::BYTES; return true;
         case Q4_K: block_weights = FmtQ4_K::QK; block_bytes = FmtQ4_K::BYTES; return true;
         case Q5_K: block_weights = FmtQ5_K::QK; block_bytes = FmtQ5_K::BYTES; return true;

@@ -5,6 +5,8 @@ from __future__ import annotations
 QTYPE_BLOCK: dict[int, tuple[int, int]] = {
     2: (32, 18),  # Q4_0
     3: (32, 20),  # Q4_1
+    6: (32, 22),  # Q5_0
+    7: (32, 24),  # Q5_1
     8: (32, 34),  # Q8_0
     12: (256, 144),  # Q4_K
     13: (256, 176),  # Q5_K

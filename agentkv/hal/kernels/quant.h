@@ -12,7 +12,7 @@
 
 namespace agentkv {
 
-enum QType : int { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum QType : int { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 struct FmtQ8_0 {
     static constexpr int QK = 32, BYTES = 34;
@@ -63,6 +63,51 @@ struct FmtQ4_1 {
         const __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
         nibbles32(b + 4, out);
         for (int i = 0; i < 4; ++i) out[i] = _mm256_add_ps(_mm256_mul_ps(d, out[i]), m);
+    }
+};
+
+// Q5_0 / Q5_1: the low four bits as in Q4_x (nibbles of qs), the fifth bit of weight i is
+// bit i of the little-endian u32 qh. Built in the integer domain, minus `bias`, then converted
+// (exact: |q - bias| < 32), so the f32 arithmetic after it is gguf-py's.
+static inline void fives32(const uint8_t* qh, const uint8_t* qs, int bias, __m256i out[4]) {
+    uint32_t h32;
+    std::memcpy(&h32, qh, 4);
+    const __m256i h = _mm256_set1_epi32(static_cast<int>(h32));
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
+    const __m256i m = _mm256_set1_epi32(0x0F), one = _mm256_set1_epi32(1);
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i lo[4] = {_mm256_and_si256(a, m), _mm256_and_si256(b, m), _mm256_srli_epi32(a, 4),
+                           _mm256_srli_epi32(b, 4)};
+    const __m256i vb = _mm256_set1_epi32(bias);
+    for (int i = 0; i < 4; ++i) {
+        const __m256i sh = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * i));
+        const __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, sh), one), 4);
+        out[i] = _mm256_sub_epi32(_mm256_or_si256(lo[i], hi), vb);
+    }
+}
+
+// Layout: d f16, qh[4], qs[16]; w = d * (q - 16).
+struct FmtQ5_0 {
+    static constexpr int QK = 32, BYTES = 22;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m256 d = _mm256_set1_ps(fp16_to_f32(b));
+        __m256i q[4];
+        fives32(b + 2, b + 6, 16, q);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q[i]));
+    }
+};
+
+// Layout: d f16, m f16, qh[4], qs[16]; w = d * q + m.
+struct FmtQ5_1 {
+    static constexpr int QK = 32, BYTES = 24;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m128 dm = fp16x2_to_f32(b);
+        const __m256 d = _mm256_broadcastss_ps(dm);
+        const __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+        __m256i q[4];
+        fives32(b + 4, b + 8, 0, q);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q[i])), m);
     }
 };
 
