@@ -57,6 +57,7 @@ class TorchBackend(Backend):
         self.device = torch.device(device)
         self.name = "torch" if self.device.type == "cpu" else f"torch-{self.device.type}"
         self._kernels = None
+        self._rope_memo: dict[RopeSpec, tuple] = {}
         if use_kernels and self.device.type == "cpu":
             self._kernels = _load_kernels()
 
@@ -131,10 +132,7 @@ class TorchBackend(Backend):
         return Tensor(out + bias.raw if bias is not None else out)
 
     def rope(self, x: Tensor, positions, spec: RopeSpec) -> Tensor:
-        pos = np.asarray(positions, dtype=np.int64)
-        cos_t, sin_t = rope_tables(spec, int(pos.max(initial=0)) + 1)
-        cos = torch.from_numpy(cos_t[pos]).to(self.device)[:, None, :]
-        sin = torch.from_numpy(sin_t[pos]).to(self.device)[:, None, :]
+        cos, sin = self._rope_rows(positions, spec)
         xs = x.raw
         rot, rest = xs[..., : spec.dim], xs[..., spec.dim:]
         half = spec.dim // 2
@@ -145,6 +143,19 @@ class TorchBackend(Backend):
             a, b = rot[..., 0::2], rot[..., 1::2]
             out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
         return Tensor(torch.cat([out, rest], dim=-1) if rest.shape[-1] else out)
+
+    def _rope_rows(self, positions, spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin `[n, 1, dim/2]` for these positions; every layer of a step passes the same
+        positions array, so the gather is done once per step and spec."""
+        memo = self._rope_memo.get(spec)
+        if memo is not None and memo[0] is positions:
+            return memo[1], memo[2]
+        pos = np.asarray(positions, dtype=np.int64)
+        cos_t, sin_t = rope_tables(spec, int(pos.max(initial=0)) + 1)
+        cos = torch.from_numpy(cos_t[pos]).to(self.device)[:, None, :]
+        sin = torch.from_numpy(sin_t[pos]).to(self.device)[:, None, :]
+        self._rope_memo[spec] = (positions, cos, sin)
+        return cos, sin
 
     def gated_act(self, gate: Tensor, up: Tensor, kind: str) -> Tensor:
         return Tensor(ACTIVATIONS[kind](gate.raw) * up.raw)
@@ -270,16 +281,29 @@ def _load_kernels():
 def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window, softcap):
     """The compiled kernel walks each row's keys 0..pos in order: invariant by construction."""
     spec = kv.spec
+    tables, row_seq, row_pos = _kernel_meta(meta)
+    shape = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+    return mod.paged_attention(q.contiguous(), kv.k[layer].view(shape), kv.v[layer].view(shape),
+                               tables, row_seq, row_pos, float(scale), int(window or 0),
+                               float(softcap or 0.0))
+
+
+_META_MEMO: list = [None, None]  # [meta, tensors]: every layer of a step shares one meta
+
+
+def _kernel_meta(meta: AttnMeta):
+    """Block tables, row -> sequence and row -> position as int32 tensors, once per step."""
+    if _META_MEMO[0] is meta:
+        return _META_MEMO[1]
     width = max(len(t) for t in meta.block_tables)
     tables = np.zeros((len(meta.block_tables), width), np.int32)
     for i, t in enumerate(meta.block_tables):
         tables[i, : len(t)] = t
     row_seq = np.repeat(np.arange(len(meta.query_lens), dtype=np.int32), meta.query_lens)
-    shape = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-    return mod.paged_attention(q.contiguous(), kv.k[layer].view(shape), kv.v[layer].view(shape),
-                               torch.from_numpy(tables), torch.from_numpy(row_seq),
-                               torch.from_numpy(meta.positions.astype(np.int32)),
-                               float(scale), int(window or 0), float(softcap or 0.0))
+    out = (torch.from_numpy(tables), torch.from_numpy(row_seq),
+           torch.from_numpy(meta.positions.astype(np.int32)))
+    _META_MEMO[:] = [meta, out]
+    return out
 
 
 def cuda_backend() -> TorchBackend:
