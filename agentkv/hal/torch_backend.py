@@ -288,13 +288,14 @@ def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window,
                                float(softcap or 0.0))
 
 
-_META_MEMO: list = [None, None]  # [meta, tensors]: every layer of a step shares one meta
+_META_MEMO: list = [(None, None)]  # (meta, tensors), swapped whole so threads never mix halves
 
 
 def _kernel_meta(meta: AttnMeta):
     """Block tables, row -> sequence and row -> position as int32 tensors, once per step."""
-    if _META_MEMO[0] is meta:
-        return _META_MEMO[1]
+    last_meta, last = _META_MEMO[0]
+    if last_meta is meta:
+        return last
     width = max(len(t) for t in meta.block_tables)
     tables = np.zeros((len(meta.block_tables), width), np.int32)
     for i, t in enumerate(meta.block_tables):
@@ -302,7 +303,7 @@ def _kernel_meta(meta: AttnMeta):
     row_seq = np.repeat(np.arange(len(meta.query_lens), dtype=np.int32), meta.query_lens)
     out = (torch.from_numpy(tables), torch.from_numpy(row_seq),
            torch.from_numpy(meta.positions.astype(np.int32)))
-    _META_MEMO[:] = [meta, out]
+    _META_MEMO[0] = (meta, out)
     return out
 
 
