@@ -28,7 +28,7 @@ from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.runner import Chunk, ModelRunner
 from agentkv.runtime.sampler import SamplingState, logsumexp, sample, token_logprob, top_logprobs
 from agentkv.runtime.stop import StopChecker
-from agentkv.sched import Scheduler, Sequence
+from agentkv.sched import Scheduler, SeqStatus, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class Engine:
         return self._consume(plan.chunks, chunks, logits)
 
     def _consume(self, scheduled, chunks, logits) -> list[RequestOutput]:
-        row, sampled, touched = 0, {}, []
+        row, sampled, touched, failed = 0, {}, [], []
         for sc, chunk in zip(scheduled, chunks):
             req = self._by_seq[sc.seq.seq_id]
             if chunk.logits is None:
@@ -198,14 +198,31 @@ class Engine:
             if sc.samples:
                 if self.record_logits:
                     self.recorded.setdefault(req.request_id, []).append(rows[-1].copy())
-                result = sample(rows[-1], req.params, req.sampling, self._allowed(req))
+                try:
+                    result = sample(rows[-1], req.params, req.sampling, self._allowed(req))
+                except Exception as e:  # noqa: BLE001 — one request's failure ends that request only
+                    failed.append((req, e))
+                    continue
                 sampled[sc.seq.seq_id] = result
                 touched.append(req)
         self.scheduler.on_tokens({sid: r.token_id for sid, r in sampled.items()})
-        outputs = []
+        outputs = [self._fail(req, e) for req, e in failed]
         for req in touched:
-            outputs.append(self._advance(req, sampled[req.seq.seq_id]))
+            try:
+                outputs.append(self._advance(req, sampled[req.seq.seq_id]))
+            except Exception as e:  # noqa: BLE001 — e.g. a grammar that rejects the token
+                outputs.append(self._fail(req, e))
         return outputs
+
+    def _fail(self, req: _Request, error: Exception) -> RequestOutput:
+        """End one request whose sampling or constraint raised; the others go on."""
+        log.warning("request %s failed: %r", req.request_id, error)
+        if req.seq.status in (SeqStatus.RUNNING, SeqStatus.WAITING):
+            self.scheduler.abort(req.seq.seq_id)
+        req.finish_reason = "abort"
+        out = self._emit(req, finished=True)
+        out.error = f"{type(error).__name__}: {error}"
+        return out
 
     def _allowed(self, req: _Request) -> np.ndarray | None:
         return req.constraint.allowed_mask() if req.constraint is not None else None

@@ -27,6 +27,7 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: str | int | None = None
+    error: str | None = None  # set when the request ended on an internal error (finish "abort")
 
     @property
     def completion_len(self) -> int:

@@ -83,3 +83,36 @@ def test_stop_string_and_length(qwen2_dir):  # noqa: F811
                        SamplingParams(max_tokens=5, temperature=0.0, stop=[stop]))
         assert outs2["b"].finish_reason == "stop" and outs2["b"].stop_reason == stop
         assert outs2["b"].text == text[: text.index(stop)]
+
+
+class ExplodingConstraint:
+    """A constraint that fails on its second token: a stand-in for a grammar library error."""
+
+    def __init__(self):
+        self.num_accepted = 0
+
+    def allowed_mask(self):
+        return None
+
+    def accept(self, token_id: int) -> None:
+        self.num_accepted += 1
+        if self.num_accepted == 2:
+            raise RuntimeError("grammar rejected the token")
+
+    def is_finished(self) -> bool:
+        return False
+
+
+def test_one_failing_request_does_not_disturb_others(qwen2_dir):  # noqa: F811
+    engine = make_engine(qwen2_dir)
+    _, alone = run(engine, {"ok": tokens(20, 5, 256)}, GREEDY8)
+    engine.add_request("bad", tokens(25, 6, 256), GREEDY8, constraint=ExplodingConstraint())
+    engine.add_request("ok2", tokens(20, 5, 256), GREEDY8)
+    outs = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                outs[out.request_id] = out
+    assert outs["bad"].finish_reason == "abort" and "grammar rejected" in outs["bad"].error
+    assert outs["ok2"].token_ids == alone["ok"].token_ids and outs["ok2"].error is None
+    engine.scheduler.check_integrity()
