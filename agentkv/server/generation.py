@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 
 import anyio
 
+from agentkv.server.errors import APIError
 from agentkv.server.metrics import TokenTimer
 from agentkv.server.state import ServerState, engine_error
 
@@ -88,6 +89,9 @@ class ChoiceStreams:
             if isinstance(item, Exception):
                 raise engine_error(item) from item
             index, out = item
+            if getattr(out, "error", None):  # this request alone failed inside the engine
+                raise APIError(500, f"request failed inside the engine: {out.error}",
+                               type="internal_error", code="request_failed")
             self._record(index, out)
             return index, out
         raise StopAsyncIteration
