@@ -5,6 +5,8 @@ then the app answers at once (GET /health is 503 "loading") while the model load
 background thread. Handlers never touch tensors: they translate HTTP to engine calls."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 import time
 from contextlib import asynccontextmanager
@@ -73,6 +75,26 @@ def _openapi_400s(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
+async def until_disconnect(request: Request, work: Any, stream: bool | None) -> Any:
+    """Run a non-streaming handler, cancelling it (which aborts its requests and frees their
+    KV) if the client goes away first. Streams watch the connection themselves."""
+    if stream:
+        return await work
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return Response(status_code=499)
+
+
+DISCONNECT_POLL_S = 0.25
+
+
 def create_app(engine: Any, *, api_key: str | None = None,
                served_model_name: str | None = None) -> FastAPI:
     """The app for `engine` (an AsyncEngine, or a callable that loads one in the background)."""
@@ -130,13 +152,13 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions", response_model=r.ChatCompletionResponse,
               responses={**ERRORS, **STREAM}, dependencies=auth)
-    async def chat(req: ChatCompletionRequest) -> Any:
-        return await create_chat_completion(state, req)
+    async def chat(req: ChatCompletionRequest, request: Request) -> Any:
+        return await until_disconnect(request, create_chat_completion(state, req), req.stream)
 
     @app.post("/v1/completions", response_model=r.CompletionResponse,
               responses={**ERRORS, **STREAM}, dependencies=auth)
-    async def completions(req: CompletionRequest) -> Any:
-        return await create_completion(state, req)
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        return await until_disconnect(request, create_completion(state, req), req.stream)
 
     @app.post("/v1/embeddings", response_model=r.EmbeddingResponse, responses=ERRORS, dependencies=auth)
     async def embeddings(req: EmbeddingRequest) -> Any:

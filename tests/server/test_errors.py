@@ -148,3 +148,26 @@ def test_disconnect_mid_stream_frees_kv(uncached_server):
     after = settled()
     assert after.kv_blocks_used == 0 and after.kv_blocks_free == 128
     assert after.generation_tokens < 400  # aborted, not run to the end
+
+
+def test_disconnect_during_non_streaming_request_frees_kv(uncached_server):
+    """A client that gives up on a non-streaming request (timeout) aborts it too."""
+    base, engine = uncached_server
+    deadline = time.monotonic() + 30
+    while engine.stats().num_running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    generated_before = engine.stats().generation_tokens
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 400, "temperature": 0}
+    with httpx.Client(base_url=base, timeout=1.5) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/chat/completions", json=body)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if s.num_running == 0 and s.num_waiting == 0:
+            break
+        time.sleep(0.05)
+    s = engine.stats()
+    assert s.num_running == 0 and s.kv_blocks_used == 0
+    assert s.generation_tokens - generated_before < 400
