@@ -75,8 +75,8 @@ def metrics(run: dict) -> dict:
     known = all(r["cached_len"] is not None for r in recs)
     hit = sum(r["cached_len"] or 0 for r in recs) if known else None
     ttft = [r["t_first"] - r["t_submit"] for r in recs]
-    gen = [len(r["token_ids"]) if r["token_ids"] is not None else None for r in recs]
-    dec_tokens = sum(max(g - 1, 0) for g in gen if g is not None)
+    gen = [r["num_generated"] for r in recs]
+    dec_tokens = sum(max(g - 1, 0) for g in gen)
     dec_time = sum(r["t_done"] - r["t_first"] for r in recs)
     cum, total = [], 0
     for t in range(len(run["turn_s"])):
@@ -88,7 +88,7 @@ def metrics(run: dict) -> dict:
             "hit_rate": hit / prompt if known and prompt else None,
             "ttft_p50_s": _pct(ttft, 0.5), "ttft_p95_s": _pct(ttft, 0.95),
             "decode_tok_s": dec_tokens / dec_time if dec_tokens and dec_time > 0 else None,
-            "throughput_tok_s": sum(g or 0 for g in gen) / run["wall_s"] if run["wall_s"] else None}
+            "throughput_tok_s": sum(gen) / run["wall_s"] if run["wall_s"] else None}
 
 
 def _profile_top(prof: cProfile.Profile, n: int = 25) -> list[str]:

@@ -29,6 +29,7 @@ class Result(NamedTuple):
     t_submit: float
     t_first: float
     t_done: float
+    num_generated: int = 0
 
 
 class Arm:
@@ -94,7 +95,8 @@ class AgentkvArm(Arm):
                 if out.finished:
                     final[out.request_id] = (out, now)
         return [Result(len(p), final[r][0].cached_len, list(final[r][0].token_ids), final[r][0].text,
-                       t0, first[r], final[r][1]) for p, r in zip(prompts, rids)]
+                       t0, first[r], final[r][1], len(final[r][0].token_ids))
+                for p, r in zip(prompts, rids)]
 
     def counters(self) -> dict[str, Any]:
         now, base = self.engine.stats(), self._base
@@ -147,7 +149,7 @@ class HttpArm(Arm):
                                      data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
-        first, text, cached = None, [], None
+        first, text, cached, generated = None, [], None, 0
         with urllib.request.urlopen(req, timeout=3600) as resp:
             for raw in resp:
                 line = raw.decode().strip()
@@ -160,8 +162,9 @@ class HttpArm(Arm):
                 usage = chunk.get("usage")
                 if usage:
                     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                    generated = usage.get("completion_tokens", 0)
         done = time.perf_counter()
-        return Result(len(prompt), cached, None, "".join(text), t0, first or done, done)
+        return Result(len(prompt), cached, None, "".join(text), t0, first or done, done, generated)
 
     def run_turn(self, prompts: list[list[int]], max_tokens: int) -> list[Result]:
         with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
@@ -224,7 +227,7 @@ class LlamaCppArm(Arm):
             if len(out) == max_tokens:
                 break
         self.cache[prompt + out] = self.llm.save_state()
-        return Result(len(prompt), cached, out, None, t0, first, time.perf_counter())
+        return Result(len(prompt), cached, out, None, t0, first, time.perf_counter(), len(out))
 
     def run_turn(self, prompts: list[list[int]], max_tokens: int) -> list[Result]:
         return [self._one(p, max_tokens) for p in prompts]
@@ -272,7 +275,7 @@ class TransformersArm(Arm):
         done = time.perf_counter()
         out = ids[0, len(prompt):].tolist()
         first = times[1] if len(times) > 1 else done  # put #0 is the prompt itself
-        return Result(len(prompt), 0, out, None, t0, first, done)
+        return Result(len(prompt), 0, out, None, t0, first, done, len(out))
 
     def run_turn(self, prompts: list[list[int]], max_tokens: int) -> list[Result]:
         return [self._one(p, max_tokens) for p in prompts]
