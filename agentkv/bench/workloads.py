@@ -180,7 +180,7 @@ def session(name: str = "session", agents: int = 8, turns: int = 10, prefix: int
                     notes="lcg tokens; greedy answers kept in the context", formulas=formulas)
 
 
-def multi_turn(conversations: int = 4, turns: int = 5, prefix: int = 256, user: int = 64,
+def multi_turn(conversations: int = 3, turns: int = 4, prefix: int = 128, user: int = 48,
                answer: int = 16, seed: int = 8000, vocab: int = 49152) -> Workload:
     """vLLM's multi-turn shape (benchmark_serving_multi_turn), scaled down: conversations
     share a common prefix; each turn adds a user message and the model's answer."""
@@ -191,7 +191,7 @@ def multi_turn(conversations: int = 4, turns: int = 5, prefix: int = 256, user: 
                     "vLLM multi-turn shape, lcg tokens, scaled down for 2 cores", wl.formulas)
 
 
-def shared_prefix(groups: int = 4, prompts_per_group: int = 4, system_len: int = 512,
+def shared_prefix(groups: int = 2, prompts_per_group: int = 4, system_len: int = 256,
                   question_len: int = 32, output_len: int = 16, seed: int = 9000,
                   vocab: int = 49152) -> Workload:
     """SGLang's generated-shared-prefix shape (bench_serving gsp), scaled down: `groups`
