@@ -9,8 +9,10 @@ import cProfile
 import io
 import json
 import math
+import os
 import pstats
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -134,17 +136,24 @@ def run_arm_subprocess(spec: dict, workdir: Path, timeout_s: float | None = None
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "agentkv.bench.agents", str(spec_path), str(out_path)]
+    # Own session, so a timeout also ends what the arm started (the HTTP arm's server).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return {"arm": spec["arm"], "error": f"timed out after {timeout_s:.0f} s"}
     if proc.returncode != 0 or not out_path.exists():
-        tail = (proc.stderr or proc.stdout)[-2000:]
+        tail = (stderr or stdout)[-2000:]
         return {"arm": spec["arm"], "error": f"exit {proc.returncode}: {tail}"}
     return json.loads(out_path.read_text())
 
 
-ORDER = ("agentkv", "agentkv-nocache", "agentkv-http", "llamacpp", "transformers")
+# The expensive arms (they recompute every prompt) go last; each arm's result is kept in
+# OUT/runs/ as soon as it finishes.
+ORDER = ("agentkv", "agentkv-http", "llamacpp", "agentkv-nocache", "transformers")
 LIVE = ("agentkv", "agentkv-nocache")  # append their own answers; the rest replay agentkv's
 
 
@@ -157,7 +166,7 @@ def _answers(result: dict, workload: wl.Workload) -> list[list[list[int]]]:
 
 def run_workload(name: str, arms: list[str], model: str, out_dir: Path, quick: bool = False,
                  overrides: dict | None = None, profile_on_miss: bool = True,
-                 log=print, weights: str = "resident") -> dict:
+                 log=print, weights: str = "resident", arm_timeout_s: float | None = None) -> dict:
     """Every arm on workload `name` (one subprocess each), then accounting, exactness and
     targets. The agentkv arm runs first: its answers are the transcript the others replay."""
     spec0 = {"workload": name, "model": model, "quick": quick, "overrides": overrides or {},
@@ -171,7 +180,7 @@ def run_workload(name: str, arms: list[str], model: str, out_dir: Path, quick: b
             continue
         log(f"{name}: {arm} ...")
         spec = {**spec0, "arm": arm, "reference": None if arm in LIVE else reference}
-        res = run_arm_subprocess(spec, out_dir / "runs")
+        res = run_arm_subprocess(spec, out_dir / "runs", arm_timeout_s)
         results[arm] = res
         log(f"{name}: {arm}: " + (res["error"][-300:] if "error" in res else
                                  f"{res['wall_s']:.1f} s, prefill {res['prefill_computed']}"))
