@@ -128,11 +128,16 @@ def worker(spec: dict) -> dict:
     return out
 
 
-def run_arm_subprocess(spec: dict, workdir: Path, timeout_s: float | None = None) -> dict:
-    """Run `worker(spec)` in a fresh interpreter; a failure becomes {"error": ...}."""
+def run_arm_subprocess(spec: dict, workdir: Path, timeout_s: float | None = None,
+                       reuse: bool = False) -> dict:
+    """Run `worker(spec)` in a fresh interpreter; a failure becomes {"error": ...}. With
+    `reuse`, a finished result of the identical spec in `workdir` is returned instead."""
     workdir.mkdir(parents=True, exist_ok=True)
     tag = f"{spec['workload']}-{spec['arm']}{'-profile' if spec.get('profile') else ''}"
     spec_path, out_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.result.json"
+    if reuse and spec_path.exists() and out_path.exists() and \
+            json.loads(spec_path.read_text()) == json.loads(json.dumps(spec)):
+        return {**json.loads(out_path.read_text()), "reused_result": str(out_path)}
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "agentkv.bench.agents", str(spec_path), str(out_path)]
@@ -166,7 +171,8 @@ def _answers(result: dict, workload: wl.Workload) -> list[list[list[int]]]:
 
 def run_workload(name: str, arms: list[str], model: str, out_dir: Path, quick: bool = False,
                  overrides: dict | None = None, profile_on_miss: bool = True,
-                 log=print, weights: str = "resident", arm_timeout_s: float | None = None) -> dict:
+                 log=print, weights: str = "resident", arm_timeout_s: float | None = None,
+                 reuse: bool = False) -> dict:
     """Every arm on workload `name` (one subprocess each), then accounting, exactness and
     targets. The agentkv arm runs first: its answers are the transcript the others replay."""
     spec0 = {"workload": name, "model": model, "quick": quick, "overrides": overrides or {},
@@ -180,7 +186,7 @@ def run_workload(name: str, arms: list[str], model: str, out_dir: Path, quick: b
             continue
         log(f"{name}: {arm} ...")
         spec = {**spec0, "arm": arm, "reference": None if arm in LIVE else reference}
-        res = run_arm_subprocess(spec, out_dir / "runs", arm_timeout_s)
+        res = run_arm_subprocess(spec, out_dir / "runs", arm_timeout_s, reuse)
         results[arm] = res
         log(f"{name}: {arm}: " + (res["error"][-300:] if "error" in res else
                                  f"{res['wall_s']:.1f} s, prefill {res['prefill_computed']}"))

@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds per arm)")
     parser.add_argument("--arm-timeout", type=float, default=None, metavar="S",
                         help="stop an arm after S seconds (reported as timed out)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take an arm's finished result from OUT/runs when its spec is identical")
     parser.add_argument("--no-profile", action="store_true",
                         help="skip the cProfile rerun of agentkv when a target is missed")
 
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         summaries.append(run_workload(name, peers, args.model, out, args.quick, overrides.get(name),
                                       profile_on_miss=not args.no_profile, log=_log,
-                                      weights=args.weights, arm_timeout_s=args.arm_timeout))
+                                      weights=args.weights, arm_timeout_s=args.arm_timeout,
+                                      reuse=args.reuse))
     stem = "agents-quick" if args.quick else "agents"
     paths = write_all(summaries, out, stem, model=args.model, peers=peers, quick=args.quick)
     print(paths["md"].read_text())
