@@ -66,35 +66,36 @@ struct FmtQ4_1 {
     }
 };
 
-// Q5_0 / Q5_1: the low four bits as in Q4_x (nibbles of qs), the fifth bit of weight i is
-// bit i of the little-endian u32 qh. Built in the integer domain, minus `bias`, then converted
-// (exact: |q - bias| < 32), so the f32 arithmetic after it is gguf-py's.
-static inline void fives32(const uint8_t* qh, const uint8_t* qs, int bias, __m256i out[4]) {
+// Q5_0 / Q5_1: 32 five-bit q in weight order, one per byte. Weight i's low four bits are the
+// low nibble of qs[i] (i < 16) or the high nibble of qs[i - 16]; its fifth bit is bit i of
+// the little-endian u32 qh, spread to bytes by a shuffle (byte i <- qh byte i/8) and a compare
+// against a mask that has every bit set but bit i%8.
+static inline __m256i five_bit_bytes(const uint8_t* qh, const uint8_t* qs) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i low = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, m4)),
+                                                _mm_and_si128(_mm_srli_epi16(raw, 4), m4), 1);
     uint32_t h32;
     std::memcpy(&h32, qh, 4);
-    const __m256i h = _mm256_set1_epi32(static_cast<int>(h32));
-    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
-    const __m256i m = _mm256_set1_epi32(0x0F), one = _mm256_set1_epi32(1);
-    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i lo[4] = {_mm256_and_si256(a, m), _mm256_and_si256(b, m), _mm256_srli_epi32(a, 4),
-                           _mm256_srli_epi32(b, 4)};
-    const __m256i vb = _mm256_set1_epi32(bias);
-    for (int i = 0; i < 4; ++i) {
-        const __m256i sh = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * i));
-        const __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, sh), one), 4);
-        out[i] = _mm256_sub_epi32(_mm256_or_si256(lo[i], hi), vb);
-    }
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                              0x0303030303030303LL);
+    __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h32)), spread);
+    bits = _mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+    bits = _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1));
+    return _mm256_or_si256(low, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
 }
 
-// Layout: d f16, qh[4], qs[16]; w = d * (q - 16).
+// Layout: d f16, qh[4], qs[16]; w = d * (q - 16), q - 16 taken in int8 as gguf-py does (exact).
 struct FmtQ5_0 {
     static constexpr int QK = 32, BYTES = 22;
     static inline void decode(const uint8_t* b, int, __m256 out[4]) {
         const __m256 d = _mm256_set1_ps(fp16_to_f32(b));
-        __m256i q[4];
-        fives32(b + 2, b + 6, 16, q);
-        for (int i = 0; i < 4; ++i) out[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q[i]));
+        const __m256i q = _mm256_sub_epi8(five_bit_bytes(b + 2, b + 6), _mm256_set1_epi8(16));
+        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        out[0] = _mm256_mul_ps(d, i8x8_to_ps(lo));
+        out[1] = _mm256_mul_ps(d, i8x8_to_ps(_mm_unpackhi_epi64(lo, lo)));
+        out[2] = _mm256_mul_ps(d, i8x8_to_ps(hi));
+        out[3] = _mm256_mul_ps(d, i8x8_to_ps(_mm_unpackhi_epi64(hi, hi)));
     }
 };
 
@@ -105,9 +106,8 @@ struct FmtQ5_1 {
         const __m128 dm = fp16x2_to_f32(b);
         const __m256 d = _mm256_broadcastss_ps(dm);
         const __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-        __m256i q[4];
-        fives32(b + 4, b + 8, 0, q);
-        for (int i = 0; i < 4; ++i) out[i] = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q[i])), m);
+        u8x32_to_ps(five_bit_bytes(b + 4, b + 8), out);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_add_ps(_mm256_mul_ps(d, out[i]), m);
     }
 };
 
