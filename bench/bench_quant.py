@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import subprocess
 import sys
@@ -252,6 +253,8 @@ def derive(model_results: dict, facts: dict, bw: float) -> dict:
 
 
 def print_table(payload: dict) -> None:
+    print(f"load average (1, 5, 15 min) before {payload['load_average_before']}, after "
+          f"{payload['load_average_after']}: above ~{THREADS} the 2-thread figures wait on time slices")
     print(f"memory bandwidth: {payload['bandwidth']['best_gbs']:.1f} GB/s best, "
           f"{payload['bandwidth']['median_gbs']:.1f} median (torch sum, 1 GiB, {THREADS} threads)")
     print(f"{'model':<12} {'arm':<17} {'prefill t/s':>11} {'decode t/s':>10} {'of ceil':>8} "
@@ -306,6 +309,7 @@ def main(argv=None) -> int:
                "decode_len": args.decode_len, "date": time.strftime("%Y-%m-%d %H:%M"),
                "commit": git_commit(), "machine": machine(),
                "versions": versions("llama_cpp_python", "gguf"), "bandwidth": bw,
+               "load_average_before": os.getloadavg(),
                "targets": {"speed_vs_llamacpp": SPEED_TARGET, "memory_vs_gguf": MEMORY_TARGET},
                "models": {}}
     for model in [m for m in args.models.split(",") if m]:
@@ -316,6 +320,7 @@ def main(argv=None) -> int:
             progress(f"{model} / {arm}: " + json.dumps({k: v for k, v in results[arm].items() if k != "profile"}))
         payload["models"][model] = {"gguf": facts, "results": results,
                                     "derived": derive(results, facts, bw["best_gbs"])}
+    payload["load_average_after"] = os.getloadavg()
     out = write_json(args.out, payload)
     print_table(payload)
     print(f"wrote {out}")
