@@ -58,6 +58,23 @@ def test_dequantize_is_bit_identical_to_gguf(name):
     assert torch.equal(ours, torch.from_numpy(gguf_dequant(w, name).astype(np.float32)))
 
 
+@pytest.mark.parametrize("name", ["Q5_0", "Q5_1"])
+def test_q5_random_blocks_dequantize_bit_identical(name):
+    """Every qh bit pattern (random bytes, not just what gguf's quantizer emits) lands on the
+    right weight: weight i's fifth bit is bit i of the little-endian u32 qh."""
+    qtype = QTYPES[name]
+    qk, nbytes = QTYPE_BLOCK[qtype]
+    n, k = 7, 256
+    rng = np.random.default_rng(21)
+    blocks = rng.integers(0, 256, size=(n * k // qk, nbytes), dtype=np.uint8)
+    nscales = 1 if name == "Q5_0" else 2
+    blocks[:, :2 * nscales] = rng.uniform(-2e-2, 2e-2, size=(blocks.shape[0], nscales)).astype(
+        np.float16).view(np.uint8)
+    w = blocks.reshape(n, row_bytes(qtype, k))
+    ours = K.dequantize(torch.from_numpy(w), qtype, n, k)
+    assert torch.equal(ours, torch.from_numpy(gguf_dequant(w, name).astype(np.float32)))
+
+
 # f32 accumulation over k=512 terms: the error is ~sqrt(k) * 2^-24 * max|term|; bounded by
 # 1e-5 of the largest |output| with a wide margin, and cosine far above 0.99999.
 MAX_REL = 1e-5
