@@ -70,6 +70,9 @@ struct FmtQ4_1 {
 // low nibble of qs[i] (i < 16) or the high nibble of qs[i - 16]; its fifth bit is bit i of
 // the little-endian u32 qh, spread to bytes by a shuffle (byte i <- qh byte i/8) and a compare
 // against a mask that has every bit set but bit i%8.
+// Q5_0 wants q - 16 in int8, which is lo when the fifth bit is set and lo - 16 = lo | 0xF0 when
+// it is clear (kSigned); Q5_1 wants q = lo | 0x10 * bit.
+template <bool kSigned>
 static inline __m256i five_bit_bytes(const uint8_t* qh, const uint8_t* qs) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
     const __m128i m4 = _mm_set1_epi8(0x0F);
@@ -82,6 +85,7 @@ static inline __m256i five_bit_bytes(const uint8_t* qh, const uint8_t* qs) {
     __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h32)), spread);
     bits = _mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
     bits = _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1));
+    if (kSigned) return _mm256_or_si256(low, _mm256_andnot_si256(bits, _mm256_set1_epi8(static_cast<char>(0xF0))));
     return _mm256_or_si256(low, _mm256_and_si256(bits, _mm256_set1_epi8(0x10)));
 }
 
@@ -90,7 +94,7 @@ struct FmtQ5_0 {
     static constexpr int QK = 32, BYTES = 22;
     static inline void decode(const uint8_t* b, int, __m256 out[4]) {
         const __m256 d = _mm256_set1_ps(fp16_to_f32(b));
-        const __m256i q = _mm256_sub_epi8(five_bit_bytes(b + 2, b + 6), _mm256_set1_epi8(16));
+        const __m256i q = five_bit_bytes<true>(b + 2, b + 6);  // q - 16
         const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
         out[0] = _mm256_mul_ps(d, i8x8_to_ps(lo));
         out[1] = _mm256_mul_ps(d, i8x8_to_ps(_mm_unpackhi_epi64(lo, lo)));
@@ -106,7 +110,7 @@ struct FmtQ5_1 {
         const __m128 dm = fp16x2_to_f32(b);
         const __m256 d = _mm256_broadcastss_ps(dm);
         const __m256 m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-        u8x32_to_ps(five_bit_bytes(b + 4, b + 8), out);
+        u8x32_to_ps(five_bit_bytes<false>(b + 4, b + 8), out);
         for (int i = 0; i < 4; ++i) out[i] = _mm256_add_ps(_mm256_mul_ps(d, out[i]), m);
     }
 };
