@@ -273,6 +273,23 @@ def test_paged_attention_is_batch_invariant(window, softcap, threads):
     assert torch.equal(back[:41], full)
 
 
+@pytest.mark.parametrize("h,kvh", [(4, 1), (8, 1), (2, 2)])
+def test_paged_attention_head_grouping_does_not_change_bits(h, kvh, threads):
+    """Query heads are scored in runs that share K loads (4 heads of one kv head: 2 + 2);
+    a decode row and the same row in a prefill of 41 rows give the same bits per head."""
+    cache, q_all, _, _ = invariance_setup(h=h, kvh=kvh, seed=14)
+    rows = [(0, p) for p in range(41)]
+    full = cache.run(q_all, rows, 0.125)
+    decode = torch.cat([cache.run(q_all[p:p + 1].contiguous(), rows[p:p + 1], 0.125) for p in range(41)])
+    assert torch.equal(decode, full)
+    seq, pos = torch.zeros(41, dtype=torch.int32), torch.arange(41, dtype=torch.int32)
+    for head in range(h):  # one head alone (its kv head only) equals itself inside its run
+        kv = slice(head // (h // kvh), head // (h // kvh) + 1)
+        one = K.paged_attention(q_all[:, head:head + 1].contiguous(), cache.k[:, :, kv].contiguous(),
+                                cache.v[:, :, kv].contiguous(), cache.tables, seq, pos, 0.125)
+        assert torch.equal(one[:, 0], full[:, head])
+
+
 def test_paged_attention_bits_do_not_depend_on_thread_count():
     cache, q_all, _, _ = invariance_setup(seed=12)
     rows = [(0, p) for p in range(41)]

@@ -178,17 +178,20 @@ static void attend_heads(const AttentionArgs& a, int64_t row, int64_t kv, int64_
 
 }  // namespace
 
-// Work unit: (row, kv head, a run of up to HEADS_AT_ONCE of its query heads). Threads split
-// units only; every (row, head) result is computed the same way in whichever unit it sits.
+// Work unit: (row, kv head, a run of up to HEADS_AT_ONCE of its query heads, runs of equal
+// size: 4 heads go 2 + 2, not 3 + 1, so a decode call's two units balance over two threads).
+// Threads split units only; every (row, head) result is computed the same way in whichever
+// unit it sits (a head's fma chains never depend on its neighbours).
 void paged_attention_raw(const AttentionArgs& a) {
     const int64_t group = a.h / a.kvh;
     const int64_t runs = (group + HEADS_AT_ONCE - 1) / HEADS_AT_ONCE;
+    const int64_t per_run = (group + runs - 1) / runs;
     at::parallel_for(0, a.n * a.kvh * runs, 1, [&](int64_t b, int64_t e) {
         Scratch scratch;
         for (int64_t i = b; i < e; ++i) {
             const int64_t row = i / (a.kvh * runs), kv = (i / runs) % a.kvh, r = i % runs;
-            const int64_t h0 = kv * group + r * HEADS_AT_ONCE;
-            const int nh = static_cast<int>(std::min<int64_t>(HEADS_AT_ONCE, group - r * HEADS_AT_ONCE));
+            const int64_t h0 = kv * group + r * per_run;
+            const int nh = static_cast<int>(std::min<int64_t>(per_run, group - r * per_run));
             attend_heads(a, row, kv, h0, nh, scratch);
         }
     });
