@@ -27,7 +27,7 @@ def test_resident_matches_f32_greedy(model):
     f32 = LLM(model, weights="f32")
     formats = resident.engine.model.weight_formats
     assert any(q not in (0, 1) for q in formats.values()), "no weight stayed quantized"
-    for text in PROMPTS:
+    for text in PROMPTS if model == "smollm2" else PROMPTS[:2]:  # gemma's f32 head is 671 MB a step
         ids = resident.tokenizer.encode(text)
         (ta, la), (tb, lb) = continuation(resident, ids), continuation(f32, ids)
         diff = next((i for i in range(NUM_TOKENS) if ta[i] != tb[i]), None)
