@@ -137,7 +137,10 @@ def plot(summary: dict, path: Path) -> Path | None:
     ax3.bar(names, ratios, color="tab:blue")
     ax3.set(title="wall time ÷ agentkv's (higher = agentkv faster)", ylabel="×")
     ax3.tick_params(axis="x", rotation=30)
+    from matplotlib.ticker import MaxNLocator
+
     for ax in (ax1, ax2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.suptitle(f"{summary['workload']} {json.dumps(summary['params'])}", fontsize=9)
