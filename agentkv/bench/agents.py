@@ -246,7 +246,8 @@ def exactness(results: dict[str, dict]) -> dict:
         if arm in ("agentkv-nocache", "agentkv-http"):
             out["checked"] = True
             out.setdefault("mismatches", {})[arm] = len(same) - sum(same)
-    out["exact"] = out["checked"] and not any(out.get("mismatches", {}).values())
+    # None = not checked (neither agentkv-nocache nor agentkv-http ran).
+    out["exact"] = (not any(out.get("mismatches", {}).values())) if out["checked"] else None
     return out
 
 

@@ -102,7 +102,8 @@ def _facts(summary: dict) -> list[str]:
     if summary.get("formulas"):
         out.append(f"- DESIGN.md formulas: {json.dumps(summary['formulas'])}")
     ex = summary.get("exactness") or {}
-    out.append(f"- exactness (agentkv cache on == off, greedy tokens): {ex.get('exact')}; "
+    exact = {True: "true", False: "FALSE", None: "not checked (run agentkv-nocache)"}[ex.get("exact")]
+    out.append(f"- exactness (agentkv cache on == off, greedy tokens): {exact}; "
                f"agreement with agentkv: {json.dumps(ex.get('agreement', {}))}")
     for name, t in (summary.get("targets") or {}).items():
         out.append(f"- target {name}: {t['ratio']:.2f}× (need {'>=' if t['need'] > 1 else '>'} "
