@@ -40,7 +40,10 @@ def engines():
 
 def hf_greedy(model, ids: list[int]) -> tuple[list[int], list[np.ndarray]]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=NUM_TOKENS, do_sample=False,
+        # An explicit mask: SmolLM2's pad id (2) is <|im_end|>, which chat prompts contain, and
+        # generate() would otherwise mask those tokens out.
+        x = torch.tensor([ids])
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NUM_TOKENS, do_sample=False,
                              output_scores=True, return_dict_in_generate=True, eos_token_id=None,
                              pad_token_id=2)
     return out.sequences[0, len(ids):].tolist(), [s[0].float().numpy() for s in out.scores]
