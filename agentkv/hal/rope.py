@@ -21,6 +21,8 @@ def inv_freq(spec: RopeSpec) -> tuple[np.ndarray, float]:
     factor = float(sc.get("factor", 1.0))
     if kind in ("default", "none"):
         return freqs, 1.0
+    if kind == "factors":  # llama.cpp's rope_freqs.weight: per-pair divisors of the frequency
+        return freqs / np.asarray(sc["factors"], dtype=np.float64), 1.0
     if kind == "linear":
         return freqs / factor, 1.0
     if kind == "llama3":

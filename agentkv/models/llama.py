@@ -19,12 +19,20 @@ class LlamaModel(Model):
         interleaved = source.kind == "gguf" and hp.arch in ("llama", "mistral")
         self.rope = RopeSpec(dim=int(hp.extra.get("rope_dim", hp.head_dim)), theta=hp.rope_theta,
                              style=RopeStyle.INTERLEAVED if interleaved else RopeStyle.NEOX,
-                             scaling=hp.rope_scaling)
+                             scaling=self._rope_scaling(source))
         self.scale = 1.0 / math.sqrt(hp.head_dim)
         self.embed = self.weight("token_embd.weight")
         self.layers = [self._layer(i) for i in range(hp.num_layers)]
         self.norm = self.weight("output_norm.weight")
         self.head = self.embed if hp.tie_embeddings else self.weight("output.weight")
+
+    @staticmethod
+    def _rope_scaling(source) -> dict | None:
+        """Llama 3.x GGUFs carry their rope scaling as per-pair frequency divisors."""
+        if source.has_tensor("rope_freqs.weight"):
+            factors = source.dequantized("rope_freqs.weight").ravel()
+            return {"type": "factors", "factors": tuple(float(f) for f in factors)}
+        return source.hparams.rope_scaling
 
     def _layer(self, i: int) -> dict:
         w = lambda name, required=True: self.weight(f"blk.{i}.{name}", required)  # noqa: E731

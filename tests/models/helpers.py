@@ -115,11 +115,26 @@ def write_gguf(model, path: Path, arch: str) -> Path:
         elif arch == "llama" and hf_name.endswith("k_proj.weight"):
             data = _llama_permute(data, cfg.num_key_value_heads)
         writer.add_tensor(name, data)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if arch == "llama" and rope.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", _llama3_factors(cfg, rope))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _llama3_factors(cfg, rope: dict) -> np.ndarray:
+    """What llama.cpp's converter writes for llama3 rope scaling: base / scaled frequency."""
+    from agentkv.hal.base import RopeSpec
+    from agentkv.hal.rope import inv_freq
+
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    theta = float(rope.get("rope_theta", 10000.0))
+    base, _ = inv_freq(RopeSpec(dim=head_dim, theta=theta))
+    scaled, _ = inv_freq(RopeSpec(dim=head_dim, theta=theta, scaling={"type": "llama3", **rope}))
+    return (base / scaled).astype(np.float32)
 
 
 def _write_hparams(writer, cfg) -> None:

@@ -56,6 +56,14 @@ def test_gguf_matches_transformers(name, backend, tmp_path_factory, tmp_path):
     assert_logits_match(our_logits(path, backend, ids), expected, MIN_COS)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gguf_llama3_rope_freqs_matches_transformers(backend, tmp_path_factory, tmp_path):
+    """Llama 3.x GGUFs carry rope scaling as a `rope_freqs.weight` tensor of divisors."""
+    _, model, expected, ids = built("llama3-rope", tmp_path_factory)
+    path = write_gguf(model, tmp_path / "llama3.gguf", "llama")
+    assert_logits_match(our_logits(path, backend, ids), expected, MIN_COS)
+
+
 def test_sliding_window_changes_logits(tmp_path_factory):
     """Control: mistral's window of 4 really cuts the 13-token context — the same weights
     without a window give different logits at the prompt end."""
