@@ -270,8 +270,10 @@ class TransformersArm(Arm):
 
         t0 = time.perf_counter()
         with self.torch.no_grad():
-            ids = self.model.generate(self.torch.tensor([prompt]), max_new_tokens=max_tokens,
-                                      do_sample=False, streamer=_Clock())
+            x = self.torch.tensor([prompt])
+            # An explicit mask: otherwise a prompt token equal to pad_token_id would be masked.
+            ids = self.model.generate(x, attention_mask=self.torch.ones_like(x),
+                                      max_new_tokens=max_tokens, do_sample=False, streamer=_Clock())
         done = time.perf_counter()
         out = ids[0, len(prompt):].tolist()
         first = times[1] if len(times) > 1 else done  # put #0 is the prompt itself
