@@ -195,7 +195,10 @@ def spawn(spec: str, args) -> dict:
            "--decode-len", str(args.decode_len), "--repeats", str(args.repeats)]
     if args.profile:
         cmd.append("--profile")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.arm_timeout)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.arm_timeout)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"timed out after {args.arm_timeout:.0f} s (--arm-timeout; see the load average)"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[7:])
