@@ -9,6 +9,7 @@ tail differs from their vector body (silu is written with exp, which has none).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -74,9 +75,10 @@ class TorchBackend(Backend):
 
     def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
         if resident and len(shape) == 2 and qtype in self.capabilities.resident_qtypes:
-            # The file's own blocks, kept as they are: [out, bytes_per_row] uint8.
-            raw = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True).reshape(shape[0], -1))
-            return Weight(raw.to(self.device), shape, qtype, name)
+            # The file's own blocks, kept as they are: [out, bytes_per_row] uint8. On the CPU the
+            # memory-mapped file itself is the weight (like llama.cpp's mmap): no copy, so the
+            # process holds each weight byte once.
+            return Weight(_mapped_tensor(data, shape[0]).to(self.device), shape, qtype, name)
         from agentkv.formats.quants import dequantize
 
         arr = dequantize(np.asarray(data), qtype).reshape(shape).astype(np.float32)
@@ -261,6 +263,18 @@ def _slots(table, num_keys: int, bs: int, device) -> torch.Tensor:
     if len(slots) < num_keys:  # keys past the last block: any valid slot, they are masked
         slots = np.concatenate([slots, np.full(num_keys - len(slots), slots[-1])])
     return torch.as_tensor(slots, device=device)
+
+
+def _mapped_tensor(data: np.ndarray, rows: int) -> torch.Tensor:
+    """A uint8 `[rows, bytes_per_row]` view of (read-only, memory-mapped) file data. torch
+    warns that it cannot protect read-only memory; weights are never written, so the
+    warning is silenced here and nowhere else."""
+    arr = np.asarray(data, dtype=np.uint8)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr.reshape(rows, -1))
 
 
 def _resident_qtypes() -> frozenset[int]:
