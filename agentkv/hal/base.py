@@ -176,6 +176,16 @@ class Backend(ABC):
     def take_rows(self, x: Tensor, rows: np.ndarray) -> Tensor:
         """Rows of `[n, ...]` by index (e.g. each sequence's last token before the head)."""
 
+    def fuse_rows(self, weights: list[Weight], name: str) -> Weight | None:
+        """One weight whose rows are `weights`' rows stacked (e.g. q, k, v), so that one matmul
+        replaces several; None when this backend does not fuse (the caller keeps them apart).
+        Fusing never changes a row's bits: each output column is computed as before."""
+        return None
+
+    def split(self, x: Tensor, sizes: list[int]) -> list[Tensor]:
+        """Views of `[n, sum(sizes)]` split along the last dim."""
+        raise NotImplementedError(f"{self.name}: split")
+
     # -- ops ------------------------------------------------------------------------------
     @abstractmethod
     def embedding(self, weight: Weight, ids: np.ndarray) -> Tensor:

@@ -76,6 +76,9 @@ class ReferenceBackend(Backend):
     def take_rows(self, x: Tensor, rows) -> Tensor:
         return Tensor(np.ascontiguousarray(x.raw[np.asarray(rows, dtype=np.int64)]))
 
+    def split(self, x: Tensor, sizes: list[int]) -> list[Tensor]:
+        return [Tensor(part) for part in np.split(x.raw, np.cumsum(sizes)[:-1], axis=-1)]
+
     def embedding(self, weight: Weight, ids) -> Tensor:
         return Tensor(weight.raw[np.asarray(ids, dtype=np.int64)].copy())
 

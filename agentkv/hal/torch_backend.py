@@ -97,6 +97,16 @@ class TorchBackend(Backend):
         idx = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=self.device)
         return Tensor(x.raw.index_select(0, idx))
 
+    def fuse_rows(self, weights: list[Weight], name: str) -> Weight | None:
+        first = weights[0]
+        if any(w.qtype != first.qtype or w.shape[1:] != first.shape[1:] for w in weights):
+            return None
+        raw = torch.cat([w.raw for w in weights], dim=0)
+        return Weight(raw, (sum(w.shape[0] for w in weights), *first.shape[1:]), first.qtype, name)
+
+    def split(self, x: Tensor, sizes: list[int]) -> list[Tensor]:
+        return [Tensor(part) for part in torch.split(x.raw, sizes, dim=-1)]
+
     # -- ops ------------------------------------------------------------------------------
     def embedding(self, weight: Weight, ids) -> Tensor:
         idx = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)

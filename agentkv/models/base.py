@@ -60,3 +60,33 @@ class Model(ABC):
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
         """Run one step over the flat batch `token_ids [n]` (rows laid out as `meta` says),
         storing their K/V into `kv`; return logits `[len(logit_rows), vocab]` for the rows asked."""
+
+
+FUSED_GROUPS = (("q", "k", "v"), ("gate", "up"))
+
+
+def fused_projections(backend: Backend, layer: dict, index: int) -> dict:
+    """Stacked weights for projections that read the same input (q/k/v, gate/up), where the
+    backend fuses them: one matmul instead of several. Keys like "q+k+v" (and "q+k+v_bias")."""
+    out = {}
+    for group in FUSED_GROUPS:
+        weights = [layer[g] for g in group]
+        biases = [layer.get(f"{g}_bias") for g in group]
+        if any(b is None for b in biases) and any(b is not None for b in biases):
+            continue
+        fused = backend.fuse_rows(weights, f"blk.{index}.{'+'.join(group)}")
+        fused_bias = None if biases[0] is None else backend.fuse_rows(biases, f"blk.{index}.bias")
+        if fused is not None and (biases[0] is None or fused_bias is not None):
+            out["+".join(group)] = fused
+            out["+".join(group) + "_bias"] = fused_bias
+    return out
+
+
+def project(backend: Backend, x: Tensor, layer: dict, group: tuple[str, ...]) -> list[Tensor]:
+    """`x @ W.T (+ b)` for each projection of `group`: one fused matmul when the layer has
+    the stacked weight, otherwise one matmul each."""
+    key = "+".join(group)
+    if key in layer:
+        out = backend.matmul(x, layer[key], layer[key + "_bias"])
+        return backend.split(out, [layer[g].shape[0] for g in group])
+    return [backend.matmul(x, layer[g], layer.get(f"{g}_bias")) for g in group]

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
-from agentkv.models.base import LoadOptions, Model
+from agentkv.models.base import LoadOptions, Model, fused_projections, project
 
 
 class LlamaModel(Model):
@@ -36,7 +36,7 @@ class LlamaModel(Model):
 
     def _layer(self, i: int) -> dict:
         w = lambda name, required=True: self.weight(f"blk.{i}.{name}", required)  # noqa: E731
-        return {
+        layer = {
             "attn_norm": w("attn_norm.weight"),
             "q": w("attn_q.weight"), "k": w("attn_k.weight"), "v": w("attn_v.weight"),
             "q_bias": w("attn_q.bias", False), "k_bias": w("attn_k.bias", False),
@@ -46,6 +46,7 @@ class LlamaModel(Model):
             "ffn_norm": w("ffn_norm.weight"),
             "gate": w("ffn_gate.weight"), "up": w("ffn_up.weight"), "down": w("ffn_down.weight"),
         }
+        return {**layer, **fused_projections(self.backend, layer, i)}
 
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
         be, hp = self.backend, self.hparams
@@ -54,7 +55,7 @@ class LlamaModel(Model):
             h = be.add(h, self._attention(i, layer, be.rms_norm(h, layer["attn_norm"], hp.norm_eps),
                                           meta, kv))
             x = be.rms_norm(h, layer["ffn_norm"], hp.norm_eps)
-            act = be.gated_act(be.matmul(x, layer["gate"]), be.matmul(x, layer["up"]), "silu")
+            act = be.gated_act(*project(be, x, layer, ("gate", "up")), "silu")
             h = be.add(h, be.matmul(act, layer["down"]))
         h = be.rms_norm(be.take_rows(h, logit_rows), self.norm, hp.norm_eps)
         return be.matmul(h, self.head)  # [rows, vocab]
@@ -62,9 +63,10 @@ class LlamaModel(Model):
     def _attention(self, i: int, layer: dict, x: Tensor, meta: AttnMeta, kv) -> Tensor:
         be, hp = self.backend, self.hparams
         n, hd = meta.num_tokens, hp.head_dim
-        q = be.reshape(be.matmul(x, layer["q"], layer["q_bias"]), (n, hp.num_heads, hd))
-        k = be.reshape(be.matmul(x, layer["k"], layer["k_bias"]), (n, hp.num_kv_heads, hd))
-        v = be.reshape(be.matmul(x, layer["v"], layer["v_bias"]), (n, hp.num_kv_heads, hd))
+        q, k, v = project(be, x, layer, ("q", "k", "v"))
+        q = be.reshape(q, (n, hp.num_heads, hd))
+        k = be.reshape(k, (n, hp.num_kv_heads, hd))
+        v = be.reshape(v, (n, hp.num_kv_heads, hd))
         if layer["q_norm"] is not None:
             q = be.rms_norm(q, layer["q_norm"], hp.norm_eps)
             k = be.rms_norm(k, layer["k_norm"], hp.norm_eps)
