@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
-from agentkv.models.base import LoadOptions, Model
+from agentkv.models.base import LoadOptions, Model, fused_projections, project
 
 # Gemma's RMSNorm multiplies by (1 + w). llama.cpp's converter adds the 1 to every
 # `*norm.weight` when it writes a GGUF (and transformers' GGUF loader subtracts it again), so a
@@ -44,7 +44,7 @@ class Gemma3Model(Model):
 
     def _layer(self, i: int) -> dict:
         w = lambda name: self.weight(f"blk.{i}.{name}")  # noqa: E731
-        return {
+        layer = {
             "attn_norm": w("attn_norm.weight"),
             "q": w("attn_q.weight"), "k": w("attn_k.weight"), "v": w("attn_v.weight"),
             "q_norm": w("attn_q_norm.weight"), "k_norm": w("attn_k_norm.weight"),
@@ -54,6 +54,7 @@ class Gemma3Model(Model):
             "gate": w("ffn_gate.weight"), "up": w("ffn_up.weight"), "down": w("ffn_down.weight"),
             "post_ffn_norm": w("post_ffw_norm.weight"),
         }
+        return {**layer, **fused_projections(self.backend, layer, i)}
 
     def _norm(self, x: Tensor, weight) -> Tensor:
         return self.backend.rms_norm(x, weight, self.hparams.norm_eps, unit_offset=self.unit_offset)
@@ -65,7 +66,7 @@ class Gemma3Model(Model):
             attn = self._attention(i, layer, self._norm(h, layer["attn_norm"]), meta, kv)
             h = be.add(h, self._norm(attn, layer["post_attn_norm"]))
             x = self._norm(h, layer["ffn_norm"])
-            act = be.gated_act(be.matmul(x, layer["gate"]), be.matmul(x, layer["up"]), "gelu_tanh")
+            act = be.gated_act(*project(be, x, layer, ("gate", "up")), "gelu_tanh")
             h = be.add(h, self._norm(be.matmul(act, layer["down"]), layer["post_ffn_norm"]))
         h = self._norm(be.take_rows(h, logit_rows), self.norm)
         logits = be.matmul(h, self.head)  # [rows, vocab]
@@ -76,9 +77,10 @@ class Gemma3Model(Model):
     def _attention(self, i: int, layer: dict, x: Tensor, meta: AttnMeta, kv) -> Tensor:
         be, hp = self.backend, self.hparams
         n, hd = meta.num_tokens, hp.head_dim
-        q = self._norm(be.reshape(be.matmul(x, layer["q"]), (n, hp.num_heads, hd)), layer["q_norm"])
-        k = self._norm(be.reshape(be.matmul(x, layer["k"]), (n, hp.num_kv_heads, hd)), layer["k_norm"])
-        v = be.reshape(be.matmul(x, layer["v"]), (n, hp.num_kv_heads, hd))
+        q, k, v = project(be, x, layer, ("q", "k", "v"))
+        q = self._norm(be.reshape(q, (n, hp.num_heads, hd)), layer["q_norm"])
+        k = self._norm(be.reshape(k, (n, hp.num_kv_heads, hd)), layer["k_norm"])
+        v = be.reshape(v, (n, hp.num_kv_heads, hd))
         local = self._local(i)
         rope = self.rope_local if local else self.rope_global
         q, k = be.rope(q, meta.positions, rope), be.rope(k, meta.positions, rope)
