@@ -47,8 +47,10 @@ def run_agentkv(model: str, ids: list[int], decode_len: int, weights: str, repea
     max_len = len(ids) + decode_len + 32  # a small KV store, so RSS measures the model
     llm = LLM(model, backend="torch", weights=weights, enable_prefix_cache=False,
               max_model_len=max_len, kv_cache_blocks=-(-max_len // 16) + 2)
-    loaded = memory_mib()
+    # Weights are memory-mapped (both engines): they become resident when a forward pass
+    # first reads them, so memory is measured after the warm-up, not right after loading.
     llm.generate([ids[:32]], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
+    loaded = memory_mib()
     one = SamplingParams(max_tokens=1, temperature=0.0)
     prefill_s = min(_timed(lambda: llm.generate([ids], one)) for _ in range(repeats))
     engine = llm.engine
@@ -75,8 +77,8 @@ def run_llamacpp(model_path: str, ids: list[int], decode_len: int, repeats: int)
     before = memory_mib()
     llm = Llama(model_path=model_path, n_threads=THREADS, n_threads_batch=THREADS,
                 n_ctx=len(ids) + decode_len + 16, n_batch=512, verbose=False)
+    llm.eval(ids[:32])  # warm-up (touches the mapped weights)
     loaded = memory_mib()
-    llm.eval(ids[:32])  # warm-up
 
     def prefill():
         llm.reset()
