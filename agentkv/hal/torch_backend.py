@@ -1,9 +1,10 @@
 """The torch backend: one implementation for `cpu` (float32) and, when present, `cuda`.
 
-Batch invariance on the CPU comes from shapes, not luck: MKL's f32 GEMM gives a row the same
-bits for any M >= 16, so matmuls pad short batches to 16 rows; attention runs per 16-position
-group with a fixed tile shape (see `_attend_group`), or in the compiled kernel of
-`agentkv.hal.kernels` when it is available; elementwise ops avoid torch kernels whose scalar
+Batch invariance on the CPU comes from shapes, not luck. With the compiled kernels of
+`agentkv.hal.kernels` (the default), every matmul and attention row follows one fixed
+accumulation order. Without them: MKL's f32 GEMM gives a row the same bits for any M >= 16,
+so matmuls pad short batches to 16 rows, and attention runs per 16-position group with a
+fixed tile shape (see `_attend_group`); elementwise ops avoid torch kernels whose scalar
 tail differs from their vector body (silu is written with exp, which has none).
 """
 from __future__ import annotations
@@ -119,6 +120,8 @@ class TorchBackend(Backend):
         xs = x.raw.contiguous()
         if weight.qtype != F32:
             out = self._kernels.qmatmul(xs, weight.raw, weight.qtype, weight.shape[0], weight.shape[1])
+        elif self._kernels is not None:  # fixed per-element order: invariant at any row count
+            out = self._kernels.matmul_f32(xs, weight.raw)
         else:
             n = xs.shape[0]
             if n < MIN_ROWS and self.device.type == "cpu":

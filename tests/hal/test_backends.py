@@ -12,11 +12,15 @@ from agentkv.hal.registry import BackendUnavailable, UnknownBackend, backend_cla
 from agentkv.hal.torch_backend import TorchBackend
 from agentkv.witness.ops import run_ops
 
-BACKENDS = ["reference", "torch"]
+BACKENDS = ["reference", "torch", "torch-without-kernels"]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def backend(request):
+    """Also the torch backend's portable path (no compiled kernels: padded MKL GEMMs and
+    16-row attention tiles), which CUDA and machines without a compiler use."""
+    if request.param == "torch-without-kernels":
+        return TorchBackend(use_kernels=False)
     return lookup(request.param)
 
 
