@@ -66,9 +66,10 @@ FUSED_GROUPS = (("q", "k", "v"), ("gate", "up"))
 
 
 def fused_projections(backend: Backend, layer: dict, index: int) -> dict:
-    """Stacked weights for projections that read the same input (q/k/v, gate/up), where the
-    backend fuses them: one matmul instead of several. Keys like "q+k+v" (and "q+k+v_bias")."""
-    out = {}
+    """Stacks projections that read the same input (q/k/v, gate/up) where the backend fuses
+    them: one matmul instead of several. Mutates `layer`: the fused weight ("q+k+v", with
+    "q+k+v_bias" and the split sizes "q+k+v_sizes") replaces the separate ones, so each
+    weight is held once."""
     for group in FUSED_GROUPS:
         weights = [layer[g] for g in group]
         biases = [layer.get(f"{g}_bias") for g in group]
@@ -76,17 +77,20 @@ def fused_projections(backend: Backend, layer: dict, index: int) -> dict:
             continue
         fused = backend.fuse_rows(weights, f"blk.{index}.{'+'.join(group)}")
         fused_bias = None if biases[0] is None else backend.fuse_rows(biases, f"blk.{index}.bias")
-        if fused is not None and (biases[0] is None or fused_bias is not None):
-            out["+".join(group)] = fused
-            out["+".join(group) + "_bias"] = fused_bias
-    return out
+        if fused is None or (biases[0] is not None and fused_bias is None):
+            continue
+        key = "+".join(group)
+        layer[key], layer[key + "_bias"] = fused, fused_bias
+        layer[key + "_sizes"] = [w.shape[0] for w in weights]
+        for g in group:
+            layer[g] = layer[f"{g}_bias"] = None
+    return layer
 
 
 def project(backend: Backend, x: Tensor, layer: dict, group: tuple[str, ...]) -> list[Tensor]:
     """`x @ W.T (+ b)` for each projection of `group`: one fused matmul when the layer has
     the stacked weight, otherwise one matmul each."""
     key = "+".join(group)
-    if key in layer:
-        out = backend.matmul(x, layer[key], layer[key + "_bias"])
-        return backend.split(out, [layer[g].shape[0] for g in group])
+    if layer.get(key) is not None:
+        return backend.split(backend.matmul(x, layer[key], layer[key + "_bias"]), layer[key + "_sizes"])
     return [backend.matmul(x, layer[g], layer.get(f"{g}_bias")) for g in group]

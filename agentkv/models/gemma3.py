@@ -54,7 +54,7 @@ class Gemma3Model(Model):
             "gate": w("ffn_gate.weight"), "up": w("ffn_up.weight"), "down": w("ffn_down.weight"),
             "post_ffn_norm": w("post_ffw_norm.weight"),
         }
-        return {**layer, **fused_projections(self.backend, layer, i)}
+        return fused_projections(self.backend, layer, i)
 
     def _norm(self, x: Tensor, weight) -> Tensor:
         return self.backend.rms_norm(x, weight, self.hparams.norm_eps, unit_offset=self.unit_offset)

@@ -46,7 +46,7 @@ class LlamaModel(Model):
             "ffn_norm": w("ffn_norm.weight"),
             "gate": w("ffn_gate.weight"), "up": w("ffn_up.weight"), "down": w("ffn_down.weight"),
         }
-        return {**layer, **fused_projections(self.backend, layer, i)}
+        return fused_projections(self.backend, layer, i)
 
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
         be, hp = self.backend, self.hparams
