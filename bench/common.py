@@ -2,28 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
 
-
-def machine() -> dict:
-    import psutil
-
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": sys.version.split()[0], "platform": platform.platform()}
+from agentkv.bench.report import git_commit, machine  # noqa: F401 (re-exported for the scripts)
 
 
 def versions(*names: str) -> dict:
@@ -34,16 +19,6 @@ def versions(*names: str) -> dict:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def git_commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def timed(fn, repeats: int = 1) -> float:
