@@ -1,0 +1,18 @@
+"""Whole-model witnesses: the torch backend with resident quantized weights against the
+reference backend (f32-dequantized), on the real packaged models."""
+from __future__ import annotations
+
+import pytest
+
+from agentkv.hal.registry import lookup
+from agentkv.witness.model import witness_model
+from agentkv.witness.ops import COSINE_FLOOR_QUANT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2", "gemma3-270m"])
+def test_resident_model_witness_passes(model):
+    row = witness_model(model, lookup("torch"), lookup("reference"), weights="resident")
+    assert row.status == "PASS", row
+    assert row.argmax_match and row.cosine >= COSINE_FLOOR_QUANT
+    assert row.note == "resident quantized weights"
