@@ -14,7 +14,6 @@ import logging
 import queue
 import threading
 import uuid
-from dataclasses import replace
 from typing import Any, AsyncIterator, Hashable
 
 import numpy as np

@@ -171,14 +171,13 @@ class Engine:
         self.runner.copy_blocks(list(plan.copies))
         if not plan.chunks:
             return []
-        chunks, wants = [], []
+        chunks = []
         for sc in plan.chunks:
             req = self._by_seq[sc.seq.seq_id]
             ids = sc.seq.all_ids[sc.start:sc.start + sc.num_tokens]
             in_prompt = req.prompt_logprobs is not None and sc.start < len(sc.seq.prompt_ids)
             want = "all" if in_prompt else ("last" if sc.samples else None)
             chunks.append(Chunk(ids, sc.start, sc.seq.block_table, want))
-            wants.append(want)
         logits = self.runner.run(chunks)
         self.counters.steps += 1
         self.counters.computed_tokens += sum(len(c.token_ids) for c in chunks)

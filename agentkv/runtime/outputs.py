@@ -1,7 +1,7 @@
 """What the engine hands back: per-step request outputs and engine-wide counters."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 
@@ -57,4 +57,3 @@ class Counters:
     generation_tokens: int = 0
     computed_tokens: int = 0
     steps: int = 0
-    extra: dict = field(default_factory=dict)

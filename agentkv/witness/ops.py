@@ -132,7 +132,7 @@ def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, b
 
 
 def _quant_cases():
-    from agentkv.formats.quants import QUANTIZABLE, dequantize, quantize
+    from agentkv.formats.quants import QUANTIZABLE, quantize
 
     cases = []
     for qtype, name in [(Q8_0, "Q8_0"), (Q4_0, "Q4_0"), (Q4_1, "Q4_1")]:
