@@ -77,7 +77,10 @@ def _cpu_flags() -> set[str] | None:
 def build_directory() -> Path:
     import torch
 
-    flags = hashlib.sha256(" ".join(CFLAGS + LDFLAGS).encode()).hexdigest()[:12]
+    # Keyed by the source folder too: two checkouts (worktrees) never rebuild one .so under
+    # each other's running processes.
+    key = " ".join(CFLAGS + LDFLAGS) + "|" + str(_HERE)
+    flags = hashlib.sha256(key.encode()).hexdigest()[:12]
     return Path.home() / ".cache" / "agentkv" / "kernels" / f"torch{torch.__version__}-{flags}"
 
 
