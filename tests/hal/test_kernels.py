@@ -18,6 +18,32 @@ QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5
 LEGACY = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 
+def _runnable_isas() -> list[str]:
+    before, found = K.isa(), []
+    for name in ("avx2", "avx512"):
+        try:
+            K.set_isa(name)
+            found.append(name)
+        except RuntimeError:  # this CPU lacks it
+            pass
+    K.set_isa(before)
+    return found
+
+
+ISAS = _runnable_isas()
+
+
+@pytest.fixture(params=["avx2", "avx512"])
+def isa(request):
+    """Each matmul test runs on both builds (AVX2, AVX-512) where the CPU has them."""
+    if request.param not in ISAS:
+        pytest.skip(f"this CPU cannot run the {request.param} kernels")
+    before = K.isa()
+    K.set_isa(request.param)
+    yield request.param
+    K.set_isa(before)
+
+
 @pytest.fixture(params=[1, 2], ids=lambda t: f"threads{t}")
 def threads(request):
     before = torch.get_num_threads()
@@ -90,7 +116,7 @@ def check_close(ours: torch.Tensor, ref: np.ndarray):
 
 @pytest.mark.parametrize("name", QTYPES)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 13])
-def test_qmatmul_matches_float64_oracle(name, m):
+def test_qmatmul_matches_float64_oracle(name, m, isa):
     n, k = 67, 512
     w = random_quant(name, n, k, seed=2)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
@@ -99,7 +125,7 @@ def test_qmatmul_matches_float64_oracle(name, m):
 
 
 @pytest.mark.parametrize("name", QTYPES)
-def test_qmatmul_rows_are_batch_invariant(name, threads):
+def test_qmatmul_rows_are_batch_invariant(name, threads, isa):
     n, k = 61, 256 if name in LEGACY else 512
     w = torch.from_numpy(random_quant(name, n, k, seed=4))
     x = torch.randn(64, k, generator=torch.Generator().manual_seed(5))
@@ -112,7 +138,7 @@ def test_qmatmul_rows_are_batch_invariant(name, threads):
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q6_K"])
-def test_qmatmul_bits_do_not_depend_on_thread_count(name):
+def test_qmatmul_bits_do_not_depend_on_thread_count(name, isa):
     """Big enough (>= 64 KiB of weights per task) that the decode GEMV really splits columns
     across threads; every m path (1..4 decode, >4 prefill) against one thread."""
     n, k = 1030, 512
@@ -131,7 +157,7 @@ def test_qmatmul_bits_do_not_depend_on_thread_count(name):
         assert torch.equal(one, outs[1][-1][: one.shape[0]])
 
 
-def test_qmatmul_invariance_control_can_fail():
+def test_qmatmul_invariance_control_can_fail(isa):
     """The invariance checks compare exact bits; one changed input bit must show."""
     name, n, k = "Q4_1", 16, 256
     w = torch.from_numpy(random_quant(name, n, k, seed=7))
@@ -143,7 +169,7 @@ def test_qmatmul_invariance_control_can_fail():
 
 
 @pytest.mark.parametrize("k", [64, 100, 576])
-def test_matmul_f32_matches_and_is_row_invariant(k, threads):
+def test_matmul_f32_matches_and_is_row_invariant(k, threads, isa):
     n = 37
     g = torch.Generator().manual_seed(k)
     x, w = torch.randn(40, k, generator=g), torch.randn(n, k, generator=g)
@@ -151,6 +177,27 @@ def test_matmul_f32_matches_and_is_row_invariant(k, threads):
     check_close(full, x.double().numpy() @ w.double().numpy().T)
     for lo, hi in [(0, 1), (11, 12), (2, 5), (4, 40), (33, 40)]:
         assert torch.equal(K.matmul_f32(x[lo:hi].contiguous(), w), full[lo:hi])
+
+
+def test_isa_is_a_real_switch():
+    """The two builds are distinct code: their (each invariant) bits differ somewhere, and an
+    unknown or unsupported ISA is refused by name."""
+    with pytest.raises(RuntimeError, match="unknown ISA 'sse9'"):
+        K.set_isa("sse9")
+    if len(ISAS) < 2:
+        pytest.skip("only one ISA runs on this CPU")
+    n, k = 64, 512
+    w = torch.from_numpy(random_quant("Q4_1", n, k, seed=11))
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(12))
+    before, outs = K.isa(), {}
+    try:
+        for name in ISAS:
+            K.set_isa(name)
+            outs[name] = K.qmatmul(x, w, QTYPES["Q4_1"], n, k)
+    finally:
+        K.set_isa(before)
+    assert not torch.equal(outs["avx2"], outs["avx512"])
+    torch.testing.assert_close(outs["avx2"], outs["avx512"], rtol=1e-5, atol=1e-5)
 
 
 def test_qmatmul_rejects_bad_shapes():

@@ -123,6 +123,14 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     return out;
 }
 
+std::string isa_name() { return active_isa() == ISA_AVX512 ? "avx512" : "avx2"; }
+
+void set_isa_by_name(const std::string& name) {
+    const int isa = name == "avx2" ? ISA_AVX2 : name == "avx512" ? ISA_AVX512 : -1;
+    TORCH_CHECK(isa >= 0, "unknown ISA '", name, "' (known: avx2, avx512)");
+    TORCH_CHECK(set_isa(isa), "this CPU cannot run the ", name, " kernels");
+}
+
 }  // namespace
 }  // namespace agentkv
 
@@ -130,6 +138,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "agentkv batch-invariant CPU kernels (AVX2/FMA)";
     m.def("qmatmul", &agentkv::qmatmul, "x[m,k] @ dequant(w).T -> [m,n]",
           py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));
+    m.def("isa", &agentkv::isa_name, "instruction set the matmul kernels use: avx2 or avx512");
+    m.def("set_isa", &agentkv::set_isa_by_name, "choose the matmul ISA (avx2 or avx512)", py::arg("name"));
     m.def("matmul_f32", &agentkv::matmul_f32, "x[m,k] @ w[n,k].T -> [m,n]", py::arg("x"), py::arg("w"));
     m.def("dequantize", &agentkv::dequantize, "dequant(w) -> f32 [n,k]",
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));

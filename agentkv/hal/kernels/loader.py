@@ -19,12 +19,14 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 NAME = "agentkv_cpu_kernels"
-SOURCES = ("bindings.cpp", "qmatmul.cpp", "attention.cpp")
-HEADERS = ("simd.h", "quant.h", "qmatmul.h")
+SOURCES = ("bindings.cpp", "qmatmul.cpp", "qmatmul512.cpp", "attention.cpp")
+HEADERS = ("simd.h", "quant.h", "qmatmul.h", "qmatmul_impl.h")
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")
 LDFLAGS = ("-fopenmp",)
 COMPILE_SECONDS_HINT = 60
+# avx2 or avx512: which build of the matmul kernels to use (default: the best the CPU has).
+ISA_ENV = "AGENTKV_CPU_ISA"
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 _HERE = Path(__file__).resolve().parent
@@ -120,4 +122,11 @@ def _load_uncached() -> ModuleType | None:
     if fresh:
         stamp.touch()
         log.info("compiled agentkv CPU kernels in %.1f s", time.perf_counter() - started)
+    isa = os.environ.get(ISA_ENV)
+    if isa:
+        try:
+            module.set_isa(isa)
+        except RuntimeError as exc:
+            raise ValueError(f"{ISA_ENV}={isa!r}: {exc}") from None
+    log.info("agentkv CPU kernels: %s matmuls", module.isa())
     return module

@@ -1,9 +1,11 @@
 // x @ dequant(w).T for GGUF-quantized (and f32) weights, batch-invariant by construction.
 //
-// The one accumulation order. For output (r, c): acc = 0 (8 lanes); for each 8-wide chunk j
-// of k in order: acc = fma(x[r, 8j..8j+8), w[c, 8j..8j+8), acc); out = hsum8(acc).
-// Both paths below follow it exactly, so a row's bits never depend on m, on which rows ride
-// along, on the thread count (threads split columns only) or on tile edges:
+// The one accumulation order (AVX2 build; qmatmul512.cpp is the same with 16 lanes and is
+// used instead when the CPU has AVX-512, see active_isa). For output (r, c): acc = 0
+// (8 lanes); for each 8-wide chunk j of k in order: acc = fma(x[r, 8j..8j+8),
+// w[c, 8j..8j+8), acc); out = hsum8(acc). Both paths below follow it exactly, so a row's
+// bits never depend on m, on which rows ride along, on the thread count (threads split
+// columns only) or on tile edges:
 //
 //   decode  (m <= 4): G columns at a time, each weight block decoded once in registers
 //                     and applied to all m rows; reads every weight byte once per call.
@@ -14,10 +16,14 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
+#include "qmatmul_impl.h"
 #include "quant.h"
 
 namespace agentkv {
@@ -31,15 +37,6 @@ constexpr int TILE_R = 4, TILE_C = 3;
 constexpr int64_t MIN_TASK_BYTES = 64 * 1024;
 // Software prefetch distance along each weight row (the rows of a decode GEMV stream from DRAM).
 constexpr int64_t PREFETCH_BYTES = 8192;
-
-// Shape of one call, shared by both paths. `k` is a multiple of 32 (x is padded by the
-// caller for f32 weights); `row_bytes` is the byte stride between weight rows.
-struct Problem {
-    const float* x;
-    const uint8_t* w;
-    float* out;
-    int64_t m, n, k, row_bytes;
-};
 
 // Decodes 32-weight unit u of weight row `row` (unit index over the whole row).
 template <class F>
@@ -150,6 +147,22 @@ static void prefill_path(const Problem& p) {
     });
 }
 
+// The AVX-512 build's driver: the same split (columns for decode, panels for prefill),
+// threads deciding only which columns a kernel call owns.
+static void run_avx512(const Problem& p, int qtype) {
+    if (p.m <= 4) {
+        const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / p.row_bytes);
+        at::parallel_for(0, p.n, grain, [&](int64_t b, int64_t e) { avx512::decode_range(p, qtype, b, e); });
+        return;
+    }
+    const int64_t panel = avx512::panel_cols(p.k);
+    at::parallel_for(0, (p.n + panel - 1) / panel, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> scratch(static_cast<size_t>(panel * p.k));
+        for (int64_t pi = b; pi < e; ++pi)
+            avx512::prefill_panel(p, qtype, pi * panel, std::min(panel, p.n - pi * panel), scratch.data());
+    });
+}
+
 template <class F>
 static void run(const Problem& p) {
     switch (p.m) {
@@ -207,9 +220,37 @@ bool qtype_info(int qtype, int& block_weights, int& block_bytes) {
     }
 }
 
+// -1 until first use, then the ISA every matmul of this process uses. Decided once: the two
+// builds give different (each invariant) bits, so a process must never mix them.
+static std::atomic<int> g_isa{-1};
+
+int active_isa() {
+    int isa = g_isa.load();
+    if (isa < 0) {
+        const int best = avx512::cpu_supports() ? ISA_AVX512 : ISA_AVX2;
+        g_isa.compare_exchange_strong(isa, best);
+        isa = g_isa.load();
+    }
+    return isa;
+}
+
+bool set_isa(int isa) {
+    if (isa != ISA_AVX2 && isa != ISA_AVX512) return false;
+    if (isa == ISA_AVX512 && !avx512::cpu_supports()) return false;
+    g_isa.store(isa);
+    return true;
+}
+
 void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_t n, int64_t k,
                  int64_t row_bytes, int qtype) {
     const Problem p{x, w, out, m, n, k, row_bytes};
+    if (active_isa() == ISA_AVX512) {
+        int qk = 0, bytes = 0;
+        if (!qtype_info(qtype, qk, bytes))
+            throw std::invalid_argument("agentkv kernels: unsupported qtype " + std::to_string(qtype));
+        run_avx512(p, qtype);
+        return;
+    }
     dispatch(qtype, [&](auto fmt) { run<decltype(fmt)>(p); });
 }
 

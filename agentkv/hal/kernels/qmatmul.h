@@ -8,6 +8,13 @@ namespace agentkv {
 // Weights per block and bytes per block of a gguf qtype (0 = f32 as 32-float blocks).
 bool qtype_info(int qtype, int& block_weights, int& block_bytes);
 
+// The instruction set of the matmul kernels: the best the CPU has unless set_isa chose one
+// (before the first matmul; tests switch it to cover both builds). set_isa returns false
+// for an unknown ISA or one this CPU lacks.
+enum Isa : int { ISA_AVX2 = 0, ISA_AVX512 = 1 };
+int active_isa();
+bool set_isa(int isa);
+
 // out[m, n] = x[m, k] @ dequant(w[n, row_bytes]).T; k a multiple of 32.
 void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_t n, int64_t k,
                  int64_t row_bytes, int qtype);

@@ -11,6 +11,7 @@
 #include "simd.h"
 
 namespace agentkv {
+inline namespace AGENTKV_ISA {
 
 enum QType : int { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
@@ -198,4 +199,5 @@ struct FmtF32 {
     }
 };
 
+}  // namespace AGENTKV_ISA
 }  // namespace agentkv

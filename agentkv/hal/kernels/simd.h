@@ -10,7 +10,15 @@
 #include <cstdint>
 #include <cstring>
 
+// Each instruction-set build of these headers gets its own namespace (qmatmul512.cpp defines
+// AGENTKV_ISA before including them), so the linker can never fold an AVX-512 copy of an
+// inline function into the AVX2 code that must run on CPUs without AVX-512.
+#ifndef AGENTKV_ISA
+#define AGENTKV_ISA isa_avx2
+#endif
+
 namespace agentkv {
+inline namespace AGENTKV_ISA {
 
 // Fixed tree: (lo128 + hi128), then (x0+x2, x1+x3), then (.. + ..). Never reassociated.
 static inline float hsum8(__m256 v) {
@@ -71,4 +79,5 @@ static inline __m256i lane_mask(int count) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), idx);
 }
 
+}  // namespace AGENTKV_ISA
 }  // namespace agentkv

@@ -1,0 +1,285 @@
+// AVX-512 build of the quantized matmul: the same two paths as qmatmul.cpp with 16 lanes.
+//
+// Compiled for avx512f/bw/vl/dq by the pragma below whatever the global flags are, and only
+// ever called after cpu_supports() said yes, so the library still loads and runs on AVX2-only
+// CPUs. The headers are included under their own inline namespace (AGENTKV_ISA), so no
+// inline function built here can be folded into the AVX2 code by the linker.
+//
+// The one accumulation order of this build, for output (r, c):
+//   acc = 0 (16 lanes); for each 16-wide chunk j of k in order:
+//   acc = fma(x[r, 16j..16j+16), w[c, 16j..16j+16), acc);  out = hsum16(acc)
+// where w is the weight dequantized exactly as gguf-py does (the same decoders, joined to
+// 16 lanes), so both paths below give a row the same bits whatever rides with it.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "qmatmul_impl.h"
+
+namespace agentkv {
+namespace avx512 {
+bool cpu_supports() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+}  // namespace avx512
+}  // namespace agentkv
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#define AGENTKV_ISA isa_avx512
+#include "quant.h"
+
+namespace agentkv {
+namespace avx512 {
+namespace {
+
+constexpr int TILE_R = 4, TILE_C = 4;
+constexpr int64_t PANEL_BYTES = 192 * 1024;  // decoded f32 panel kept in L2
+constexpr int64_t MAX_PANEL = 96;
+constexpr int64_t PREFETCH_BYTES = 8192;
+
+// The one horizontal sum of this build: halves added, then simd.h's fixed 8-lane tree.
+static inline float hsum16(__m512 v) {
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+static inline __m128i load16(const uint8_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+// Any format: its AVX2 decoder's 4 x 8 lanes joined into 2 x 16 (same values, same bits).
+template <class F>
+struct Wide {
+    static constexpr int QK = F::QK, BYTES = F::BYTES;
+    static inline void decode(const uint8_t* b, int sub, __m512 out[2]) {
+        __m256 v[4];
+        F::decode(b, sub, v);
+        out[0] = _mm512_insertf32x8(_mm512_castps256_ps512(v[0]), v[1], 1);
+        out[1] = _mm512_insertf32x8(_mm512_castps256_ps512(v[2]), v[3], 1);
+    }
+};
+
+// Native decoders for the formats real files are made of. Each does the AVX2 decoder's
+// arithmetic in the same order (scale * q, then +min or -d*min), so the values are equal.
+struct W8_0 {
+    static constexpr int QK = 32, BYTES = 34;
+    static inline void decode(const uint8_t* b, int, __m512 out[2]) {
+        const __m512 d = _mm512_set1_ps(fp16_to_f32(b));
+        out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 2))), d);
+        out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 18))), d);
+    }
+};
+
+// Weights 0..15 are the low nibbles of qs[0..16), weights 16..31 the high ones.
+static inline void nibbles(const uint8_t* qs, __m512 out[2]) {
+    const __m512i a = _mm512_cvtepu8_epi32(load16(qs));
+    out[0] = _mm512_cvtepi32_ps(_mm512_and_si512(a, _mm512_set1_epi32(0x0F)));
+    out[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4));
+}
+
+struct W4_0 {
+    static constexpr int QK = 32, BYTES = 18;
+    static inline void decode(const uint8_t* b, int, __m512 out[2]) {
+        const __m512 d = _mm512_set1_ps(fp16_to_f32(b)), eight = _mm512_set1_ps(8.0f);
+        nibbles(b + 2, out);
+        for (int i = 0; i < 2; ++i) out[i] = _mm512_mul_ps(d, _mm512_sub_ps(out[i], eight));
+    }
+};
+
+struct W4_1 {
+    static constexpr int QK = 32, BYTES = 20;
+    static inline void decode(const uint8_t* b, int, __m512 out[2]) {
+        const __m128 dm = fp16x2_to_f32(b);
+        const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+        nibbles(b + 4, out);
+        for (int i = 0; i < 2; ++i) out[i] = _mm512_add_ps(_mm512_mul_ps(d, out[i]), m);
+    }
+};
+
+struct W4_K {
+    static constexpr int QK = 256, BYTES = 144;
+    static inline void decode(const uint8_t* b, int sub, __m512 out[2]) {
+        int sc, mn;
+        scale_min_k4(b + 4, sub, sc, mn);
+        const __m512 d = _mm512_set1_ps(fp16_to_f32(b) * static_cast<float>(sc));
+        const __m512 dm = _mm512_set1_ps(fp16_to_f32(b + 2) * static_cast<float>(mn));
+        const uint8_t* q = b + 16 + 32 * (sub >> 1);
+        const __m128i shift = _mm_cvtsi32_si128(4 * (sub & 1));
+        const __m512i m4 = _mm512_set1_epi32(0x0F);
+        for (int i = 0; i < 2; ++i) {
+            const __m512i v = _mm512_and_si512(_mm512_srl_epi32(_mm512_cvtepu8_epi32(load16(q + 16 * i)), shift), m4);
+            out[i] = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(v)), dm);
+        }
+    }
+};
+
+struct W6_K {
+    static constexpr int QK = 256, BYTES = 210;
+    static inline void decode(const uint8_t* b, int sub, __m512 out[2]) {
+        const int h = sub >> 2, t = sub & 3;
+        const float d = fp16_to_f32(b + 208);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (t & 1)));
+        ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t >> 1))), _mm256_set1_epi8(0x0F));
+        __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+        qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(ql, _mm256_slli_epi16(qh, 4)), _mm256_set1_epi8(32));
+        const __m512 d0 = _mm512_set1_ps(d * static_cast<float>(sc[2 * sub]));
+        const __m512 d1 = _mm512_set1_ps(d * static_cast<float>(sc[2 * sub + 1]));
+        out[0] = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
+        out[1] = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
+    }
+};
+
+struct WF32 {
+    static constexpr int QK = 32, BYTES = 128;
+    static inline void decode(const uint8_t* b, int, __m512 out[2]) {
+        const float* w = reinterpret_cast<const float*>(b);
+        out[0] = _mm512_loadu_ps(w);
+        out[1] = _mm512_loadu_ps(w + 16);
+    }
+};
+
+// ---------------------------------------------------------------- decode (m <= 4)
+
+template <class F, int M, int G>
+static void decode_cols(const Problem& p, int64_t c0) {
+    __m512 acc[M][G];
+    for (int r = 0; r < M; ++r)
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+    const uint8_t* rows[G];
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    constexpr int SUBS = F::QK / 32;
+    const int64_t blocks = p.k / F::QK;
+    for (int64_t sb = 0; sb < blocks; ++sb) {
+        for (int g = 0; g < G; ++g)
+            _mm_prefetch(reinterpret_cast<const char*>(rows[g] + sb * F::BYTES + PREFETCH_BYTES), _MM_HINT_T0);
+        for (int sub = 0; sub < SUBS; ++sub) {
+            const float* xk = p.x + sb * F::QK + sub * 32;
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) {
+                __m512 wv[2];
+                F::decode(rows[g] + sb * F::BYTES, sub, wv);
+#pragma GCC unroll 4
+                for (int r = 0; r < M; ++r) {
+                    acc[r][g] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + r * p.k), wv[0], acc[r][g]);
+                    acc[r][g] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + r * p.k + 16), wv[1], acc[r][g]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < M; ++r)
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum16(acc[r][g]);
+}
+
+template <class F, int M, int G>
+static void decode_cols_range(const Problem& p, int64_t c0, int64_t c1) {
+    int64_t c = c0;
+    for (; c + G <= c1; c += G) decode_cols<F, M, G>(p, c);
+    for (; c < c1; ++c) decode_cols<F, M, 1>(p, c);
+}
+
+template <class F>
+static void decode_t(const Problem& p, int64_t c0, int64_t c1) {
+    switch (p.m) {
+        case 1: decode_cols_range<F, 1, 4>(p, c0, c1); break;
+        case 2: decode_cols_range<F, 2, 4>(p, c0, c1); break;
+        case 3: decode_cols_range<F, 3, 2>(p, c0, c1); break;
+        default: decode_cols_range<F, 4, 2>(p, c0, c1); break;
+    }
+}
+
+// ---------------------------------------------------------------- prefill (m > 4)
+
+// R x C register tile over rows of x and decoded panel columns (stride k).
+template <int R, int C>
+static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* out, int64_t ldo) {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < k; j += 16) {
+        __m512 wv[C];
+        for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(wp + c * k + j);
+        for (int r = 0; r < R; ++r) {
+            const __m512 xv = _mm512_loadu_ps(x + r * ldx + j);
+            for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) out[r * ldo + c] = hsum16(acc[r][c]);
+}
+
+template <int R>
+static void tile_cols(const float* x, int64_t ldx, const float* wp, int64_t k, float* out, int64_t ldo,
+                      int64_t cols) {
+    int64_t c = 0;
+    for (; c + TILE_C <= cols; c += TILE_C) tile<R, TILE_C>(x, ldx, wp + c * k, k, out + c, ldo);
+    for (; c < cols; ++c) tile<R, 1>(x, ldx, wp + c * k, k, out + c, ldo);
+}
+
+template <class F>
+static void prefill_t(const Problem& p, int64_t c0, int64_t cols, float* scratch) {
+    constexpr int SUBS = F::QK / 32;
+    for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t* row = p.w + (c0 + c) * p.row_bytes;
+        float* dst = scratch + c * p.k;
+        for (int64_t u = 0; u < p.k / 32; ++u) {
+            __m512 wv[2];
+            F::decode(row + (u / SUBS) * F::BYTES, static_cast<int>(u % SUBS), wv);
+            _mm512_storeu_ps(dst + 32 * u, wv[0]);
+            _mm512_storeu_ps(dst + 32 * u + 16, wv[1]);
+        }
+    }
+    float* o = p.out + c0;
+    int64_t r = 0;
+    for (; r + TILE_R <= p.m; r += TILE_R) tile_cols<TILE_R>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols);
+    switch (p.m - r) {
+        case 3: tile_cols<3>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
+        case 2: tile_cols<2>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
+        case 1: tile_cols<1>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
+        default: break;
+    }
+}
+
+template <class Fn>
+static void dispatch(int qtype, Fn&& fn) {
+    switch (qtype) {
+        case F32: fn(WF32{}); break;
+        case Q4_0: fn(W4_0{}); break;
+        case Q4_1: fn(W4_1{}); break;
+        case Q5_0: fn(Wide<FmtQ5_0>{}); break;
+        case Q5_1: fn(Wide<FmtQ5_1>{}); break;
+        case Q8_0: fn(W8_0{}); break;
+        case Q4_K: fn(W4_K{}); break;
+        case Q5_K: fn(Wide<FmtQ5_K>{}); break;
+        case Q6_K: fn(W6_K{}); break;
+        default: throw std::invalid_argument("agentkv kernels: unsupported qtype " + std::to_string(qtype));
+    }
+}
+
+}  // namespace
+
+void decode_range(const Problem& p, int qtype, int64_t c0, int64_t c1) {
+    dispatch(qtype, [&](auto fmt) { decode_t<decltype(fmt)>(p, c0, c1); });
+}
+
+int64_t panel_cols(int64_t k) {
+    const int64_t fit = PANEL_BYTES / (4 * k) / TILE_C * TILE_C;
+    return std::max<int64_t>(TILE_C, std::min<int64_t>(MAX_PANEL, fit));
+}
+
+void prefill_panel(const Problem& p, int qtype, int64_t c0, int64_t cols, float* scratch) {
+    dispatch(qtype, [&](auto fmt) { prefill_t<decltype(fmt)>(p, c0, cols, scratch); });
+}
+
+}  // namespace avx512
+}  // namespace agentkv
+
+#pragma GCC pop_options
