@@ -57,8 +57,10 @@ static inline __m128i load16(const uint8_t* p) {
 // Any format: its AVX2 decoder's 4 x 8 lanes joined into 2 x 16 (same values, same bits).
 template <class F>
 struct Wide {
-    static constexpr int QK = F::QK, BYTES = F::BYTES;
-    static inline void decode(const uint8_t* b, int sub, __m512 out[2]) {
+    static constexpr int QK = F::QK, BYTES = F::BYTES, UNIT = 1;
+    struct Ctx {};
+    static inline void prepare(const uint8_t*, Ctx&) {}
+    static inline void decode(const uint8_t* b, int sub, const Ctx&, __m512 out[2]) {
         __m256 v[4];
         F::decode(b, sub, v);
         out[0] = _mm512_insertf32x8(_mm512_castps256_ps512(v[0]), v[1], 1);
@@ -66,11 +68,17 @@ struct Wide {
     }
 };
 
-// Native decoders for the formats real files are made of. Each does the AVX2 decoder's
-// arithmetic in the same order (scale * q, then +min or -d*min), so the values are equal.
+// Native decoders for the formats real files are made of. A decoder yields the 32 weights
+// of sub-block `sub` as 2 x 16 lanes; `prepare` first works out what a whole block shares
+// (the K-quants' sub-block scales), once per block instead of once per sub-block. The
+// weight values are gguf-py's except that Q4_1 and Q4_K fuse scale and min into one fma
+// (d * q + m rounded once): still one fixed value per weight, used by both paths.
+struct NoCtx {};
 struct W8_0 {
-    static constexpr int QK = 32, BYTES = 34;
-    static inline void decode(const uint8_t* b, int, __m512 out[2]) {
+    static constexpr int QK = 32, BYTES = 34, UNIT = 1;
+    using Ctx = NoCtx;
+    static inline void prepare(const uint8_t*, Ctx&) {}
+    static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
         const __m512 d = _mm512_set1_ps(fp16_to_f32(b));
         out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 2))), d);
         out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 18))), d);
@@ -85,8 +93,10 @@ static inline void nibbles(const uint8_t* qs, __m512 out[2]) {
 }
 
 struct W4_0 {
-    static constexpr int QK = 32, BYTES = 18;
-    static inline void decode(const uint8_t* b, int, __m512 out[2]) {
+    static constexpr int QK = 32, BYTES = 18, UNIT = 1;
+    using Ctx = NoCtx;
+    static inline void prepare(const uint8_t*, Ctx&) {}
+    static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
         const __m512 d = _mm512_set1_ps(fp16_to_f32(b)), eight = _mm512_set1_ps(8.0f);
         nibbles(b + 2, out);
         for (int i = 0; i < 2; ++i) out[i] = _mm512_mul_ps(d, _mm512_sub_ps(out[i], eight));
@@ -94,53 +104,93 @@ struct W4_0 {
 };
 
 struct W4_1 {
-    static constexpr int QK = 32, BYTES = 20;
-    static inline void decode(const uint8_t* b, int, __m512 out[2]) {
+    static constexpr int QK = 32, BYTES = 20, UNIT = 1;
+    using Ctx = NoCtx;
+    static inline void prepare(const uint8_t*, Ctx&) {}
+    static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
         const __m128 dm = fp16x2_to_f32(b);
         const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
         nibbles(b + 4, out);
-        for (int i = 0; i < 2; ++i) out[i] = _mm512_add_ps(_mm512_mul_ps(d, out[i]), m);
+        for (int i = 0; i < 2; ++i) out[i] = _mm512_fmadd_ps(d, out[i], m);
     }
 };
 
 struct W4_K {
-    static constexpr int QK = 256, BYTES = 144;
-    static inline void decode(const uint8_t* b, int sub, __m512 out[2]) {
-        int sc, mn;
-        scale_min_k4(b + 4, sub, sc, mn);
-        const __m512 d = _mm512_set1_ps(fp16_to_f32(b) * static_cast<float>(sc));
-        const __m512 dm = _mm512_set1_ps(fp16_to_f32(b + 2) * static_cast<float>(mn));
-        const uint8_t* q = b + 16 + 32 * (sub >> 1);
-        const __m128i shift = _mm_cvtsi32_si128(4 * (sub & 1));
+    static constexpr int QK = 256, BYTES = 144, UNIT = 2;
+    struct Ctx {
+        float d[8], dm[8];
+    };
+    static inline void prepare(const uint8_t* b, Ctx& ctx) {
+        const float d = fp16_to_f32(b), dmin = fp16_to_f32(b + 2);
+        for (int j = 0; j < 8; ++j) {
+            int sc, mn;
+            scale_min_k4(b + 4, j, sc, mn);
+            ctx.d[j] = d * static_cast<float>(sc);
+            ctx.dm[j] = dmin * static_cast<float>(mn);
+        }
+    }
+    // Sub-blocks 2c and 2c+1 together: the low and high nibbles of the same 32 bytes.
+    static inline void decode(const uint8_t* b, int c, const Ctx& ctx, __m512 out[4]) {
+        const uint8_t* q = b + 16 + 32 * c;
         const __m512i m4 = _mm512_set1_epi32(0x0F);
+        const __m512 d0 = _mm512_set1_ps(ctx.d[2 * c]), dm0 = _mm512_set1_ps(ctx.dm[2 * c]);
+        const __m512 d1 = _mm512_set1_ps(ctx.d[2 * c + 1]), dm1 = _mm512_set1_ps(ctx.dm[2 * c + 1]);
         for (int i = 0; i < 2; ++i) {
-            const __m512i v = _mm512_and_si512(_mm512_srl_epi32(_mm512_cvtepu8_epi32(load16(q + 16 * i)), shift), m4);
-            out[i] = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(v)), dm);
+            const __m512i v = _mm512_cvtepu8_epi32(load16(q + 16 * i));
+            out[i] = _mm512_fmsub_ps(d0, _mm512_cvtepi32_ps(_mm512_and_si512(v, m4)), dm0);
+            out[2 + i] = _mm512_fmsub_ps(d1, _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), dm1);
         }
     }
 };
 
 struct W6_K {
-    static constexpr int QK = 256, BYTES = 210;
-    static inline void decode(const uint8_t* b, int sub, __m512 out[2]) {
-        const int h = sub >> 2, t = sub & 3;
+    static constexpr int QK = 256, BYTES = 210, UNIT = 1;
+    struct Ctx {
+        float d[16];
+    };
+    static inline void prepare(const uint8_t* b, Ctx& ctx) {
         const float d = fp16_to_f32(b + 208);
         const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        for (int j = 0; j < 16; ++j) ctx.d[j] = d * static_cast<float>(sc[j]);
+    }
+    static inline void decode(const uint8_t* b, int sub, const Ctx& ctx, __m512 out[2]) {
+        const int h = sub >> 2, t = sub & 3;
         __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (t & 1)));
         ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t >> 1))), _mm256_set1_epi8(0x0F));
         __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
         qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
         const __m256i q = _mm256_sub_epi8(_mm256_or_si256(ql, _mm256_slli_epi16(qh, 4)), _mm256_set1_epi8(32));
-        const __m512 d0 = _mm512_set1_ps(d * static_cast<float>(sc[2 * sub]));
-        const __m512 d1 = _mm512_set1_ps(d * static_cast<float>(sc[2 * sub + 1]));
+        const __m512 d0 = _mm512_set1_ps(ctx.d[2 * sub]), d1 = _mm512_set1_ps(ctx.d[2 * sub + 1]);
         out[0] = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
         out[1] = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
     }
 };
 
+// Weight i's fifth bit is bit i of the little-endian u32 qh: straight into a lane mask.
+struct W5_0 {
+    static constexpr int QK = 32, BYTES = 22, UNIT = 1;
+    using Ctx = NoCtx;
+    static inline void prepare(const uint8_t*, Ctx&) {}
+    static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
+        const __m512 d = _mm512_set1_ps(fp16_to_f32(b));
+        uint32_t qh;
+        std::memcpy(&qh, b + 2, 4);
+        const __m512i a = _mm512_cvtepu8_epi32(load16(b + 6));
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        const __m512i lo = _mm512_and_si512(a, _mm512_set1_epi32(0x0F)), hi = _mm512_srli_epi32(a, 4);
+        // q - 16: the nibble, plus 16 where the fifth bit is set, minus 16 (exact in int32)
+        const __m512i q0 = _mm512_sub_epi32(_mm512_mask_add_epi32(lo, static_cast<__mmask16>(qh), lo, sixteen), sixteen);
+        const __m512i q1 = _mm512_sub_epi32(_mm512_mask_add_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen), sixteen);
+        out[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0));
+        out[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1));
+    }
+};
+
 struct WF32 {
-    static constexpr int QK = 32, BYTES = 128;
-    static inline void decode(const uint8_t* b, int, __m512 out[2]) {
+    static constexpr int QK = 32, BYTES = 128, UNIT = 1;
+    using Ctx = NoCtx;
+    static inline void prepare(const uint8_t*, Ctx&) {}
+    static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
         const float* w = reinterpret_cast<const float*>(b);
         out[0] = _mm512_loadu_ps(w);
         out[1] = _mm512_loadu_ps(w + 16);
@@ -159,19 +209,22 @@ static void decode_cols(const Problem& p, int64_t c0) {
     constexpr int SUBS = F::QK / 32;
     const int64_t blocks = p.k / F::QK;
     for (int64_t sb = 0; sb < blocks; ++sb) {
-        for (int g = 0; g < G; ++g)
+        typename F::Ctx ctx[G];
+        for (int g = 0; g < G; ++g) {
             _mm_prefetch(reinterpret_cast<const char*>(rows[g] + sb * F::BYTES + PREFETCH_BYTES), _MM_HINT_T0);
-        for (int sub = 0; sub < SUBS; ++sub) {
-            const float* xk = p.x + sb * F::QK + sub * 32;
+            F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
+        }
+        for (int u = 0; u < SUBS / F::UNIT; ++u) {
+            const float* xk = p.x + sb * F::QK + u * 32 * F::UNIT;
 #pragma GCC unroll 8
             for (int g = 0; g < G; ++g) {
-                __m512 wv[2];
-                F::decode(rows[g] + sb * F::BYTES, sub, wv);
+                __m512 wv[2 * F::UNIT];
+                F::decode(rows[g] + sb * F::BYTES, u, ctx[g], wv);
 #pragma GCC unroll 4
-                for (int r = 0; r < M; ++r) {
-                    acc[r][g] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + r * p.k), wv[0], acc[r][g]);
-                    acc[r][g] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + r * p.k + 16), wv[1], acc[r][g]);
-                }
+                for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+                    for (int i = 0; i < 2 * F::UNIT; ++i)
+                        acc[r][g] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + r * p.k + 16 * i), wv[i], acc[r][g]);
             }
         }
     }
@@ -230,11 +283,14 @@ static void prefill_t(const Problem& p, int64_t c0, int64_t cols, float* scratch
     for (int64_t c = 0; c < cols; ++c) {
         const uint8_t* row = p.w + (c0 + c) * p.row_bytes;
         float* dst = scratch + c * p.k;
-        for (int64_t u = 0; u < p.k / 32; ++u) {
-            __m512 wv[2];
-            F::decode(row + (u / SUBS) * F::BYTES, static_cast<int>(u % SUBS), wv);
-            _mm512_storeu_ps(dst + 32 * u, wv[0]);
-            _mm512_storeu_ps(dst + 32 * u + 16, wv[1]);
+        for (int64_t sb = 0; sb < p.k / F::QK; ++sb) {
+            typename F::Ctx ctx;
+            F::prepare(row + sb * F::BYTES, ctx);
+            for (int u = 0; u < SUBS / F::UNIT; ++u) {
+                __m512 wv[2 * F::UNIT];
+                F::decode(row + sb * F::BYTES, u, ctx, wv);
+                for (int i = 0; i < 2 * F::UNIT; ++i) _mm512_storeu_ps(dst + sb * F::QK + 32 * F::UNIT * u + 16 * i, wv[i]);
+            }
         }
     }
     float* o = p.out + c0;
@@ -254,7 +310,7 @@ static void dispatch(int qtype, Fn&& fn) {
         case F32: fn(WF32{}); break;
         case Q4_0: fn(W4_0{}); break;
         case Q4_1: fn(W4_1{}); break;
-        case Q5_0: fn(Wide<FmtQ5_0>{}); break;
+        case Q5_0: fn(W5_0{}); break;
         case Q5_1: fn(Wide<FmtQ5_1>{}); break;
         case Q8_0: fn(W8_0{}); break;
         case Q4_K: fn(W4_K{}); break;
