@@ -40,7 +40,7 @@ namespace agentkv {
 namespace avx512 {
 namespace {
 
-constexpr int TILE_R = 4, TILE_C = 4;
+constexpr int TILE_R = 6, TILE_C = 4;
 constexpr int64_t PANEL_BYTES = 192 * 1024;  // decoded f32 panel kept in L2
 constexpr int64_t MAX_PANEL = 96;
 constexpr int64_t PREFETCH_BYTES = 8192;
@@ -297,6 +297,8 @@ static void prefill_t(const Problem& p, int64_t c0, int64_t cols, float* scratch
     int64_t r = 0;
     for (; r + TILE_R <= p.m; r += TILE_R) tile_cols<TILE_R>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols);
     switch (p.m - r) {
+        case 5: tile_cols<5>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
+        case 4: tile_cols<4>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
         case 3: tile_cols<3>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
         case 2: tile_cols<2>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
         case 1: tile_cols<1>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
