@@ -18,32 +18,6 @@ QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5
 LEGACY = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 
-def _runnable_isas() -> list[str]:
-    before, found = K.isa(), []
-    for name in ("avx2", "avx512"):
-        try:
-            K.set_isa(name)
-            found.append(name)
-        except RuntimeError:  # this CPU lacks it
-            pass
-    K.set_isa(before)
-    return found
-
-
-ISAS = _runnable_isas()
-
-
-@pytest.fixture(params=["avx2", "avx512"])
-def isa(request):
-    """Each matmul test runs on both builds (AVX2, AVX-512) where the CPU has them."""
-    if request.param not in ISAS:
-        pytest.skip(f"this CPU cannot run the {request.param} kernels")
-    before = K.isa()
-    K.set_isa(request.param)
-    yield request.param
-    K.set_isa(before)
-
-
 @pytest.fixture(params=[1, 2], ids=lambda t: f"threads{t}")
 def threads(request):
     before = torch.get_num_threads()
@@ -179,19 +153,19 @@ def test_matmul_f32_matches_and_is_row_invariant(k, threads, isa):
         assert torch.equal(K.matmul_f32(x[lo:hi].contiguous(), w), full[lo:hi])
 
 
-def test_isa_is_a_real_switch():
+def test_isa_is_a_real_switch(runnable_isas):
     """The two builds are distinct code: their (each invariant) bits differ somewhere, and an
     unknown or unsupported ISA is refused by name."""
     with pytest.raises(RuntimeError, match="unknown ISA 'sse9'"):
         K.set_isa("sse9")
-    if len(ISAS) < 2:
+    if len(runnable_isas) < 2:
         pytest.skip("only one ISA runs on this CPU")
     n, k = 64, 512
     w = torch.from_numpy(random_quant("Q4_1", n, k, seed=11))
     x = torch.randn(8, k, generator=torch.Generator().manual_seed(12))
     before, outs = K.isa(), {}
     try:
-        for name in ISAS:
+        for name in runnable_isas:
             K.set_isa(name)
             outs[name] = K.qmatmul(x, w, QTYPES["Q4_1"], n, k)
     finally:
@@ -273,7 +247,7 @@ ATTN_TOL = 1e-5
 
 
 @pytest.mark.parametrize("h,kvh,hd,bs,window,softcap", ATTN_SHAPES)
-def test_paged_attention_matches_float64_oracle(h, kvh, hd, bs, window, softcap):
+def test_paged_attention_matches_float64_oracle(h, kvh, hd, bs, window, softcap, isa):
     cache = PagedCache([37, 5, 20], kvh, hd, bs, seed=hd + bs)
     rows = [(0, p) for p in (0, 1, 8, 36)] + [(1, 4), (2, 0), (2, 19)]
     q = torch.randn(len(rows), h, hd, generator=torch.Generator().manual_seed(1))
@@ -292,7 +266,7 @@ def invariance_setup(h=9, kvh=3, hd=64, bs=5, seed=11):
 
 
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (9, 0.0), (0, 20.0)])
-def test_paged_attention_is_batch_invariant(window, softcap, threads):
+def test_paged_attention_is_batch_invariant(window, softcap, threads, isa):
     """Decode (one row), chunked prefill at random split points, and mixed batches with
     unrelated sequences all give the very same bits for each row of sequence 0."""
     cache, q_all, other, q_other = invariance_setup()
@@ -321,7 +295,7 @@ def test_paged_attention_is_batch_invariant(window, softcap, threads):
 
 
 @pytest.mark.parametrize("h,kvh", [(4, 1), (8, 1), (2, 2)])
-def test_paged_attention_head_grouping_does_not_change_bits(h, kvh, threads):
+def test_paged_attention_head_grouping_does_not_change_bits(h, kvh, threads, isa):
     """Query heads are scored in runs that share K loads (4 heads of one kv head: 2 + 2);
     a decode row and the same row in a prefill of 41 rows give the same bits per head."""
     cache, q_all, _, _ = invariance_setup(h=h, kvh=kvh, seed=14)
@@ -337,7 +311,7 @@ def test_paged_attention_head_grouping_does_not_change_bits(h, kvh, threads):
         assert torch.equal(one[:, 0], full[:, head])
 
 
-def test_paged_attention_bits_do_not_depend_on_thread_count():
+def test_paged_attention_bits_do_not_depend_on_thread_count(isa):
     cache, q_all, _, _ = invariance_setup(seed=12)
     rows = [(0, p) for p in range(41)]
     before = torch.get_num_threads()
@@ -351,7 +325,7 @@ def test_paged_attention_bits_do_not_depend_on_thread_count():
     assert torch.equal(one, two)
 
 
-def test_paged_attention_invariance_control_can_fail():
+def test_paged_attention_invariance_control_can_fail(isa):
     """Perturbing one attended K value slightly (1e-3) must change the row's bits: the
     equality checks above are sensitive enough to catch a real difference. (A one-ulp change
     can vanish in the rounding of the score, so it would not make a reliable control.)"""
@@ -391,3 +365,21 @@ def test_row_bytes_rejects_bad_input():
         row_bytes(12, 576)
     with pytest.raises(ValueError, match="not supported"):
         row_bytes(1, 64)
+
+
+def test_avx512_objects_export_no_inline_code():
+    """Code built for AVX-512 must stay private to its object file: a weak (COMDAT) symbol
+    there could be picked by the linker for the AVX2 callers and crash an AVX2-only CPU."""
+    import shutil
+    import subprocess
+
+    from agentkv.hal.kernels import build_directory
+
+    if shutil.which("nm") is None:
+        pytest.skip("no nm on PATH")
+    for name in ("qmatmul512.o", "attention512.o"):
+        obj = build_directory() / name
+        assert obj.exists(), obj
+        symbols = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True, check=True).stdout
+        weak = [line for line in symbols.splitlines() if len(line.split()) >= 3 and line.split()[1] in "WVu"]
+        assert not weak, f"{name} exports inline code: {weak}"

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "qmatmul.h"
+#include "qmatmul_impl.h"
 #include "simd.h"
 
 namespace agentkv {
@@ -222,16 +223,31 @@ static void attend_heads(const AttentionArgs& a, int64_t row, int64_t kv, int64_
     }
 }
 
+// The AVX-512 build's unit: the same key walk, the kernel from attention512.cpp.
+static void attend_heads_avx512(const AttentionArgs& a, int64_t row, int64_t kv, int64_t h0, int nh,
+                                Scratch& scratch) {
+    const int64_t len = attended_len(a, row), start = a.row_pos[row] + 1 - len;
+    const int64_t offsets = avx512::attention_scratch_offsets(len);
+    const int64_t floats = avx512::attention_scratch_floats(len);
+    if (static_cast<int64_t>(scratch.s.size()) < floats) scratch.s.resize(floats);
+    if (static_cast<int64_t>(scratch.where.size()) < offsets) scratch.where.resize(offsets);
+    key_offsets(a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq, kv, start, len, offsets - len,
+                scratch.where.data());
+    avx512::attend_heads(a, row, h0, nh, len, scratch.where.data(), scratch.s.data());
+}
+
 }  // namespace
 
-// Work unit: (row, kv head, a run of up to HEADS_AT_ONCE of its query heads, runs of equal
-// size: 4 heads go 2 + 2, not 3 + 1). Units are handed out longest-first from a shared
+// Work unit: (row, kv head, a run of up to HEADS_AT_ONCE (AVX-512: 4) of its query heads,
+// runs of equal size: 4 heads go 2 + 2, not 3 + 1, on AVX2). Units are handed out longest-first from a shared
 // counter, so threads stay balanced when rows differ in length (a prefill) or a thread is
 // descheduled. Which thread runs a unit never matters: a head's fma chains and reductions
 // depend on nothing outside its own row.
 void paged_attention_raw(const AttentionArgs& a) {
+    const bool wide = active_isa() == ISA_AVX512;
+    const int64_t at_once = wide ? avx512::HEADS_AT_ONCE : HEADS_AT_ONCE;
     const int64_t group = a.h / a.kvh;
-    const int64_t runs = (group + HEADS_AT_ONCE - 1) / HEADS_AT_ONCE;
+    const int64_t runs = (group + at_once - 1) / at_once;
     const int64_t per_run = (group + runs - 1) / runs;
     const int64_t units = a.n * a.kvh * runs;
     std::vector<int64_t> order(a.n);
@@ -246,7 +262,8 @@ void paged_attention_raw(const AttentionArgs& a) {
             const int64_t row = order[i / (a.kvh * runs)], kv = (i / runs) % a.kvh, r = i % runs;
             const int64_t h0 = kv * group + r * per_run;
             const int nh = static_cast<int>(std::min<int64_t>(per_run, group - r * per_run));
-            attend_heads(a, row, kv, h0, nh, scratch);
+            if (wide) attend_heads_avx512(a, row, kv, h0, nh, scratch);
+            else attend_heads(a, row, kv, h0, nh, scratch);
         }
     });
 }

@@ -3,7 +3,9 @@
 // Compiled for avx512f/bw/vl/dq by the pragma below whatever the global flags are, and only
 // ever called after cpu_supports() said yes, so the library still loads and runs on AVX2-only
 // CPUs. The headers are included under their own inline namespace (AGENTKV_ISA), so no
-// inline function built here can be folded into the AVX2 code by the linker.
+// inline function built here can be folded into the AVX2 code by the linker; nothing from
+// the standard library is used under the pragma, since its inline functions have no such
+// namespace (tests/hal checks the object files for weak symbols).
 //
 // The one accumulation order of this build, for output (r, c):
 //   acc = 0 (16 lanes); for each 16-wide chunk j of k in order:
@@ -12,11 +14,8 @@
 // 16 lanes), so both paths below give a row the same bits whatever rides with it.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <stdexcept>
-#include <string>
 
 #include "qmatmul_impl.h"
 
@@ -318,7 +317,7 @@ static void dispatch(int qtype, Fn&& fn) {
         case Q4_K: fn(W4_K{}); break;
         case Q5_K: fn(Wide<FmtQ5_K>{}); break;
         case Q6_K: fn(W6_K{}); break;
-        default: throw std::invalid_argument("agentkv kernels: unsupported qtype " + std::to_string(qtype));
+        default: break;  // qmatmul_raw validated qtype (and no std:: code is built for AVX-512 here)
     }
 }
 
@@ -330,7 +329,7 @@ void decode_range(const Problem& p, int qtype, int64_t c0, int64_t c1) {
 
 int64_t panel_cols(int64_t k) {
     const int64_t fit = PANEL_BYTES / (4 * k) / TILE_C * TILE_C;
-    return std::max<int64_t>(TILE_C, std::min<int64_t>(MAX_PANEL, fit));
+    return fit < TILE_C ? TILE_C : fit > MAX_PANEL ? MAX_PANEL : fit;
 }
 
 void prefill_panel(const Problem& p, int qtype, int64_t c0, int64_t cols, float* scratch) {

@@ -1,0 +1,222 @@
+// AVX-512 build of paged attention: attention.cpp's algorithm with 16 lanes and up to four
+// query heads per pass (a whole Gemma-3 GQA group shares each K and V load).
+//
+// The order per (row, head), which no other row or head can change:
+//   1. acc[j] = fma chain over hd in 16-lane chunks of q * K[start + j], chunk 0 first (a
+//      masked last chunk when hd is not a multiple of 16); score[j] = sum16(acc[j]) * scale,
+//      sum16 = the low and high 8 lanes added, then reduce4's lane tree; softcap if asked;
+//   2. mx = max_j score[j];
+//   3. e[j] = exp16(score[j] - mx), 16 at a time;
+//   4. sum = hsum16 of the 16-lane accumulation of e over j in order (last chunk masked);
+//   5. o = sum_j e[j] * V[start + j] in key order, 16 lanes per chunk, then o / sum.
+// Only the unit's work lives here; the driver in attention.cpp hands out units and scratch
+// (so nothing from the standard library is instantiated under the AVX-512 target).
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "qmatmul_impl.h"
+
+namespace agentkv {
+namespace avx512 {
+int64_t attention_scratch_floats(int64_t len) {
+    return HEADS_AT_ONCE * ((len + 15) / 16 * 16);
+}
+int64_t attention_scratch_offsets(int64_t len) {
+    return (len + 15) / 16 * 16 + PREFETCH_KEYS;
+}
+}  // namespace avx512
+}  // namespace agentkv
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#define AGENTKV_ISA isa_avx512
+#include "simd.h"
+
+namespace agentkv {
+namespace avx512 {
+namespace {
+
+constexpr int KEYS_AT_ONCE = 4;
+constexpr int V_CHUNKS = 4;
+
+// Cephes expf as in simd.h's exp8, 16 lanes; the same operations per element.
+static inline __m512 exp16(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365447505531f);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    __m512 fx = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    fx = _mm512_roundscale_ps(_mm512_add_ps(fx, _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, _mm512_set1_ps(0.693359375f)));
+    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    const __m512 x2 = _mm512_mul_ps(x, x);
+    y = _mm512_fmadd_ps(y, x2, _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    const __m512i n = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(n, 23)));
+}
+
+static inline float hsum16(__m512 v) {
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+static inline __mmask16 first_lanes(int64_t count) {
+    return static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1u);
+}
+
+// Chunk c (16 lanes) of a head vector; lanes past hd are zero.
+static inline __m512 load_chunk(const float* v, int64_t c, int64_t full, __mmask16 tail) {
+    return c < full ? _mm512_loadu_ps(v + 16 * c) : _mm512_maskz_loadu_ps(tail, v + 16 * c);
+}
+
+static inline void prefetch_span(const float* row, int64_t first, int64_t count) {
+    for (int64_t i = first; i < first + count; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), _MM_HINT_T0);
+}
+
+// [sum16(a0), sum16(a1), sum16(a2), sum16(a3)]: each accumulator's halves added, then the
+// transposed lane tree ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) of attention.cpp's reduce4.
+static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const auto half = [](__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); };
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(half(a0), half(a1)), _mm256_hadd_ps(half(a2), half(a3)));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+template <int NH, int CHUNKS>
+static void scores(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len,
+                   float* const* out) {
+    const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 15) / 16, full = CHUNKS ? CHUNKS : a.hd / 16;
+    const __mmask16 tail = first_lanes(a.hd - 16 * full);
+    const __m128 scale = _mm_set1_ps(a.scale);
+    for (int64_t j = 0; j < len; j += KEYS_AT_ONCE) {
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) prefetch_span(a.k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
+        __m512 acc[NH][KEYS_AT_ONCE];
+        for (int hh = 0; hh < NH; ++hh)
+            for (int t = 0; t < KEYS_AT_ONCE; ++t) acc[hh][t] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < chunks; ++c) {
+            __m512 qv[NH];
+            for (int hh = 0; hh < NH; ++hh) qv[hh] = load_chunk(q[hh], c, full, tail);
+            for (int t = 0; t < KEYS_AT_ONCE; ++t) {
+                const __m512 kv = load_chunk(a.k_cache + where[j + t], c, full, tail);
+                for (int hh = 0; hh < NH; ++hh) acc[hh][t] = _mm512_fmadd_ps(qv[hh], kv, acc[hh][t]);
+            }
+        }
+        for (int hh = 0; hh < NH; ++hh)
+            _mm_storeu_ps(out[hh] + j, _mm_mul_ps(reduce4(acc[hh][0], acc[hh][1], acc[hh][2], acc[hh][3]), scale));
+    }
+    if (a.softcap > 0.0f)
+        for (int hh = 0; hh < NH; ++hh)
+            for (int64_t j = 0; j < len; ++j) out[hh][j] = a.softcap * std::tanh(out[hh][j] / a.softcap);
+}
+
+template <int NH, int NB, int CHUNKS>
+static void weighted_values(const AttentionArgs& a, const float* const* e, const int64_t* where, int64_t len,
+                            int64_t c0, const float* sum, float* const* o) {
+    const int64_t full = CHUNKS ? CHUNKS : a.hd / 16;
+    const __mmask16 tail = first_lanes(a.hd - 16 * full);
+    const int64_t span = 16 * NB < a.hd - 16 * c0 ? 16 * NB : a.hd - 16 * c0;
+    __m512 acc[NH][NB];
+    for (int hh = 0; hh < NH; ++hh)
+        for (int i = 0; i < NB; ++i) acc[hh][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) {
+        prefetch_span(a.v_cache + where[j + PREFETCH_KEYS], 16 * c0, span);
+        const float* v = a.v_cache + where[j];
+        __m512 ej[NH];
+        for (int hh = 0; hh < NH; ++hh) ej[hh] = _mm512_set1_ps(e[hh][j]);
+        for (int i = 0; i < NB; ++i) {
+            const __m512 vv = load_chunk(v, c0 + i, full, tail);
+            for (int hh = 0; hh < NH; ++hh) acc[hh][i] = _mm512_fmadd_ps(ej[hh], vv, acc[hh][i]);
+        }
+    }
+    for (int hh = 0; hh < NH; ++hh) {
+        const __m512 sv = _mm512_set1_ps(sum[hh]);
+        for (int i = 0; i < NB; ++i) {
+            const __m512 r = _mm512_div_ps(acc[hh][i], sv);
+            if (c0 + i < full) _mm512_storeu_ps(o[hh] + 16 * (c0 + i), r);
+            else _mm512_mask_storeu_ps(o[hh] + 16 * (c0 + i), tail, r);
+        }
+    }
+}
+
+template <int NH, int CHUNKS>
+static void weighted_values_any(const AttentionArgs& a, const float* const* e, const int64_t* where, int64_t len,
+                                const float* sum, float* const* o) {
+    const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 15) / 16;
+    for (int64_t c0 = 0; c0 < chunks; c0 += V_CHUNKS) {
+        switch (chunks - c0 < V_CHUNKS ? chunks - c0 : V_CHUNKS) {
+            case 4: weighted_values<NH, 4, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 3: weighted_values<NH, 3, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 2: weighted_values<NH, 2, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            default: weighted_values<NH, 1, CHUNKS>(a, e, where, len, c0, sum, o); break;
+        }
+    }
+}
+
+// Softmax weights in place over s[0 .. len) (padded to a multiple of 16); returns their sum.
+static float softmax_weights(float* s, int64_t len) {
+    const int64_t padded = (len + 15) / 16 * 16;
+    __m512 mxv = _mm512_set1_ps(s[0]);
+    for (int64_t j = 0; j < padded; j += 16)
+        mxv = _mm512_max_ps(mxv, _mm512_mask_loadu_ps(mxv, first_lanes(len - j), s + j));
+    const float mx = _mm512_reduce_max_ps(mxv);  // max is exact: any order gives the same value
+    const __m512 m = _mm512_set1_ps(mx);
+    __m512 sumv = _mm512_setzero_ps();
+    for (int64_t j = 0; j < padded; j += 16) {
+        const __mmask16 live = first_lanes(len - j);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + j), m)));
+        _mm512_storeu_ps(s + j, e);
+        sumv = _mm512_add_ps(sumv, e);
+    }
+    return hsum16(sumv);
+}
+
+template <int NH, int CHUNKS>
+static void attend_run(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len,
+                       float* const* s, float* const* o) {
+    scores<NH, CHUNKS>(a, q, where, len, s);
+    float sum[NH];
+    for (int hh = 0; hh < NH; ++hh) sum[hh] = softmax_weights(s[hh], len);
+    weighted_values_any<NH, CHUNKS>(a, s, where, len, sum, o);
+}
+
+template <int CHUNKS>
+static void attend_nh(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
+                      float* const* s, float* const* o) {
+    switch (nh) {
+        case 4: attend_run<4, CHUNKS>(a, q, where, len, s, o); break;
+        case 3: attend_run<3, CHUNKS>(a, q, where, len, s, o); break;
+        case 2: attend_run<2, CHUNKS>(a, q, where, len, s, o); break;
+        default: attend_run<1, CHUNKS>(a, q, where, len, s, o); break;
+    }
+}
+
+}  // namespace
+
+void attend_heads(const AttentionArgs& a, int64_t row, int64_t h0, int nh, int64_t len,
+                  const int64_t* where, float* s_scratch) {
+    const int64_t padded = (len + 15) / 16 * 16;
+    const float* q[HEADS_AT_ONCE];
+    float* s[HEADS_AT_ONCE];
+    float* o[HEADS_AT_ONCE];
+    for (int hh = 0; hh < nh; ++hh) {
+        q[hh] = a.q + (row * a.h + h0 + hh) * a.hd;
+        s[hh] = s_scratch + hh * padded;
+        o[hh] = a.out + (row * a.h + h0 + hh) * a.hd;
+    }
+    switch (a.hd) {  // head sizes of real models, fully unrolled
+        case 64: attend_nh<4>(a, nh, q, where, len, s, o); break;
+        case 128: attend_nh<8>(a, nh, q, where, len, s, o); break;
+        case 256: attend_nh<16>(a, nh, q, where, len, s, o); break;
+        default: attend_nh<0>(a, nh, q, where, len, s, o); break;
+    }
+}
+
+}  // namespace avx512
+}  // namespace agentkv
+
+#pragma GCC pop_options
