@@ -171,17 +171,19 @@ struct W5_0 {
     using Ctx = NoCtx;
     static inline void prepare(const uint8_t*, Ctx&) {}
     static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
-        const __m512 d = _mm512_set1_ps(fp16_to_f32(b));
+        const float ds = fp16_to_f32(b);
+        const __m512 d = _mm512_set1_ps(ds), d16 = _mm512_set1_ps(-16.0f * ds);
         uint32_t qh;
         std::memcpy(&qh, b + 2, 4);
         const __m512i a = _mm512_cvtepu8_epi32(load16(b + 6));
         const __m512i sixteen = _mm512_set1_epi32(16);
         const __m512i lo = _mm512_and_si512(a, _mm512_set1_epi32(0x0F)), hi = _mm512_srli_epi32(a, 4);
-        // q - 16: the nibble, plus 16 where the fifth bit is set, minus 16 (exact in int32)
-        const __m512i q0 = _mm512_sub_epi32(_mm512_mask_add_epi32(lo, static_cast<__mmask16>(qh), lo, sixteen), sixteen);
-        const __m512i q1 = _mm512_sub_epi32(_mm512_mask_add_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen), sixteen);
-        out[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0));
-        out[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1));
+        // q = the nibble, plus 16 where the fifth bit is set. fma(d, q, -16 d) rounds the exact
+        // d * (q - 16) once (-16 d is exact), so it equals gguf-py's d * (q - 16) bit for bit.
+        const __m512i q0 = _mm512_mask_add_epi32(lo, static_cast<__mmask16>(qh), lo, sixteen);
+        const __m512i q1 = _mm512_mask_add_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
+        out[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q0), d16);
+        out[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q1), d16);
     }
 };
 
