@@ -131,6 +131,19 @@ def test_qmatmul_bits_do_not_depend_on_thread_count(name, isa):
         assert torch.equal(one, outs[1][-1][: one.shape[0]])
 
 
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q6_K"])
+def test_qmatmul_long_rows_are_accurate_and_invariant(name, isa):
+    """k >= 1024 takes the k-blocked prefill sweep (AVX-512): still the oracle's values, and
+    a row alone (decode path) still equals that row among 13 (prefill path)."""
+    n, k = 29, 1536
+    w = torch.from_numpy(random_quant(name, n, k, seed=13))
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(14))
+    full = K.qmatmul(x, w, QTYPES[name], n, k)
+    check_close(full, x.double().numpy() @ gguf_dequant(w.numpy(), name).astype(np.float64).T)
+    for lo, hi in [(0, 1), (12, 13), (3, 5), (2, 9)]:
+        assert torch.equal(K.qmatmul(x[lo:hi].contiguous(), w, QTYPES[name], n, k), full[lo:hi]), (lo, hi)
+
+
 def test_qmatmul_invariance_control_can_fail(isa):
     """The invariance checks compare exact bits; one changed input bit must show."""
     name, n, k = "Q4_1", 16, 256

@@ -39,9 +39,10 @@ namespace agentkv {
 namespace avx512 {
 namespace {
 
-constexpr int TILE_R = 6, TILE_C = 4;
+constexpr int TILE_R = 6, TILE_C = 4;  // prefill_t switches on TILE_R
 constexpr int64_t PANEL_BYTES = 192 * 1024;  // decoded f32 panel kept in L2
 constexpr int64_t MAX_PANEL = 96;
+constexpr int64_t LONG_K = 1024, K_BLOCK = 512;  // k blocking for rows longer than LONG_K
 constexpr int64_t PREFETCH_BYTES = 8192;
 
 // The one horizontal sum of this build: halves added, then simd.h's fixed 8-lane tree.
@@ -252,13 +253,17 @@ static void decode_t(const Problem& p, int64_t c0, int64_t c1) {
 
 // ---------------------------------------------------------------- prefill (m > 4)
 
-// R x C register tile over rows of x and decoded panel columns (stride k).
+// R x C register tile over rows of x and decoded panel columns (stride k), for the k range
+// [j0, j1): the accumulators start at zero when j0 = 0, else from `saved` (where the previous
+// range left them), and end as hsum16 in `out` when j1 = k, else back in `saved`. Splitting k
+// this way keeps each accumulator's fma sequence exactly the unsplit one.
 template <int R, int C>
-static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* out, int64_t ldo) {
+static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, int64_t j0, int64_t j1,
+                 __m512* saved, float* out, int64_t ldo) {
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < k; j += 16) {
+        for (int c = 0; c < C; ++c) acc[r][c] = j0 == 0 ? _mm512_setzero_ps() : saved[r * C + c];
+    for (int64_t j = j0; j < j1; j += 16) {
         __m512 wv[C];
         for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(wp + c * k + j);
         for (int r = 0; r < R; ++r) {
@@ -266,16 +271,24 @@ static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float*
             for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
         }
     }
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) out[r * ldo + c] = hsum16(acc[r][c]);
+    if (j1 == k) {
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) out[r * ldo + c] = hsum16(acc[r][c]);
+    } else {
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) saved[r * C + c] = acc[r][c];
+    }
 }
 
+// One row tile against all `cols` panel columns over [j0, j1); column c's tile keeps its
+// accumulators in saved[c * TILE_R ..).
 template <int R>
-static void tile_cols(const float* x, int64_t ldx, const float* wp, int64_t k, float* out, int64_t ldo,
-                      int64_t cols) {
+static void tile_cols(const float* x, int64_t ldx, const float* wp, int64_t k, int64_t j0, int64_t j1,
+                      __m512* saved, float* out, int64_t ldo, int64_t cols) {
     int64_t c = 0;
-    for (; c + TILE_C <= cols; c += TILE_C) tile<R, TILE_C>(x, ldx, wp + c * k, k, out + c, ldo);
-    for (; c < cols; ++c) tile<R, 1>(x, ldx, wp + c * k, k, out + c, ldo);
+    for (; c + TILE_C <= cols; c += TILE_C)
+        tile<R, TILE_C>(x, ldx, wp + c * k, k, j0, j1, saved + c * TILE_R, out + c, ldo);
+    for (; c < cols; ++c) tile<R, 1>(x, ldx, wp + c * k, k, j0, j1, saved + c * TILE_R, out + c, ldo);
 }
 
 template <class F>
@@ -294,16 +307,24 @@ static void prefill_t(const Problem& p, int64_t c0, int64_t cols, float* scratch
             }
         }
     }
-    float* o = p.out + c0;
-    int64_t r = 0;
-    for (; r + TILE_R <= p.m; r += TILE_R) tile_cols<TILE_R>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols);
-    switch (p.m - r) {
-        case 5: tile_cols<5>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
-        case 4: tile_cols<4>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
-        case 3: tile_cols<3>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
-        case 2: tile_cols<2>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
-        case 1: tile_cols<1>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
-        default: break;
+    // Long rows are swept in k blocks, so a row tile's slice of x stays in L1 while the
+    // panel's columns pass by.
+    const int64_t kb = p.k >= LONG_K ? K_BLOCK : p.k;
+    __m512 saved[MAX_PANEL * TILE_R];
+    for (int64_t r = 0; r < p.m; r += TILE_R) {
+        const float* x = p.x + r * p.k;
+        float* o = p.out + c0 + r * p.n;
+        for (int64_t j0 = 0; j0 < p.k; j0 += kb) {
+            const int64_t j1 = j0 + kb < p.k ? j0 + kb : p.k;
+            switch (p.m - r < TILE_R ? p.m - r : TILE_R) {
+                case 6: tile_cols<6>(x, p.k, scratch, p.k, j0, j1, saved, o, p.n, cols); break;
+                case 5: tile_cols<5>(x, p.k, scratch, p.k, j0, j1, saved, o, p.n, cols); break;
+                case 4: tile_cols<4>(x, p.k, scratch, p.k, j0, j1, saved, o, p.n, cols); break;
+                case 3: tile_cols<3>(x, p.k, scratch, p.k, j0, j1, saved, o, p.n, cols); break;
+                case 2: tile_cols<2>(x, p.k, scratch, p.k, j0, j1, saved, o, p.n, cols); break;
+                default: tile_cols<1>(x, p.k, scratch, p.k, j0, j1, saved, o, p.n, cols); break;
+            }
+        }
     }
 }
 
