@@ -67,6 +67,7 @@ def run_agentkv(model: str, ids: list[int], decode_len: int, weights: str, repea
         n += len(engine.step())
     decode_s = time.perf_counter() - t0
     out = {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": n / decode_s,
+           "kernels": kernels.load().isa() if kernels.load() is not None else "none (pure torch)",
            "rss_before_load_mib": before["rss"], "resident_mib": loaded["rss"] - before["rss"],
            "private_mib": loaded["uss"] - before["uss"], "file_mapped_mib": loaded["shared"] - before["shared"],
            "weight_tensor_mib": tensor_bytes(llm.engine.model) / 2**20,
@@ -94,7 +95,10 @@ def run_llamacpp(model_path: str, ids: list[int], decode_len: int, repeats: int)
     for _ in range(decode_len):
         llm.eval([llm.sample(temp=0.0)])
     decode_s = time.perf_counter() - t0
+    import llama_cpp
+
     return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": decode_len / decode_s,
+            "kernels": llama_cpp.llama_print_system_info().decode().strip(),
             "rss_before_load_mib": before["rss"], "resident_mib": loaded["rss"] - before["rss"],
             "private_mib": loaded["uss"] - before["uss"], "file_mapped_mib": loaded["shared"] - before["shared"]}
 
@@ -282,6 +286,9 @@ def print_table(payload: dict) -> None:
             print(f"{model:<12} {arm:<17} {r['prefill_tok_s']:>11.1f} {r['decode_tok_s']:>10.1f} "
                   f"{d['of_ceiling'][arm]:>8.2f} {r['resident_mib']:>8.1f} {d['memory_vs_gguf'][arm]:>6.2f} "
                   f"{r['private_mib']:>8.1f} {r['file_mapped_mib']:>7.1f}")
+        for arm, r in block["results"].items():
+            if "kernels" in r:
+                print(f"{model:<12} {arm:<17} kernels: {r['kernels']}")
         held = block["results"].get("agentkv-resident", {}).get("weight_tensor_mib")
         ratio = d.get("weights_vs_gguf", {}).get("agentkv-resident")
         held = (f", agentkv holds {held:.1f} MiB of weight tensors ({ratio:.2f}x; the RSS column also "
