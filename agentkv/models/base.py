@@ -87,10 +87,12 @@ def fused_projections(backend: Backend, layer: dict, index: int) -> dict:
     return layer
 
 
-def project(backend: Backend, x: Tensor, layer: dict, group: tuple[str, ...]) -> list[Tensor]:
-    """`x @ W.T (+ b)` for each projection of `group`: one fused matmul when the layer has
-    the stacked weight, otherwise one matmul each."""
+def project_stacked(backend: Backend, x: Tensor, layer: dict, group: tuple[str, ...]) -> Tensor | list[Tensor]:
+    """`x @ W.T (+ b)` for each projection of `group`. A fused layer's output stays one
+    `[n, sum(sizes)]` tensor (one matmul), the form the fused ops take (`Backend.glu`,
+    `Backend.attention_inputs`); an unfused layer gives its parts as a list (one matmul
+    each), which those ops accept too."""
     key = "+".join(group)
     if layer.get(key) is not None:
-        return backend.split(backend.matmul(x, layer[key], layer[key + "_bias"]), layer[key + "_sizes"])
+        return backend.matmul(x, layer[key], layer[key + "_bias"])
     return [backend.matmul(x, layer[g], layer.get(f"{g}_bias")) for g in group]
