@@ -200,20 +200,20 @@ class TorchBackend(Backend):
         return Tensor(hs), Tensor(normed)
 
     def glu(self, x, kind: str) -> Tensor:
-        if self._kernels is None or kind not in GLU_KINDS or isinstance(x, (list, tuple)):
+        if self._kernels is None or kind not in GLU_KINDS:
             return super().glu(x, kind)
-        return Tensor(self._kernels.glu(x.raw.contiguous(), GLU_KINDS[kind]))
+        return Tensor(self._kernels.glu(_stacked(x), GLU_KINDS[kind]))
 
     def attention_inputs(self, qkv, meta: AttnMeta, kv: TorchKV, layer: int, rope: RopeSpec,
                          num_heads: int, num_kv_heads: int, head_dim: int, q_norm: Weight | None = None,
                          k_norm: Weight | None = None, eps: float = 1e-6, unit_offset: bool = False) -> Tensor:
-        if self._kernels is None or isinstance(qkv, (list, tuple)):
+        if self._kernels is None:
             return super().attention_inputs(qkv, meta, kv, layer, rope, num_heads, num_kv_heads, head_dim,
                                             q_norm, k_norm, eps, unit_offset)
         rows = _step_rows(meta)
         cos, sin = self._rope_full_tables(rope, rows.max_pos)
         q = self._kernels.attention_inputs(
-            qkv.raw.contiguous(), q_norm.raw if q_norm is not None else None,
+            _stacked(qkv), q_norm.raw if q_norm is not None else None,
             k_norm.raw if k_norm is not None else None, cos, sin, rows.positions, rows.slots,
             kv.k_slots[layer], kv.v_slots[layer], num_heads, num_kv_heads, rope.dim,
             rope.style is RopeStyle.INTERLEAVED, eps, unit_offset)
@@ -315,6 +315,14 @@ def _attend_group(q: torch.Tensor, kv: TorchKV, layer: int, table, first_pos: in
     out = torch.matmul(probs, vals.permute(1, 0, 2))  # [kvh, g*16, hd]
     out = out.reshape(kvh, g, GROUP, hd).permute(2, 0, 1, 3).reshape(GROUP, h, hd)
     return out[off:off + m]
+
+
+def _stacked(x) -> torch.Tensor:
+    """A fused projection's output as it is, or an unfused layer's parts (e.g. q, k, v whose
+    weights have different quant types) joined along the last dim: a copy, no arithmetic."""
+    if isinstance(x, (list, tuple)):
+        return torch.cat([p.raw for p in x], dim=-1)
+    return x.raw.contiguous()
 
 
 def _slots(table, num_keys: int, bs: int, device) -> torch.Tensor:
