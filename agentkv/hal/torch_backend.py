@@ -2,7 +2,9 @@
 
 Batch invariance on the CPU comes from shapes, not luck. With the compiled kernels of
 `agentkv.hal.kernels` (the default), every matmul and attention row follows one fixed
-accumulation order. Without them: MKL's f32 GEMM gives a row the same bits for any M >= 16,
+accumulation order, and so do the fused glue ops (norms, residual adds, gated activations,
+rope and the K/V store: fused.cpp), which also spare ~40 small torch ops per layer and step.
+Without them: MKL's f32 GEMM gives a row the same bits for any M >= 16,
 so matmuls pad short batches to 16 rows, and attention runs per 16-position group with a
 fixed tile shape (see `_attend_group`); elementwise ops avoid torch kernels whose scalar
 tail differs from their vector body (silu is written with exp, which has none).
