@@ -214,6 +214,62 @@ class Backend(ABC):
     def act(self, x: Tensor, kind: str) -> Tensor:
         """Plain activation (BERT's GELU)."""
 
+    # -- fused glue (defaults composed from the ops above; a backend may fuse them) ---------
+    def add_norm(self, h: Tensor, delta: Tensor, weight: Weight, eps: float, unit_offset: bool = False,
+                 post_weight: Weight | None = None) -> tuple[Tensor, Tensor]:
+        """A residual step and the next norm: `h_new = h + (rms_norm(delta, post_weight) if
+        post_weight else delta)`, `normed = rms_norm(h_new, weight)`; h, delta `[n, d]` ->
+        (h_new, normed), both `[n, d]`. Covers llama's `h + attn; ffn_norm(h)` and gemma's
+        sandwich `h + post_norm(attn); ffn_norm(h)`. May reuse h's storage for h_new: the
+        caller must not use the old h afterwards."""
+        if post_weight is not None:
+            delta = self.rms_norm(delta, post_weight, eps, unit_offset)
+        h_new = self.add(h, delta)
+        return h_new, self.rms_norm(h_new, weight, eps, unit_offset)
+
+    def glu(self, x: Tensor | list[Tensor], kind: str) -> Tensor:
+        """`act(gate) * up` of the fused gate|up projection `[n, 2f]` (gate = first half) ->
+        `[n, f]`; also takes the pair `[gate, up]` of an unfused layer. Kinds as `gated_act`."""
+        if isinstance(x, (list, tuple)):
+            gate, up = x
+        else:
+            width = x.shape[-1]
+            if width % 2:
+                raise ValueError(f"glu: gate|up width must be even, got {width} (shape {x.shape})")
+            gate, up = self.split(x, [width // 2, width // 2])
+        return self.gated_act(gate, up, kind)
+
+    def attention_inputs(self, qkv: Tensor | list[Tensor], meta: AttnMeta, kv: Any, layer: int,
+                         rope: RopeSpec, num_heads: int, num_kv_heads: int, head_dim: int,
+                         q_norm: Weight | None = None, k_norm: Weight | None = None, eps: float = 1e-6,
+                         unit_offset: bool = False) -> Tensor:
+        """Everything between the q/k/v projection and attention. `qkv` is the fused
+        projection `[n, (h + 2 kvh) hd]` or the list `[q, k, v]` of an unfused layer:
+
+            qkv row:  | q: h * hd | k: kvh * hd | v: kvh * hd |
+
+        Applies the optional per-head RMSNorm (`q_norm`/`k_norm` `[hd]`, qwen3/gemma3), rope at
+        `meta.positions` to q and k, stores k and v at `meta.slot_mapping` (mutates kv);
+        returns q `[n, h, hd]`."""
+        sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+        if isinstance(qkv, (list, tuple)):
+            parts = list(qkv)
+        else:
+            if qkv.shape[-1] != sum(sizes):
+                raise ValueError(f"attention_inputs: qkv has {qkv.shape[-1]} columns, expected "
+                                 f"(num_heads + 2 * num_kv_heads) * head_dim = {sum(sizes)}")
+            parts = self.split(qkv, sizes)
+        n = parts[0].shape[0]
+        q, k, v = (self.reshape(p, (n, heads, head_dim))
+                   for p, heads in zip(parts, (num_heads, num_kv_heads, num_kv_heads)))
+        if q_norm is not None:
+            q = self.rms_norm(q, q_norm, eps, unit_offset)
+        if k_norm is not None:
+            k = self.rms_norm(k, k_norm, eps, unit_offset)
+        q, k = self.rope(q, meta.positions, rope), self.rope(k, meta.positions, rope)
+        self.kv_store(kv, layer, k, v, meta.slot_mapping)
+        return q
+
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...
 

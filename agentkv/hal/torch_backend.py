@@ -2,7 +2,9 @@
 
 Batch invariance on the CPU comes from shapes, not luck. With the compiled kernels of
 `agentkv.hal.kernels` (the default), every matmul and attention row follows one fixed
-accumulation order. Without them: MKL's f32 GEMM gives a row the same bits for any M >= 16,
+accumulation order, and so do the fused glue ops (norms, residual adds, gated activations,
+rope and the K/V store: fused.cpp), which also spare ~40 small torch ops per layer and step.
+Without them: MKL's f32 GEMM gives a row the same bits for any M >= 16,
 so matmuls pad short batches to 16 rows, and attention runs per 16-position group with a
 fixed tile shape (see `_attend_group`); elementwise ops avoid torch kernels whose scalar
 tail differs from their vector body (silu is written with exp, which has none).
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -27,13 +29,19 @@ GROUP = 16  # attention query tile: positions [16j, 16j + 16) share one fixed-sh
 
 
 class TorchKV:
-    """Paged K/V: `k[layer]`, `v[layer]` are `[num_blocks * block_size, kvh, hd]` (slot-major)."""
+    """Paged K/V: `k[layer]`, `v[layer]` are `[num_blocks * block_size, kvh, hd]` (slot-major).
+    `k_blocks[layer]`/`v_blocks[layer]` view the same memory as `[num_blocks, block_size, kvh,
+    hd]` for the attention kernel (made once: a view per layer per step is a torch op each)."""
 
     def __init__(self, spec: KVSpec, device: torch.device):
         shape = (spec.num_layers, spec.num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.spec = spec
         self.k = torch.zeros(shape, dtype=torch.float32, device=device)
         self.v = torch.zeros(shape, dtype=torch.float32, device=device)
+        blocks = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)
+        self.k_blocks = tuple(t.view(blocks) for t in self.k_slots)
+        self.v_blocks = tuple(t.view(blocks) for t in self.v_slots)
 
 
 def _silu(x: torch.Tensor) -> torch.Tensor:
@@ -50,6 +58,7 @@ def _gelu_erf(x: torch.Tensor) -> torch.Tensor:
 
 
 ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "gelu": _gelu_erf}
+GLU_KINDS = {"silu": 0, "gelu_tanh": 1}  # the compiled glu kernel's kind codes
 
 
 class TorchBackend(Backend):
@@ -60,6 +69,7 @@ class TorchBackend(Backend):
         self.name = "torch" if self.device.type == "cpu" else f"torch-{self.device.type}"
         self._kernels = None
         self._rope_memo: dict[RopeSpec, tuple] = {}
+        self._rope_full: dict[RopeSpec, tuple] = {}  # spec -> (num_pos, cos, sin) whole tables
         if use_kernels and self.device.type == "cpu":
             self._kernels = _load_kernels()
 
@@ -134,6 +144,8 @@ class TorchBackend(Backend):
         return Tensor(out)
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:
+        if self._kernels is not None:
+            return Tensor(self._kernels.rms_norm(x.raw.contiguous(), weight.raw, eps, unit_offset))
         xs = x.raw
         ms = (xs * xs).mean(dim=-1, keepdim=True)
         gain = (1.0 + weight.raw) if unit_offset else weight.raw
@@ -178,6 +190,46 @@ class TorchBackend(Backend):
     def act(self, x: Tensor, kind: str) -> Tensor:
         return Tensor(ACTIVATIONS[kind](x.raw))
 
+    # -- fused glue: one compiled kernel each (fused.cpp), else the composed defaults --------
+    def add_norm(self, h: Tensor, delta: Tensor, weight: Weight, eps: float, unit_offset: bool = False,
+                 post_weight: Weight | None = None) -> tuple[Tensor, Tensor]:
+        """With the kernels, h_new is h's own storage updated in place (see Backend.add_norm)."""
+        if self._kernels is None:
+            return super().add_norm(h, delta, weight, eps, unit_offset, post_weight)
+        hs = h.raw.contiguous()
+        post = post_weight.raw if post_weight is not None else None
+        normed = self._kernels.add_norm(hs, delta.raw.contiguous(), weight.raw, post, eps, unit_offset)
+        return Tensor(hs), Tensor(normed)
+
+    def glu(self, x, kind: str) -> Tensor:
+        if self._kernels is None or kind not in GLU_KINDS:
+            return super().glu(x, kind)
+        return Tensor(self._kernels.glu(_stacked(x), GLU_KINDS[kind]))
+
+    def attention_inputs(self, qkv, meta: AttnMeta, kv: TorchKV, layer: int, rope: RopeSpec,
+                         num_heads: int, num_kv_heads: int, head_dim: int, q_norm: Weight | None = None,
+                         k_norm: Weight | None = None, eps: float = 1e-6, unit_offset: bool = False) -> Tensor:
+        if self._kernels is None:
+            return super().attention_inputs(qkv, meta, kv, layer, rope, num_heads, num_kv_heads, head_dim,
+                                            q_norm, k_norm, eps, unit_offset)
+        rows = _step_rows(meta)
+        cos, sin = self._rope_full_tables(rope, rows.max_pos)
+        q = self._kernels.attention_inputs(
+            _stacked(qkv), q_norm.raw if q_norm is not None else None,
+            k_norm.raw if k_norm is not None else None, cos, sin, rows.positions, rows.slots,
+            kv.k_slots[layer], kv.v_slots[layer], num_heads, num_kv_heads, rope.dim,
+            rope.style is RopeStyle.INTERLEAVED, eps, unit_offset)
+        return Tensor(q)
+
+    def _rope_full_tables(self, spec: RopeSpec, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole cos/sin tables `[num_pos, dim/2]` covering max_pos (the kernel gathers rows)."""
+        memo = self._rope_full.get(spec)
+        if memo is None or memo[0] <= max_pos:
+            cos_t, sin_t = rope_tables(spec, max_pos + 1)
+            memo = (len(cos_t), torch.from_numpy(cos_t), torch.from_numpy(sin_t))
+            self._rope_full[spec] = memo
+        return memo[1], memo[2]
+
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return Tensor(a.raw + b.raw)
 
@@ -192,9 +244,9 @@ class TorchBackend(Backend):
         return TorchKV(spec, self.device)
 
     def kv_store(self, kv: TorchKV, layer: int, k: Tensor, v: Tensor, slot_mapping) -> None:
-        slots = torch.as_tensor(np.asarray(slot_mapping, dtype=np.int64), device=self.device)
-        kv.k[layer].index_copy_(0, slots, k.raw)
-        kv.v[layer].index_copy_(0, slots, v.raw)
+        slots = _slots_tensor(slot_mapping, self.device)
+        kv.k_slots[layer].index_copy_(0, slots, k.raw)
+        kv.v_slots[layer].index_copy_(0, slots, v.raw)
 
     def copy_blocks(self, kv: TorchKV, pairs) -> None:
         bs = kv.spec.block_size
@@ -267,6 +319,14 @@ def _attend_group(q: torch.Tensor, kv: TorchKV, layer: int, table, first_pos: in
     return out[off:off + m]
 
 
+def _stacked(x) -> torch.Tensor:
+    """A fused projection's output as it is, or an unfused layer's parts (e.g. q, k, v whose
+    weights have different quant types) joined along the last dim: a copy, no arithmetic."""
+    if isinstance(x, (list, tuple)):
+        return torch.cat([p.raw for p in x], dim=-1)
+    return x.raw.contiguous()
+
+
 def _slots(table, num_keys: int, bs: int, device) -> torch.Tensor:
     pos = np.arange(num_keys)
     blocks = np.asarray(table, dtype=np.int64)
@@ -307,10 +367,8 @@ def _load_kernels():
 
 def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window, softcap):
     """The compiled kernel walks each row's keys 0..pos in order: invariant by construction."""
-    spec = kv.spec
     tables, row_seq, row_pos = _kernel_meta(meta)
-    shape = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-    return mod.paged_attention(q.contiguous(), kv.k[layer].view(shape), kv.v[layer].view(shape),
+    return mod.paged_attention(q.contiguous(), kv.k_blocks[layer], kv.v_blocks[layer],
                                tables, row_seq, row_pos, float(scale), int(window or 0),
                                float(softcap or 0.0))
 
@@ -331,6 +389,42 @@ def _kernel_meta(meta: AttnMeta):
     out = (torch.from_numpy(tables), torch.from_numpy(row_seq),
            torch.from_numpy(meta.positions.astype(np.int32)))
     _META_MEMO[0] = (meta, out)
+    return out
+
+
+class StepRows(NamedTuple):
+    positions: torch.Tensor  # int64 [n]
+    slots: torch.Tensor  # int64 [n]
+    max_pos: int
+
+
+_ROWS_MEMO: list = [(None, None)]  # (meta, StepRows), swapped whole like _META_MEMO
+
+
+def _step_rows(meta: AttnMeta) -> StepRows:
+    """Positions and slots as int64 tensors for the fused kernels, once per step (every layer
+    passes the same meta)."""
+    last_meta, last = _ROWS_MEMO[0]
+    if last_meta is meta:
+        return last
+    pos = np.ascontiguousarray(meta.positions, dtype=np.int64)
+    out = StepRows(torch.from_numpy(pos), _slots_tensor(meta.slot_mapping, torch.device("cpu")),
+                   int(pos.max(initial=0)))
+    _ROWS_MEMO[0] = (meta, out)
+    return out
+
+
+_SLOTS_MEMO: list = [(None, None)]  # (slot_mapping array, tensor)
+
+
+def _slots_tensor(slot_mapping, device) -> torch.Tensor:
+    """slot_mapping as an int64 tensor on device, converted once per step: the memo holds the
+    array itself, so an identity match is never a recycled id."""
+    last_arr, last = _SLOTS_MEMO[0]
+    if last_arr is slot_mapping and last.device == device:
+        return last
+    out = torch.as_tensor(np.asarray(slot_mapping, dtype=np.int64), device=device)
+    _SLOTS_MEMO[0] = (slot_mapping, out)
     return out
 
 

@@ -68,8 +68,8 @@ FUSED_GROUPS = (("q", "k", "v"), ("gate", "up"))
 def fused_projections(backend: Backend, layer: dict, index: int) -> dict:
     """Stacks projections that read the same input (q/k/v, gate/up) where the backend fuses
     them: one matmul instead of several. Mutates `layer`: the fused weight ("q+k+v", with
-    "q+k+v_bias" and the split sizes "q+k+v_sizes") replaces the separate ones, so each
-    weight is held once."""
+    "q+k+v_bias") replaces the separate ones, so each weight is held once. The ops that take
+    the stacked output (`glu`, `attention_inputs`) know its layout from the model's shapes."""
     for group in FUSED_GROUPS:
         weights = [layer[g] for g in group]
         biases = [layer.get(f"{g}_bias") for g in group]
@@ -81,16 +81,17 @@ def fused_projections(backend: Backend, layer: dict, index: int) -> dict:
             continue
         key = "+".join(group)
         layer[key], layer[key + "_bias"] = fused, fused_bias
-        layer[key + "_sizes"] = [w.shape[0] for w in weights]
         for g in group:
             layer[g] = layer[f"{g}_bias"] = None
     return layer
 
 
-def project(backend: Backend, x: Tensor, layer: dict, group: tuple[str, ...]) -> list[Tensor]:
-    """`x @ W.T (+ b)` for each projection of `group`: one fused matmul when the layer has
-    the stacked weight, otherwise one matmul each."""
+def project_stacked(backend: Backend, x: Tensor, layer: dict, group: tuple[str, ...]) -> Tensor | list[Tensor]:
+    """`x @ W.T (+ b)` for each projection of `group`. A fused layer's output stays one
+    `[n, sum(sizes)]` tensor (one matmul), the form the fused ops take (`Backend.glu`,
+    `Backend.attention_inputs`); an unfused layer gives its parts as a list (one matmul
+    each), which those ops accept too."""
     key = "+".join(group)
     if layer.get(key) is not None:
-        return backend.split(backend.matmul(x, layer[key], layer[key + "_bias"]), layer[key + "_sizes"])
+        return backend.matmul(x, layer[key], layer[key + "_bias"])
     return [backend.matmul(x, layer[g], layer.get(f"{g}_bias")) for g in group]

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
-from agentkv.models.base import LoadOptions, Model, fused_projections, project
+from agentkv.models.base import LoadOptions, Model, fused_projections, project_stacked
 
 # Gemma's RMSNorm multiplies by (1 + w). llama.cpp's converter adds the 1 to every
 # `*norm.weight` when it writes a GGUF (and transformers' GGUF loader subtracts it again), so a
@@ -60,35 +60,34 @@ class Gemma3Model(Model):
         return self.backend.rms_norm(x, weight, self.hparams.norm_eps, unit_offset=self.unit_offset)
 
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
-        be, hp = self.backend, self.hparams
+        be, hp, eps, unit = self.backend, self.hparams, self.hparams.norm_eps, self.unit_offset
         h = be.scale(be.embedding(self.embed, token_ids), self.embed_scale)  # [n, d]
+        x = self._norm(h, self.layers[0]["attn_norm"])
         for i, layer in enumerate(self.layers):
-            attn = self._attention(i, layer, self._norm(h, layer["attn_norm"]), meta, kv)
-            h = be.add(h, self._norm(attn, layer["post_attn_norm"]))
-            x = self._norm(h, layer["ffn_norm"])
-            act = be.gated_act(*project(be, x, layer, ("gate", "up")), "gelu_tanh")
-            h = be.add(h, self._norm(be.matmul(act, layer["down"]), layer["post_ffn_norm"]))
-        h = self._norm(be.take_rows(h, logit_rows), self.norm)
-        logits = be.matmul(h, self.head)  # [rows, vocab]
+            # h + post_norm(delta), then the next norm: ffn_norm, then the next layer's
+            # attn_norm (the final norm after the last layer)
+            attn = self._attention(i, layer, x, meta, kv)
+            h, x = be.add_norm(h, attn, layer["ffn_norm"], eps, unit, post_weight=layer["post_attn_norm"])
+            act = be.glu(project_stacked(be, x, layer, ("gate", "up")), "gelu_tanh")
+            next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.norm
+            h, x = be.add_norm(h, be.matmul(act, layer["down"]), next_norm, eps, unit,
+                               post_weight=layer["post_ffn_norm"])
+        logits = be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
         if hp.final_logit_softcap:
             logits = be.softcap(logits, hp.final_logit_softcap)
         return logits
 
     def _attention(self, i: int, layer: dict, x: Tensor, meta: AttnMeta, kv) -> Tensor:
         be, hp = self.backend, self.hparams
-        n, hd = meta.num_tokens, hp.head_dim
-        q, k, v = project(be, x, layer, ("q", "k", "v"))
-        q = self._norm(be.reshape(q, (n, hp.num_heads, hd)), layer["q_norm"])
-        k = self._norm(be.reshape(k, (n, hp.num_kv_heads, hd)), layer["k_norm"])
-        v = be.reshape(v, (n, hp.num_kv_heads, hd))
         local = self._local(i)
-        rope = self.rope_local if local else self.rope_global
-        q, k = be.rope(q, meta.positions, rope), be.rope(k, meta.positions, rope)
-        be.kv_store(kv, i, k, v, meta.slot_mapping)
+        q = be.attention_inputs(project_stacked(be, x, layer, ("q", "k", "v")), meta, kv, i,
+                                self.rope_local if local else self.rope_global,
+                                hp.num_heads, hp.num_kv_heads, hp.head_dim, q_norm=layer["q_norm"],
+                                k_norm=layer["k_norm"], eps=hp.norm_eps, unit_offset=self.unit_offset)
         # No attention softcap: Gemma 3 dropped it (transformers keeps the config field but
         # never passes it to attention; llama.cpp's gemma3 graph has none either).
         out = be.attention(q, kv, i, meta, self.scale, window=hp.sliding_window if local else None)
-        return be.matmul(be.reshape(out, (n, hp.num_heads * hd)), layer["o"])
+        return be.matmul(be.reshape(out, (q.shape[0], hp.num_heads * hp.head_dim)), layer["o"])
 
     def _local(self, i: int) -> bool:
         """Whether layer i is a sliding-window (local) layer."""

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
-from agentkv.models.base import LoadOptions, Model, fused_projections, project
+from agentkv.models.base import LoadOptions, Model, fused_projections, project_stacked
 
 
 class LlamaModel(Model):
@@ -49,32 +49,26 @@ class LlamaModel(Model):
         return fused_projections(self.backend, layer, i)
 
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
-        be, hp = self.backend, self.hparams
+        be, eps = self.backend, self.hparams.norm_eps
         h = be.embedding(self.embed, token_ids)  # [n, d]
+        x = be.rms_norm(h, self.layers[0]["attn_norm"], eps)
         for i, layer in enumerate(self.layers):
-            h = be.add(h, self._attention(i, layer, be.rms_norm(h, layer["attn_norm"], hp.norm_eps),
-                                          meta, kv))
-            x = be.rms_norm(h, layer["ffn_norm"], hp.norm_eps)
-            act = be.gated_act(*project(be, x, layer, ("gate", "up")), "silu")
-            h = be.add(h, be.matmul(act, layer["down"]))
-        h = be.rms_norm(be.take_rows(h, logit_rows), self.norm, hp.norm_eps)
-        return be.matmul(h, self.head)  # [rows, vocab]
+            # each residual add also computes the next norm: ffn_norm, then the next layer's
+            # attn_norm (the final norm after the last layer)
+            h, x = be.add_norm(h, self._attention(i, layer, x, meta, kv), layer["ffn_norm"], eps)
+            act = be.glu(project_stacked(be, x, layer, ("gate", "up")), "silu")
+            next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.norm
+            h, x = be.add_norm(h, be.matmul(act, layer["down"]), next_norm, eps)
+        return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
 
     def _attention(self, i: int, layer: dict, x: Tensor, meta: AttnMeta, kv) -> Tensor:
         be, hp = self.backend, self.hparams
-        n, hd = meta.num_tokens, hp.head_dim
-        q, k, v = project(be, x, layer, ("q", "k", "v"))
-        q = be.reshape(q, (n, hp.num_heads, hd))
-        k = be.reshape(k, (n, hp.num_kv_heads, hd))
-        v = be.reshape(v, (n, hp.num_kv_heads, hd))
-        if layer["q_norm"] is not None:
-            q = be.rms_norm(q, layer["q_norm"], hp.norm_eps)
-            k = be.rms_norm(k, layer["k_norm"], hp.norm_eps)
-        q, k = be.rope(q, meta.positions, self.rope), be.rope(k, meta.positions, self.rope)
-        be.kv_store(kv, i, k, v, meta.slot_mapping)
+        q = be.attention_inputs(project_stacked(be, x, layer, ("q", "k", "v")), meta, kv, i, self.rope,
+                                hp.num_heads, hp.num_kv_heads, hp.head_dim,
+                                q_norm=layer["q_norm"], k_norm=layer["k_norm"], eps=hp.norm_eps)
         window = hp.sliding_window if self._windowed(i) else None
-        out = be.attention(q, kv, i, meta, self.scale, window=window)
-        return be.matmul(be.reshape(out, (n, hp.num_heads * hd)), layer["o"])
+        out = be.attention(q, kv, i, meta, self.scale, window=window)  # [n, h, hd]
+        return be.matmul(be.reshape(out, (q.shape[0], hp.num_heads * hp.head_dim)), layer["o"])
 
     def _windowed(self, i: int) -> bool:
         hp = self.hparams

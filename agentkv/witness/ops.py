@@ -127,7 +127,38 @@ def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, b
             return _attention_case(be, 5, h, kvh, hd, lens, window, cap)
         label = "attention" + (f"/window={window}" if window else "") + (f"/softcap={cap}" if cap else "")
         cases.append((label, f"h={h},kvh={kvh},hd={hd},lens={lens}", att, COSINE_FLOOR_F32, False))
-    cases += _quant_cases() + _kquant_cases()
+    cases += _fused_cases() + _quant_cases() + _kquant_cases()
+    return cases
+
+
+def _fused_cases():
+    """The fused glue ops (add_norm, glu, attention_inputs) with odd widths and both ropes."""
+    cases = []
+    for post in (False, True):
+        def add_norm(be, post=post):
+            r = _rng(13)
+            h_new, normed = be.add_norm(be.upload(r.standard_normal((5, 33))), be.upload(r.standard_normal((5, 33))),
+                                        _w(be, r.standard_normal(33)), 1e-6, post,
+                                        _w(be, r.standard_normal(33), "p") if post else None)
+            return np.concatenate([be.read(h_new), be.read(normed)], axis=1)
+        cases.append(("add_norm" + ("/sandwich" if post else ""), "[5,33]", add_norm, COSINE_FLOOR_F32, False))
+    for kind in ("silu", "gelu_tanh"):
+        def glu(be, kind=kind):
+            return be.read(be.glu(be.upload(_rng(17).standard_normal((5, 2 * 1537))), kind))
+        cases.append((f"glu/{kind}", "[5,3074]", glu, COSINE_FLOOR_F32, False))
+    for style, dim, norm in [(RopeStyle.NEOX, 64, True), (RopeStyle.INTERLEAVED, 32, False)]:
+        def inputs(be, style=style, dim=dim, norm=norm):
+            r, n, h, kvh, hd = _rng(19), 7, 4, 2, 64
+            kv = be.allocate_kv(KVSpec(1, 2, 16, kvh, hd))
+            slots = r.permutation(32)[:n]
+            meta = AttnMeta((n,), (n,), ((0, 1),), r.integers(0, 5000, n), slots)
+            qn, kn = (_w(be, r.standard_normal(hd), nm) if norm else None for nm in ("qn", "kn"))
+            q = be.attention_inputs(be.upload(r.standard_normal((n, (h + 2 * kvh) * hd))), meta, kv, 0,
+                                    RopeSpec(dim=dim, style=style), h, kvh, hd, qn, kn, 1e-6)
+            k, v = (np.asarray(c[0]).reshape(-1, kvh * hd)[slots] for c in (kv.k, kv.v))
+            return np.concatenate([be.read(q).reshape(n, -1), k, v], axis=1)
+        label = f"attention_inputs/{style.value}/rope_dim={dim}" + ("/qk_norm" if norm else "")
+        cases.append((label, "n=7,h=4,kvh=2,hd=64", inputs, COSINE_FLOOR_F32, False))
     return cases
 
 

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "fused.h"
 #include "qmatmul.h"
 
 namespace agentkv {
@@ -123,6 +124,98 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     return out;
 }
 
+// -- fused glue ops (fused.cpp) -----------------------------------------------------------
+
+void check_gain(const c10::optional<at::Tensor>& w, const char* name, int64_t d) {
+    if (!w.has_value()) return;
+    check_f32(*w, name, 1);
+    TORCH_CHECK(w->size(0) == d, name, " has ", w->size(0), " entries, expected d=", d);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool unit_offset) {
+    TORCH_CHECK(x.dim() >= 1, "x must have at least 1 dim, got shape ", x.sizes());
+    check_f32(x, "x", x.dim());
+    const int64_t d = x.size(-1);
+    check_gain(w, "weight", d);
+    auto out = at::empty_like(x);
+    if (x.numel() == 0) return out;
+    rms_norm_raw(x.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), x.numel() / d, d,
+                 static_cast<float>(eps), unit_offset);
+    return out;
+}
+
+at::Tensor add_norm(at::Tensor h, const at::Tensor& delta, const at::Tensor& w,
+                    const c10::optional<at::Tensor>& post_w, double eps, bool unit_offset) {
+    check_f32(h, "h", 2);
+    check_f32(delta, "delta", 2);
+    TORCH_CHECK(delta.sizes() == h.sizes(), "delta has shape ", delta.sizes(), ", expected h's ", h.sizes());
+    const int64_t d = h.size(1);
+    check_gain(w, "weight", d);
+    check_gain(post_w, "post_weight", d);
+    auto normed = at::empty_like(h);
+    if (h.numel() == 0) return normed;
+    add_norm_raw(h.data_ptr<float>(), delta.data_ptr<float>(), w.data_ptr<float>(),
+                 post_w.has_value() ? post_w->data_ptr<float>() : nullptr, normed.data_ptr<float>(),
+                 h.size(0), d, static_cast<float>(eps), unit_offset);
+    return normed;
+}
+
+at::Tensor glu(const at::Tensor& x, int64_t kind) {
+    check_f32(x, "x", 2);
+    TORCH_CHECK(x.size(1) % 2 == 0, "x has ", x.size(1), " columns; gate|up needs an even count");
+    TORCH_CHECK(kind == GLU_SILU || kind == GLU_GELU_TANH, "glu kind ", kind, " unknown (0 silu, 1 gelu_tanh)");
+    const int64_t f = x.size(1) / 2;
+    auto out = at::empty({x.size(0), f}, x.options());
+    if (out.numel() == 0) return out;
+    glu_raw(x.data_ptr<float>(), out.data_ptr<float>(), x.size(0), f, static_cast<int>(kind));
+    return out;
+}
+
+void check_i64_range(const at::Tensor& t, const char* name, int64_t n, int64_t limit, const char* limit_name) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == 1 && t.is_contiguous(),
+                name, " must be a contiguous CPU int64 tensor with 1 dim, got ", t.scalar_type(), " ", t.sizes());
+    TORCH_CHECK(t.size(0) == n, name, " has ", t.size(0), " entries, expected n=", n);
+    const int64_t* p = t.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+        TORCH_CHECK(p[i] >= 0 && p[i] < limit, name, "[", i, "]=", p[i], " out of range [0, ", limit_name, "=", limit, ")");
+    }
+}
+
+at::Tensor attention_inputs(const at::Tensor& qkv, const c10::optional<at::Tensor>& q_norm,
+                            const c10::optional<at::Tensor>& k_norm, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& slots,
+                            at::Tensor k_cache, at::Tensor v_cache, int64_t h, int64_t kvh,
+                            int64_t rope_dim, bool interleaved, double eps, bool unit_offset) {
+    check_f32(qkv, "qkv", 2);
+    check_f32(k_cache, "k_cache", 3);
+    check_f32(v_cache, "v_cache", 3);
+    check_f32(cos, "cos", 2);
+    check_f32(sin, "sin", 2);
+    TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache ", k_cache.sizes(), " and v_cache ", v_cache.sizes(), " differ");
+    const int64_t n = qkv.size(0), hd = k_cache.size(2);
+    TORCH_CHECK(h > 0 && kvh > 0, "num_heads=", h, " and num_kv_heads=", kvh, " must be > 0");
+    TORCH_CHECK(k_cache.size(1) == kvh, "k_cache has ", k_cache.size(1), " kv heads, expected num_kv_heads=", kvh);
+    TORCH_CHECK(qkv.size(1) == (h + 2 * kvh) * hd, "qkv has ", qkv.size(1), " columns, expected (h + 2*kvh)*hd = (",
+                h, " + 2*", kvh, ")*", hd, " = ", (h + 2 * kvh) * hd);
+    TORCH_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= hd, "rope_dim=", rope_dim,
+                " must be even and in (0, head_dim=", hd, "]");
+    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) == rope_dim / 2, "cos/sin tables have shapes ",
+                cos.sizes(), " and ", sin.sizes(), ", expected [num_pos, rope_dim/2=", rope_dim / 2, "]");
+    check_gain(q_norm, "q_norm", hd);
+    check_gain(k_norm, "k_norm", hd);
+    check_i64_range(positions, "positions", n, cos.size(0), "num_pos");
+    check_i64_range(slots, "slots", n, k_cache.size(0), "num_slots");
+    auto q = at::empty({n, h, hd}, qkv.options());
+    if (n == 0) return q;
+    AttentionInputsArgs a{qkv.data_ptr<float>(), q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr,
+                          k_norm.has_value() ? k_norm->data_ptr<float>() : nullptr, cos.data_ptr<float>(),
+                          sin.data_ptr<float>(), positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
+                          k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), q.data_ptr<float>(),
+                          n, h, kvh, hd, rope_dim, interleaved, static_cast<float>(eps), unit_offset};
+    attention_inputs_raw(a);
+    return q;
+}
+
 std::string isa_name() { return active_isa() == ISA_AVX512 ? "avx512" : "avx2"; }
 
 void set_isa_by_name(const std::string& name) {
@@ -135,7 +228,7 @@ void set_isa_by_name(const std::string& name) {
 }  // namespace agentkv
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "agentkv batch-invariant CPU kernels (AVX2/FMA)";
+    m.doc() = "agentkv batch-invariant CPU kernels (AVX2/FMA, AVX-512 where the CPU has it)";
     m.def("qmatmul", &agentkv::qmatmul, "x[m,k] @ dequant(w).T -> [m,n]",
           py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));
     m.def("isa", &agentkv::isa_name, "instruction set the matmul kernels use: avx2 or avx512");
@@ -147,4 +240,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
           py::arg("row_seq"), py::arg("row_pos"), py::arg("scale"), py::arg("window") = 0,
           py::arg("softcap") = 0.0);
+    m.def("rms_norm", &agentkv::rms_norm, "RMSNorm over the last dim -> same shape",
+          py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("unit_offset") = false);
+    m.def("add_norm", &agentkv::add_norm, "h += [rms_norm(delta, post_weight) | delta] in place; -> rms_norm(h)",
+          py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("post_weight"), py::arg("eps"),
+          py::arg("unit_offset") = false);
+    m.def("glu", &agentkv::glu, "act(x[:, :f]) * x[:, f:] -> [n, f]", py::arg("x"), py::arg("kind"));
+    m.def("attention_inputs", &agentkv::attention_inputs,
+          "split q|k|v, q/k norm, rope, store K/V at slots -> q [n, h, hd]",
+          py::arg("qkv"), py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"),
+          py::arg("positions"), py::arg("slots"), py::arg("k_cache"), py::arg("v_cache"), py::arg("num_heads"),
+          py::arg("num_kv_heads"), py::arg("rope_dim"), py::arg("interleaved"), py::arg("eps"),
+          py::arg("unit_offset") = false);
 }

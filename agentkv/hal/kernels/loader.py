@@ -19,8 +19,8 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 NAME = "agentkv_cpu_kernels"
-SOURCES = ("bindings.cpp", "qmatmul.cpp", "qmatmul512.cpp", "attention.cpp", "attention512.cpp")
-HEADERS = ("simd.h", "quant.h", "qmatmul.h", "qmatmul_impl.h")
+SOURCES = ("bindings.cpp", "qmatmul.cpp", "qmatmul512.cpp", "attention.cpp", "attention512.cpp", "fused.cpp")
+HEADERS = ("simd.h", "quant.h", "qmatmul.h", "qmatmul_impl.h", "fused.h")
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")
 LDFLAGS = ("-fopenmp",)
@@ -44,6 +44,14 @@ def load() -> ModuleType | None:
       paged_attention(q f32 [n, h, hd], k_cache, v_cache f32 [num_blocks, block_size, kvh, hd],
                       block_tables int32 [num_seqs, max_blocks], row_seq int32 [n],
                       row_pos int32 [n], scale, window=0, softcap=0.0) -> f32 [n, h, hd]
+      rms_norm(x f32 [..., d], w f32 [d], eps, unit_offset) -> f32 [..., d]
+      add_norm(h f32 [n, d] (updated in place), delta f32 [n, d], w f32 [d], post_w f32 [d] | None,
+               eps, unit_offset) -> normed f32 [n, d]
+      glu(x f32 [n, 2f], kind 0 silu | 1 gelu_tanh) -> f32 [n, f]
+      attention_inputs(qkv f32 [n, (h + 2 kvh) hd], q_norm, k_norm f32 [hd] | None,
+                       cos, sin f32 [num_pos, rope_dim/2], positions, slots int64 [n],
+                       k_cache, v_cache f32 [num_slots, kvh, hd] (written), h, kvh, rope_dim,
+                       interleaved, eps, unit_offset) -> q f32 [n, h, hd]
     Every output row's bits depend only on that row's inputs (batch-invariant)."""
     global _cached
     with _lock:
