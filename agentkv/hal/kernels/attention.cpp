@@ -24,14 +24,13 @@
 //
 //   keys      0 ........ start ............ pos      (start = pos - window + 1 if window)
 //                        |<---- attended ---->|
-#include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <vector>
 
+#include "pool.h"
 #include "qmatmul.h"
 #include "qmatmul_impl.h"
 #include "simd.h"
@@ -239,8 +238,8 @@ static void attend_heads_avx512(const AttentionArgs& a, int64_t row, int64_t kv,
 }  // namespace
 
 // Work unit: (row, kv head, a run of up to HEADS_AT_ONCE (AVX-512: 4) of its query heads,
-// runs of equal size: 4 heads go 2 + 2, not 3 + 1, on AVX2). Units are handed out longest-first from a shared
-// counter, so threads stay balanced when rows differ in length (a prefill) or a thread is
+// runs of equal size: 4 heads go 2 + 2, not 3 + 1, on AVX2). Units are handed out longest-first in small
+// chunks, so threads stay balanced when rows differ in length (a prefill) or a thread is
 // descheduled. Which thread runs a unit never matters: a head's fma chains and reductions
 // depend on nothing outside its own row.
 void paged_attention_raw(const AttentionArgs& a) {
@@ -254,18 +253,17 @@ void paged_attention_raw(const AttentionArgs& a) {
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](int64_t x, int64_t y) { return attended_len(a, x) > attended_len(a, y); });
-    std::atomic<int64_t> next{0};
-    const int64_t workers = std::min<int64_t>(at::get_num_threads(), units);
-    at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-        Scratch scratch;
-        for (int64_t i = next.fetch_add(1); i < units; i = next.fetch_add(1)) {
+    // Units in that order, in small chunks claimed by whichever thread is free.
+    parallel_chunks(units, 1, [&](int64_t b, int64_t e) {
+        thread_local Scratch scratch;
+        for (int64_t i = b; i < e; ++i) {
             const int64_t row = order[i / (a.kvh * runs)], kv = (i / runs) % a.kvh, r = i % runs;
             const int64_t h0 = kv * group + r * per_run;
             const int nh = static_cast<int>(std::min<int64_t>(per_run, group - r * per_run));
             if (wide) attend_heads_avx512(a, row, kv, h0, nh, scratch);
             else attend_heads(a, row, kv, h0, nh, scratch);
         }
-    });
+    }, 16);
 }
 
 }  // namespace agentkv

@@ -11,13 +11,13 @@
 // (the same for every row); every element of one kind goes through the same instructions.
 // Arithmetic mirrors the torch backend's expressions op for op (the build passes
 // -ffp-contract=off, and only the explicit fma inside exp8 fuses).
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "fused.h"
+#include "pool.h"
 #include "simd.h"
 
 namespace agentkv {
@@ -107,14 +107,14 @@ inline void head_inputs(const float* x, const float* norm_w, const float* cs, co
 
 void rms_norm_raw(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps,
                   bool unit_offset) {
-    at::parallel_for(0, rows, grain_rows(d), [&](int64_t b, int64_t e) {
+    parallel_chunks(rows, grain_rows(d), [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) norm_row(x + r * d, w, out + r * d, d, eps, unit_offset);
     });
 }
 
 void add_norm_raw(float* h, const float* delta, const float* w, const float* post_w, float* normed,
                   int64_t rows, int64_t d, float eps, bool unit_offset) {
-    at::parallel_for(0, rows, grain_rows(d), [&](int64_t b, int64_t e) {
+    parallel_chunks(rows, grain_rows(d), [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
             float* hr = h + r * d;
             const float* dr = delta + r * d;
@@ -136,7 +136,7 @@ void add_norm_raw(float* h, const float* delta, const float* w, const float* pos
 }
 
 void glu_raw(const float* x, float* out, int64_t rows, int64_t f, int kind) {
-    at::parallel_for(0, rows, grain_rows(2 * f), [&](int64_t b, int64_t e) {
+    parallel_chunks(rows, grain_rows(2 * f), [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
             const float* gate = x + r * 2 * f;
             const float* up = gate + f;
@@ -150,7 +150,7 @@ void glu_raw(const float* x, float* out, int64_t rows, int64_t f, int kind) {
 
 void attention_inputs_raw(const AttentionInputsArgs& a) {
     const int64_t width = (a.h + 2 * a.kvh) * a.hd, kv_width = a.kvh * a.hd, half = a.rope_dim / 2;
-    at::parallel_for(0, a.n, grain_rows(width), [&](int64_t b, int64_t e) {
+    parallel_chunks(a.n, grain_rows(width), [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
             // qkv row:  | q: h heads | k: kvh heads | v: kvh heads |   (each head hd floats)
             const float* row = a.qkv + r * width;

@@ -13,7 +13,6 @@
 //                     (L2-resident), then R x C register tiles sweep it for every row.
 #include "qmatmul.h"
 
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "pool.h"
 #include "qmatmul_impl.h"
 #include "quant.h"
 
@@ -54,8 +54,7 @@ static void decode_cols(const Problem& p, int64_t c0) {
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
     const int64_t units = p.k / 32;
     for (int64_t sb = 0; sb < units / (F::QK / 32); ++sb) {
-        for (int g = 0; g < G; ++g)
-            _mm_prefetch(reinterpret_cast<const char*>(rows[g] + sb * F::BYTES + PREFETCH_BYTES), _MM_HINT_T0);
+        for (int g = 0; g < G; ++g) prefetch_block(rows[g] + sb * F::BYTES + PREFETCH_BYTES, F::BYTES);
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
 #pragma GCC unroll 8
@@ -75,11 +74,18 @@ static void decode_cols(const Problem& p, int64_t c0) {
         for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum8(acc[r][g]);
 }
 
+// This thread's prefill panel buffer (a chunk of columns is one call; the buffer outlives it).
+static float* panel_scratch(int64_t floats) {
+    thread_local std::vector<float> buffer;
+    if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+    return buffer.data();
+}
+
 template <class F, int M, int G>
 static void decode_path(const Problem& p) {
     const int64_t groups = p.n / G;
     const int64_t grain = std::max<int64_t>(1, MIN_TASK_BYTES / (G * p.row_bytes));
-    at::parallel_for(0, groups + 1, grain, [&](int64_t b, int64_t e) {
+    parallel_chunks(groups + 1, grain, [&](int64_t b, int64_t e) {
         for (int64_t gi = b; gi < e; ++gi) {
             if (gi < groups) {
                 decode_cols<F, M, G>(p, gi * G);
@@ -119,14 +125,14 @@ static void tile_cols(const float* x, int64_t ldx, const float* wp, int64_t k, f
 template <class F>
 static void prefill_path(const Problem& p) {
     const int64_t panels = (p.n + PANEL - 1) / PANEL;
-    at::parallel_for(0, panels, 1, [&](int64_t b, int64_t e) {
-        std::vector<float> scratch(static_cast<size_t>(PANEL * p.k));
+    parallel_chunks(panels, 1, [&](int64_t b, int64_t e) {
+        float* scratch = panel_scratch(PANEL * p.k);
         for (int64_t pi = b; pi < e; ++pi) {
             const int64_t c0 = pi * PANEL;
             const int cols = static_cast<int>(std::min<int64_t>(PANEL, p.n - c0));
             for (int c = 0; c < cols; ++c) {
                 const uint8_t* row = p.w + (c0 + c) * p.row_bytes;
-                float* dst = scratch.data() + c * p.k;
+                float* dst = scratch + c * p.k;
                 for (int64_t u = 0; u < p.k / 32; ++u) {
                     __m256 wv[4];
                     decode_unit<F>(row, u, wv);
@@ -136,11 +142,11 @@ static void prefill_path(const Problem& p) {
             int64_t r = 0;
             float* o = p.out + c0;
             for (; r + TILE_R <= p.m; r += TILE_R)
-                tile_cols<TILE_R>(p.x + r * p.k, p.k, scratch.data(), p.k, o + r * p.n, p.n, cols);
+                tile_cols<TILE_R>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols);
             switch (p.m - r) {
-                case 3: tile_cols<3>(p.x + r * p.k, p.k, scratch.data(), p.k, o + r * p.n, p.n, cols); break;
-                case 2: tile_cols<2>(p.x + r * p.k, p.k, scratch.data(), p.k, o + r * p.n, p.n, cols); break;
-                case 1: tile_cols<1>(p.x + r * p.k, p.k, scratch.data(), p.k, o + r * p.n, p.n, cols); break;
+                case 3: tile_cols<3>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
+                case 2: tile_cols<2>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
+                case 1: tile_cols<1>(p.x + r * p.k, p.k, scratch, p.k, o + r * p.n, p.n, cols); break;
                 default: break;
             }
         }
@@ -152,14 +158,14 @@ static void prefill_path(const Problem& p) {
 static void run_avx512(const Problem& p, int qtype) {
     if (p.m <= 4) {
         const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / p.row_bytes);
-        at::parallel_for(0, p.n, grain, [&](int64_t b, int64_t e) { avx512::decode_range(p, qtype, b, e); });
+        parallel_chunks(p.n, grain, [&](int64_t b, int64_t e) { avx512::decode_range(p, qtype, b, e); });
         return;
     }
     const int64_t panel = avx512::panel_cols(p.k);
-    at::parallel_for(0, (p.n + panel - 1) / panel, 1, [&](int64_t b, int64_t e) {
-        std::vector<float> scratch(static_cast<size_t>(panel * p.k));
+    parallel_chunks((p.n + panel - 1) / panel, 1, [&](int64_t b, int64_t e) {
+        float* scratch = panel_scratch(panel * p.k);
         for (int64_t pi = b; pi < e; ++pi)
-            avx512::prefill_panel(p, qtype, pi * panel, std::min(panel, p.n - pi * panel), scratch.data());
+            avx512::prefill_panel(p, qtype, pi * panel, std::min(panel, p.n - pi * panel), scratch);
     });
 }
 
@@ -176,7 +182,7 @@ static void run(const Problem& p) {
 
 template <class F>
 static void dequant_rows(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t k, float* out) {
-    at::parallel_for(0, n, 16, [&](int64_t b, int64_t e) {
+    parallel_chunks(n, 16, [&](int64_t b, int64_t e) {
         for (int64_t c = b; c < e; ++c) {
             for (int64_t u = 0; u < k / 32; ++u) {
                 __m256 wv[4];

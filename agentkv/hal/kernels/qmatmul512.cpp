@@ -213,7 +213,7 @@ static void decode_cols(const Problem& p, int64_t c0) {
     for (int64_t sb = 0; sb < blocks; ++sb) {
         typename F::Ctx ctx[G];
         for (int g = 0; g < G; ++g) {
-            _mm_prefetch(reinterpret_cast<const char*>(rows[g] + sb * F::BYTES + PREFETCH_BYTES), _MM_HINT_T0);
+            prefetch_block(rows[g] + sb * F::BYTES + PREFETCH_BYTES, F::BYTES);
             F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
         }
         for (int u = 0; u < SUBS / F::UNIT; ++u) {

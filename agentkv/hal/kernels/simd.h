@@ -73,6 +73,13 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
 }
 
+// Prefetches every 64-byte line of [p, p + bytes): a decode GEMV streams its weight rows from
+// DRAM, and K-quant rows are only a few super-blocks long, too short for the hardware
+// prefetcher to ramp up on.
+static inline void prefetch_block(const uint8_t* p, int bytes) {
+    for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+}
+
 // Lane mask with the first `count` lanes set (0 <= count <= 8), for masked loads of tails.
 static inline __m256i lane_mask(int count) {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
