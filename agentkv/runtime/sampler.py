@@ -31,7 +31,7 @@ _TOP_P_FIRST_CANDIDATES = 256
 
 class SampleResult(NamedTuple):
     token_id: int
-    logprob: float  # raw-model logprob of token_id
+    logprob: float | None  # raw-model logprob of token_id; None unless params.logprobs is set
     top_logprobs: list[tuple[int, float]]  # params.logprobs best (id, logprob), desc, ties by id
 
 
@@ -74,18 +74,22 @@ def sample(logits: np.ndarray, params: SamplingParams, state: SamplingState,
     """
     raw = _check_row(logits)
     processed = process_logits(raw, params, state, allowed)
-    if not np.isfinite(processed).any():
+    if params.greedy:  # the max is -inf exactly when every token is
+        token_id = int(np.argmax(processed))
+        finite = bool(np.isfinite(processed[token_id]))
+    else:
+        finite = bool(np.isfinite(processed).any())
+    if not finite:
         raise RuntimeError("every token is masked (-inf) after logit_bias, allowed mask and "
                            "penalties: nothing can be sampled")
-    if params.greedy:
-        token_id = int(np.argmax(processed))
-    else:
+    if not params.greedy:
         token_id = _draw(warp(processed, params), state.rng)
     if not np.isfinite(processed[token_id]):
         raise RuntimeError(f"sampled token {token_id} has a -inf logit: sampler bug")
+    if params.logprobs is None:  # a float64 pass over the vocab (262k for Gemma) saved per token
+        return SampleResult(token_id, None, [])
     lse = logsumexp(raw)
-    return SampleResult(token_id, token_logprob(raw[token_id], lse),
-                        top_logprobs(raw, lse, params.logprobs or 0))
+    return SampleResult(token_id, token_logprob(raw[token_id], lse), top_logprobs(raw, lse, params.logprobs))
 
 
 def process_logits(logits: np.ndarray, params: SamplingParams, state: SamplingState,
@@ -247,6 +251,7 @@ def _draw(z: np.ndarray, rng: np.random.Generator) -> int:
 def _check_row(logits: np.ndarray) -> np.ndarray:
     if logits.ndim != 1 or logits.shape[0] == 0:
         raise ValueError(f"sample expects one logits row [vocab], got shape {logits.shape}")
-    if np.isnan(logits).any() or np.isposinf(logits).any():
+    top = logits.max()  # NaN if any entry is NaN: one pass instead of two
+    if np.isnan(top) or np.isposinf(top):
         raise RuntimeError("logits row contains NaN or +inf: model or backend bug")
     return logits
