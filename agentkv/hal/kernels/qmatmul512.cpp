@@ -9,7 +9,7 @@
 //
 // The one accumulation order of this build, for output (r, c):
 //   acc = 0 (16 lanes); for each 16-wide chunk j of k in order:
-//   acc = fma(x[r, 16j..16j+16), w[c, 16j..16j+16), acc);  out = hsum16(acc)
+//   acc = fma(x[r, 16j..16j+16), w[c, 16j..16j+16), acc);  out = sum(acc), reduce4's tree
 // where w is the weight dequantized exactly as gguf-py does (the same decoders, joined to
 // 16 lanes), so both paths below give a row the same bits whatever rides with it.
 #include <immintrin.h>
@@ -45,9 +45,29 @@ constexpr int64_t MAX_PANEL = 96;
 constexpr int64_t LONG_K = 1024, K_BLOCK = 512;  // k blocking for rows longer than LONG_K
 constexpr int64_t PREFETCH_BYTES = 8192;
 
-// The one horizontal sum of this build: halves added, then simd.h's fixed 8-lane tree.
-static inline float hsum16(__m512 v) {
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+// The one horizontal sum of this build, four accumulators at a time:
+//   [sum(a0), sum(a1), sum(a2), sum(a3)], sum(a) = ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))
+// with x_i = a[i] + a[i + 8]. Each lane's tree reads only its own accumulator, so an output
+// gets the same bits in any slot, or alone with zeros beside it (tail columns, decode).
+static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const auto half = [](__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); };
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(half(a0), half(a1)), _mm256_hadd_ps(half(a2), half(a3)));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+// out[0 .. C) = the sums of acc[0 .. C), C <= 4.
+template <int C>
+static inline void store_sums(const __m512* acc, float* out) {
+    static_assert(C >= 1 && C <= 4, "store_sums reduces at most four accumulators");
+    const __m512 z = _mm512_setzero_ps();
+    const __m128 s = reduce4(acc[0], C > 1 ? acc[1] : z, C > 2 ? acc[2] : z, C > 3 ? acc[3] : z);
+    if (C == 4) {
+        _mm_storeu_ps(out, s);
+        return;
+    }
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, s);
+    for (int c = 0; c < C; ++c) out[c] = lanes[c];
 }
 
 static inline __m128i load16(const uint8_t* p) {
@@ -230,8 +250,7 @@ static void decode_cols(const Problem& p, int64_t c0) {
             }
         }
     }
-    for (int r = 0; r < M; ++r)
-        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum16(acc[r][g]);
+    for (int r = 0; r < M; ++r) store_sums<G>(acc[r], p.out + r * p.n + c0);
 }
 
 template <class F, int M, int G>
@@ -255,7 +274,7 @@ static void decode_t(const Problem& p, int64_t c0, int64_t c1) {
 
 // R x C register tile over rows of x and decoded panel columns (stride k), for the k range
 // [j0, j1): the accumulators start at zero when j0 = 0, else from `saved` (where the previous
-// range left them), and end as hsum16 in `out` when j1 = k, else back in `saved`. Splitting k
+// range left them), and end as sums in `out` when j1 = k, else back in `saved`. Splitting k
 // this way keeps each accumulator's fma sequence exactly the unsplit one.
 template <int R, int C>
 static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, int64_t j0, int64_t j1,
@@ -272,8 +291,7 @@ static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, int64_
         }
     }
     if (j1 == k) {
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) out[r * ldo + c] = hsum16(acc[r][c]);
+        for (int r = 0; r < R; ++r) store_sums<C>(acc[r], out + r * ldo);
     } else {
         for (int r = 0; r < R; ++r)
             for (int c = 0; c < C; ++c) saved[r * C + c] = acc[r][c];

@@ -19,7 +19,7 @@ struct Problem {
 // The AVX-512 build (qmatmul512.cpp, compiled for avx512f/bw/vl/dq whatever the global flags).
 // Its accumulation order is the AVX2 one with 16 lanes instead of 8: for output (r, c),
 // acc = 0 (16 lanes); for each 16-wide chunk j of k in order, acc = fma(x[r, 16j..),
-// w[c, 16j..), acc); out = hsum16(acc) = hsum8(lo256 + hi256). Decode and prefill both
+// w[c, 16j..), acc); out = the fixed lane tree of reduce4 in qmatmul512.cpp. Decode and prefill both
 // follow it, so rows stay batch-invariant; the bits differ from the AVX2 build's, which is
 // why one process uses one ISA for everything (see active_isa in qmatmul.cpp).
 namespace avx512 {
