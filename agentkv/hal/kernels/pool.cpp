@@ -112,18 +112,18 @@ Pool& pool() {
 }  // namespace
 
 void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body,
-                     int64_t per_thread) {
+                     int64_t per_thread, int64_t align) {
     if (n <= 0) return;
-    grain = std::max<int64_t>(1, grain);
     const int threads = std::max(1, at::get_num_threads());
-    const int64_t max_chunks = (n + grain - 1) / grain;
+    const int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, grain));
     if (threads == 1 || max_chunks == 1) {
         body(0, n);
         return;
     }
-    // several chunks per thread, so the caller can absorb the share of a worker that is late
+    // equal chunks, several per thread, so the caller can absorb the share of a late worker
     const int64_t want = std::min<int64_t>(max_chunks, threads * std::max<int64_t>(1, per_thread));
-    const int64_t chunk = (max_chunks + want - 1) / want * grain;
+    align = std::max<int64_t>(1, align);
+    const int64_t chunk = ((n + want - 1) / want + align - 1) / align * align;
     auto job = std::make_shared<Job>();
     job->body = &body;
     job->n = n;

@@ -17,10 +17,10 @@
 
 namespace agentkv {
 
-// body(begin, end) over [0, n) in chunks of a multiple of `grain` elements (about
-// `per_thread` chunks per thread), on the calling thread and up to at::get_num_threads() - 1
-// pool workers. Returns when every chunk is done.
+// body(begin, end) over [0, n) in equal chunks (a multiple of `align` elements, at least
+// `grain` unless n is smaller, about `per_thread` per thread), on the calling thread and up
+// to at::get_num_threads() - 1 pool workers. Returns when every chunk is done.
 void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body,
-                     int64_t per_thread = 4);
+                     int64_t per_thread = 4, int64_t align = 1);
 
 }  // namespace agentkv

@@ -31,10 +31,10 @@ namespace {
 
 constexpr int PANEL = 24;  // columns decoded per scratch panel (a multiple of TILE_C)
 constexpr int TILE_R = 4, TILE_C = 3;
-// A decode GEMV only goes parallel past this many weight bytes per task: below it, waking a
-// second thread costs more than the few microseconds of work (and a time slice when the
-// machine is oversubscribed). Threads split columns only, so this never changes bits.
-constexpr int64_t MIN_TASK_BYTES = 64 * 1024;
+// A decode GEMV only goes parallel past this many weight bytes per chunk: below it, handing
+// work to the pool costs more than the microsecond or two of work. Threads split columns
+// only, so this never changes bits.
+constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
 // Software prefetch distance along each weight row (the rows of a decode GEMV stream from DRAM).
 constexpr int64_t PREFETCH_BYTES = 8192;
 
@@ -158,7 +158,7 @@ static void prefill_path(const Problem& p) {
 static void run_avx512(const Problem& p, int qtype) {
     if (p.m <= 4) {
         const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / p.row_bytes);
-        parallel_chunks(p.n, grain, [&](int64_t b, int64_t e) { avx512::decode_range(p, qtype, b, e); });
+        parallel_chunks(p.n, grain, [&](int64_t b, int64_t e) { avx512::decode_range(p, qtype, b, e); }, 4, 4);
         return;
     }
     const int64_t panel = avx512::panel_cols(p.k);
