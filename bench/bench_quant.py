@@ -112,17 +112,21 @@ def memory_mib() -> dict:
 
 
 def tensor_bytes(model) -> int:
-    """Bytes of the distinct torch tensors reachable from the model (its resident weights)."""
-    import torch
+    """Bytes of the distinct weight tensors (hal Weights) reachable from the model: what it
+    holds resident. Backend caches (rope tables, step buffers) are not weights."""
+    from agentkv.hal.base import Weight
 
-    seen, total, stack = set(), 0, [(model, 0)]
+    seen, storages, total, stack = set(), set(), 0, [(model, 0)]
     while stack:
         obj, depth = stack.pop()
         if id(obj) in seen or depth > 6:
             continue
         seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            total += obj.untyped_storage().nbytes()
+        if isinstance(obj, Weight):
+            storage = obj.raw.untyped_storage()
+            if storage.data_ptr() not in storages:
+                storages.add(storage.data_ptr())
+                total += storage.nbytes()
             continue
         if isinstance(obj, dict):
             children = list(obj.values())
