@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from agentkv.hal.base import AttnMeta, Backend, Capabilities, KVSpec, RopeSpec, RopeStyle, Tensor, Weight
 from agentkv.hal.registry import BackendUnavailable
 from agentkv.hal.rope import rope_tables
+from agentkv.hal.torch_steps import kernel_meta, slots_tensor, step_rows
 
 F32 = 0
 MIN_ROWS = 16  # MKL sgemm: rows are bit-identical for any M >= 16 (MEASUREMENTS.md)
@@ -212,7 +213,7 @@ class TorchBackend(Backend):
         if self._kernels is None:
             return super().attention_inputs(qkv, meta, kv, layer, rope, num_heads, num_kv_heads, head_dim,
                                             q_norm, k_norm, eps, unit_offset)
-        rows = _step_rows(meta)
+        rows = step_rows(meta)
         cos, sin = self._rope_full_tables(rope, rows.max_pos)
         q = self._kernels.attention_inputs(
             _stacked(qkv), q_norm.raw if q_norm is not None else None,
@@ -244,7 +245,7 @@ class TorchBackend(Backend):
         return TorchKV(spec, self.device)
 
     def kv_store(self, kv: TorchKV, layer: int, k: Tensor, v: Tensor, slot_mapping) -> None:
-        slots = _slots_tensor(slot_mapping, self.device)
+        slots = slots_tensor(slot_mapping, self.device)
         kv.k_slots[layer].index_copy_(0, slots, k.raw)
         kv.v_slots[layer].index_copy_(0, slots, v.raw)
 
@@ -367,65 +368,10 @@ def _load_kernels():
 
 def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window, softcap):
     """The compiled kernel walks each row's keys 0..pos in order: invariant by construction."""
-    tables, row_seq, row_pos = _kernel_meta(meta)
+    tables, row_seq, row_pos = kernel_meta(meta)
     return mod.paged_attention(q.contiguous(), kv.k_blocks[layer], kv.v_blocks[layer],
                                tables, row_seq, row_pos, float(scale), int(window or 0),
                                float(softcap or 0.0))
-
-
-_META_MEMO: list = [(None, None)]  # (meta, tensors), swapped whole so threads never mix halves
-
-
-def _kernel_meta(meta: AttnMeta):
-    """Block tables, row -> sequence and row -> position as int32 tensors, once per step."""
-    last_meta, last = _META_MEMO[0]
-    if last_meta is meta:
-        return last
-    width = max(len(t) for t in meta.block_tables)
-    tables = np.zeros((len(meta.block_tables), width), np.int32)
-    for i, t in enumerate(meta.block_tables):
-        tables[i, : len(t)] = t
-    row_seq = np.repeat(np.arange(len(meta.query_lens), dtype=np.int32), meta.query_lens)
-    out = (torch.from_numpy(tables), torch.from_numpy(row_seq),
-           torch.from_numpy(meta.positions.astype(np.int32)))
-    _META_MEMO[0] = (meta, out)
-    return out
-
-
-class StepRows(NamedTuple):
-    positions: torch.Tensor  # int64 [n]
-    slots: torch.Tensor  # int64 [n]
-    max_pos: int
-
-
-_ROWS_MEMO: list = [(None, None)]  # (meta, StepRows), swapped whole like _META_MEMO
-
-
-def _step_rows(meta: AttnMeta) -> StepRows:
-    """Positions and slots as int64 tensors for the fused kernels, once per step (every layer
-    passes the same meta)."""
-    last_meta, last = _ROWS_MEMO[0]
-    if last_meta is meta:
-        return last
-    pos = np.ascontiguousarray(meta.positions, dtype=np.int64)
-    out = StepRows(torch.from_numpy(pos), _slots_tensor(meta.slot_mapping, torch.device("cpu")),
-                   int(pos.max(initial=0)))
-    _ROWS_MEMO[0] = (meta, out)
-    return out
-
-
-_SLOTS_MEMO: list = [(None, None)]  # (slot_mapping array, tensor)
-
-
-def _slots_tensor(slot_mapping, device) -> torch.Tensor:
-    """slot_mapping as an int64 tensor on device, converted once per step: the memo holds the
-    array itself, so an identity match is never a recycled id."""
-    last_arr, last = _SLOTS_MEMO[0]
-    if last_arr is slot_mapping and last.device == device:
-        return last
-    out = torch.as_tensor(np.asarray(slot_mapping, dtype=np.int64), device=device)
-    _SLOTS_MEMO[0] = (slot_mapping, out)
-    return out
 
 
 def cuda_backend() -> TorchBackend:

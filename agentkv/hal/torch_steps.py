@@ -1,0 +1,64 @@
+"""Per-step index tensors of the torch backend, built once per step and shared by every layer
+(each layer passes the same AttnMeta, so an identity check on it is the memo key)."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from agentkv.hal.base import AttnMeta
+
+_META_MEMO: list = [(None, None)]  # (meta, tensors), swapped whole so threads never mix halves
+
+
+def kernel_meta(meta: AttnMeta):
+    """Block tables, row -> sequence and row -> position as int32 tensors, once per step."""
+    last_meta, last = _META_MEMO[0]
+    if last_meta is meta:
+        return last
+    width = max(len(t) for t in meta.block_tables)
+    tables = np.zeros((len(meta.block_tables), width), np.int32)
+    for i, t in enumerate(meta.block_tables):
+        tables[i, : len(t)] = t
+    row_seq = np.repeat(np.arange(len(meta.query_lens), dtype=np.int32), meta.query_lens)
+    out = (torch.from_numpy(tables), torch.from_numpy(row_seq),
+           torch.from_numpy(meta.positions.astype(np.int32)))
+    _META_MEMO[0] = (meta, out)
+    return out
+
+
+class StepRows(NamedTuple):
+    positions: torch.Tensor  # int64 [n]
+    slots: torch.Tensor  # int64 [n]
+    max_pos: int
+
+
+_ROWS_MEMO: list = [(None, None)]  # (meta, StepRows), swapped whole like _META_MEMO
+
+
+def step_rows(meta: AttnMeta) -> StepRows:
+    """Positions and slots as int64 tensors for the fused kernels, once per step (every layer
+    passes the same meta)."""
+    last_meta, last = _ROWS_MEMO[0]
+    if last_meta is meta:
+        return last
+    pos = np.ascontiguousarray(meta.positions, dtype=np.int64)
+    out = StepRows(torch.from_numpy(pos), slots_tensor(meta.slot_mapping, torch.device("cpu")),
+                   int(pos.max(initial=0)))
+    _ROWS_MEMO[0] = (meta, out)
+    return out
+
+
+_SLOTS_MEMO: list = [(None, None)]  # (slot_mapping array, tensor)
+
+
+def slots_tensor(slot_mapping, device) -> torch.Tensor:
+    """slot_mapping as an int64 tensor on device, converted once per step: the memo holds the
+    array itself, so an identity match is never a recycled id."""
+    last_arr, last = _SLOTS_MEMO[0]
+    if last_arr is slot_mapping and last.device == device:
+        return last
+    out = torch.as_tensor(np.asarray(slot_mapping, dtype=np.int64), device=device)
+    _SLOTS_MEMO[0] = (slot_mapping, out)
+    return out
