@@ -129,6 +129,20 @@ class AttnMeta(NamedTuple):
         return starts
 
 
+class BlockSpec(NamedTuple):
+    """What varies between the pre-norm GQA decoder blocks of the llama family and gemma3."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope: RopeSpec
+    scale: float  # attention score scale
+    window: int | None  # sliding window of this layer, None for full attention
+    act: str  # gated FFN activation: "silu" | "gelu_tanh"
+    eps: float
+    unit_offset: bool = False  # norm gain is 1 + w (gemma)
+
+
 class Capabilities(NamedTuple):
     device: str  # "cpu", "cuda:0", ...
     resident_qtypes: frozenset[int]  # gguf quant types kept quantized in memory
@@ -270,6 +284,30 @@ class Backend(ABC):
         self.kv_store(kv, layer, k, v, meta.slot_mapping)
         return q
 
+    def decoder_block(self, h: Tensor, x: Tensor, layer: dict, spec: BlockSpec, meta: AttnMeta, kv: Any,
+                      index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
+        """One decoder block on the residual `h` `[n, d]` and its normed input `x` `[n, d]`:
+
+            x -> q/k/v -> attention_inputs -> attention -> o;  h, x = add_norm(h, ., ffn_norm)
+            x -> gate|up -> glu -> down;                       h, x = add_norm(h, ., next_norm)
+
+        with the layer's post norms (`post_attn_norm`, `post_ffn_norm`, gemma3) inside the
+        add_norms when it has them. `layer` is the weight dict of models/base.py (fused
+        "q+k+v" / "gate+up" or their parts, optional biases and q/k norms); `next_norm` is the
+        next block's attn_norm, or the final norm. Stores this block's K/V (mutates kv) and
+        may reuse h's storage. -> (h, the next norm's output)."""
+        qkv = project_stacked(self, x, layer, ("q", "k", "v"))
+        q = self.attention_inputs(qkv, meta, kv, index, spec.rope, spec.num_heads, spec.num_kv_heads,
+                                  spec.head_dim, q_norm=layer.get("q_norm"), k_norm=layer.get("k_norm"),
+                                  eps=spec.eps, unit_offset=spec.unit_offset)
+        out = self.attention(q, kv, index, meta, spec.scale, window=spec.window)
+        attn = self.matmul(self.reshape(out, (q.shape[0], spec.num_heads * spec.head_dim)), layer["o"])
+        h, x = self.add_norm(h, attn, layer["ffn_norm"], spec.eps, spec.unit_offset,
+                             post_weight=layer.get("post_attn_norm"))
+        act = self.glu(project_stacked(self, x, layer, ("gate", "up")), spec.act)
+        return self.add_norm(h, self.matmul(act, layer["down"]), next_norm, spec.eps, spec.unit_offset,
+                             post_weight=layer.get("post_ffn_norm"))
+
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...
 
@@ -305,3 +343,14 @@ class Backend(ABC):
                         scale: float) -> Tensor:
         """Bidirectional attention within each sequence (encoders), no cache.
         q/k/v `[n, h, hd]`, rows grouped by sequence."""
+
+
+def project_stacked(backend: Backend, x: Tensor, layer: dict, group: tuple[str, ...]) -> Tensor | list[Tensor]:
+    """`x @ W.T (+ b)` for each projection of `group`. A fused layer's output stays one
+    `[n, sum(sizes)]` tensor (one matmul), the form the fused ops take (`Backend.glu`,
+    `Backend.attention_inputs`); an unfused layer gives its parts as a list (one matmul
+    each), which those ops accept too."""
+    key = "+".join(group)
+    if layer.get(key) is not None:
+        return backend.matmul(x, layer[key], layer.get(key + "_bias"))
+    return [backend.matmul(x, layer[g], layer.get(f"{g}_bias")) for g in group]

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentkv.hal.base import AttnMeta, Backend, Capabilities, KVSpec, RopeSpec, RopeStyle, Tensor, Weight
+from agentkv.hal.base import (AttnMeta, Backend, BlockSpec, Capabilities, KVSpec, RopeSpec, RopeStyle, Tensor,
+                             Weight)
 from agentkv.hal.registry import BackendUnavailable
 from agentkv.hal.rope import rope_tables
 from agentkv.hal.torch_steps import kernel_meta, slots_tensor, step_rows
@@ -43,6 +44,7 @@ class TorchKV:
         self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)
         self.k_blocks = tuple(t.view(blocks) for t in self.k_slots)
         self.v_blocks = tuple(t.view(blocks) for t in self.v_slots)
+        self.decoder_blocks: dict[int, tuple] = {}  # layer -> (layer dict, spec, next_norm, compiled block)
 
 
 def _silu(x: torch.Tensor) -> torch.Tensor:
@@ -222,6 +224,40 @@ class TorchBackend(Backend):
             rope.style is RopeStyle.INTERLEAVED, eps, unit_offset)
         return Tensor(q)
 
+    def decoder_block(self, h: Tensor, x: Tensor, layer: dict, spec: BlockSpec, meta: AttnMeta, kv: TorchKV,
+                      index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
+        """The block as one compiled call (layer.cpp): the same kernels in the same order as
+        the default composition, so the same bits, minus ~10 Python/pybind crossings."""
+        block = self._compiled_block(layer, spec, kv, index, next_norm) if self._kernels is not None else None
+        if block is None:
+            return super().decoder_block(h, x, layer, spec, meta, kv, index, next_norm)
+        rows = step_rows(meta)
+        cos, sin = self._rope_full_tables(spec.rope, rows.max_pos)
+        tables, row_seq, row_pos = kernel_meta(meta)
+        hs = h.raw.contiguous()
+        normed = block.run(hs, x.raw.contiguous(), cos, sin, rows.positions, rows.slots, tables, row_seq, row_pos)
+        return Tensor(hs), Tensor(normed)
+
+    def _compiled_block(self, layer: dict, spec: BlockSpec, kv: TorchKV, index: int, next_norm: Weight):
+        """The kernel library's DecoderBlock for this layer, built once per KV store; None
+        where the block needs something it does not do (a bias on only some of q/k/v)."""
+        entry = kv.decoder_blocks.get(index)
+        if entry is not None and entry[0] is layer and entry[1] == spec and entry[2] is next_norm:
+            return entry[3]
+        projections = [_projection(self._kernels, layer, g) for g in (("q", "k", "v"), ("o",), ("gate", "up"),
+                                                                     ("down",))]
+        block = None
+        if all(p is not None for p in projections) and spec.act in GLU_KINDS:
+            raw = lambda name: layer[name].raw if layer.get(name) is not None else None  # noqa: E731
+            block = self._kernels.DecoderBlock(
+                *projections, raw("ffn_norm"), next_norm.raw, raw("post_attn_norm"), raw("post_ffn_norm"),
+                raw("q_norm"), raw("k_norm"), kv.k_slots[index], kv.v_slots[index], kv.k_blocks[index],
+                kv.v_blocks[index], spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope.dim,
+                spec.rope.style is RopeStyle.INTERLEAVED, int(spec.window or 0), GLU_KINDS[spec.act], spec.eps,
+                spec.unit_offset, spec.scale)
+        kv.decoder_blocks[index] = (layer, spec, next_norm, block)
+        return block
+
     def _rope_full_tables(self, spec: RopeSpec, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole cos/sin tables `[num_pos, dim/2]` covering max_pos (the kernel gathers rows)."""
         memo = self._rope_full.get(spec)
@@ -318,6 +354,20 @@ def _attend_group(q: torch.Tensor, kv: TorchKV, layer: int, table, first_pos: in
     out = torch.matmul(probs, vals.permute(1, 0, 2))  # [kvh, g*16, hd]
     out = out.reshape(kvh, g, GROUP, hd).permute(2, 0, 1, 3).reshape(GROUP, h, hd)
     return out[off:off + m]
+
+
+def _projection(kernels, layer: dict, group: tuple[str, ...]):
+    """A layer's projection for the compiled block: the fused weight or its parts, and the
+    bias of the joined output (None if some parts have one and others not)."""
+    key = "+".join(group)
+    names = [key] if layer.get(key) is not None else list(group)
+    weights = [layer[name] for name in names]
+    biases = [layer.get(f"{name}_bias") for name in names]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        return None
+    bias = torch.cat([b.raw for b in biases]) if biases[0] is not None else None
+    return kernels.projection([w.raw for w in weights], [w.qtype for w in weights],
+                              [w.shape[0] for w in weights], bias, weights[0].shape[1])
 
 
 def _stacked(x) -> torch.Tensor:

@@ -8,7 +8,7 @@ import numpy as np
 
 from agentkv.formats.errors import FormatError
 from agentkv.formats.source import HParams, ModelSource
-from agentkv.hal.base import AttnMeta, Backend, KVSpec, Tensor, Weight
+from agentkv.hal.base import AttnMeta, Backend, KVSpec, Tensor, Weight, project_stacked  # noqa: F401 (re-export)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +84,3 @@ def fused_projections(backend: Backend, layer: dict, index: int) -> dict:
         for g in group:
             layer[g] = layer[f"{g}_bias"] = None
     return layer
-
-
-def project_stacked(backend: Backend, x: Tensor, layer: dict, group: tuple[str, ...]) -> Tensor | list[Tensor]:
-    """`x @ W.T (+ b)` for each projection of `group`. A fused layer's output stays one
-    `[n, sum(sizes)]` tensor (one matmul), the form the fused ops take (`Backend.glu`,
-    `Backend.attention_inputs`); an unfused layer gives its parts as a list (one matmul
-    each), which those ops accept too."""
-    key = "+".join(group)
-    if layer.get(key) is not None:
-        return backend.matmul(x, layer[key], layer[key + "_bias"])
-    return [backend.matmul(x, layer[g], layer.get(f"{g}_bias")) for g in group]

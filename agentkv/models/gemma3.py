@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
-from agentkv.models.base import LoadOptions, Model, fused_projections, project_stacked
+from agentkv.hal.base import AttnMeta, BlockSpec, RopeSpec, RopeStyle, Tensor
+from agentkv.models.base import LoadOptions, Model, fused_projections
 
 # Gemma's RMSNorm multiplies by (1 + w). llama.cpp's converter adds the 1 to every
 # `*norm.weight` when it writes a GGUF (and transformers' GGUF loader subtracts it again), so a
@@ -33,7 +33,13 @@ class Gemma3Model(Model):
                                     scaling=hp.rope_scaling)
         self.rope_local = RopeSpec(dim=hp.head_dim, theta=hp.rope_theta_local or LOCAL_ROPE_THETA,
                                    style=RopeStyle.NEOX)
-        self.scale = (hp.query_pre_attn_scalar or hp.head_dim) ** -0.5
+        scale = (hp.query_pre_attn_scalar or hp.head_dim) ** -0.5
+        # No attention softcap: Gemma 3 dropped it (transformers keeps the config field but
+        # never passes it to attention; llama.cpp's gemma3 graph has none either).
+        self.blocks = [BlockSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim,
+                                 self.rope_local if self._local(i) else self.rope_global, scale,
+                                 hp.sliding_window if self._local(i) else None, "gelu_tanh", hp.norm_eps,
+                                 self.unit_offset) for i in range(hp.num_layers)]
         # transformers multiplies the embedding rows by sqrt(hidden) cast to the activation
         # dtype (float32 here): np.float32 inside backend.scale rounds it the same way.
         self.embed_scale = math.sqrt(hp.hidden_size)
@@ -60,34 +66,18 @@ class Gemma3Model(Model):
         return self.backend.rms_norm(x, weight, self.hparams.norm_eps, unit_offset=self.unit_offset)
 
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
-        be, hp, eps, unit = self.backend, self.hparams, self.hparams.norm_eps, self.unit_offset
+        be, hp = self.backend, self.hparams
         h = be.scale(be.embedding(self.embed, token_ids), self.embed_scale)  # [n, d]
         x = self._norm(h, self.layers[0]["attn_norm"])
         for i, layer in enumerate(self.layers):
-            # h + post_norm(delta), then the next norm: ffn_norm, then the next layer's
-            # attn_norm (the final norm after the last layer)
-            attn = self._attention(i, layer, x, meta, kv)
-            h, x = be.add_norm(h, attn, layer["ffn_norm"], eps, unit, post_weight=layer["post_attn_norm"])
-            act = be.glu(project_stacked(be, x, layer, ("gate", "up")), "gelu_tanh")
+            # sandwich norms: each residual add is h + post_norm(delta), then the next norm
+            # (ffn_norm; the next layer's attn_norm; the final norm after the last layer)
             next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.norm
-            h, x = be.add_norm(h, be.matmul(act, layer["down"]), next_norm, eps, unit,
-                               post_weight=layer["post_ffn_norm"])
+            h, x = be.decoder_block(h, x, layer, self.blocks[i], meta, kv, i, next_norm)
         logits = be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
         if hp.final_logit_softcap:
             logits = be.softcap(logits, hp.final_logit_softcap)
         return logits
-
-    def _attention(self, i: int, layer: dict, x: Tensor, meta: AttnMeta, kv) -> Tensor:
-        be, hp = self.backend, self.hparams
-        local = self._local(i)
-        q = be.attention_inputs(project_stacked(be, x, layer, ("q", "k", "v")), meta, kv, i,
-                                self.rope_local if local else self.rope_global,
-                                hp.num_heads, hp.num_kv_heads, hp.head_dim, q_norm=layer["q_norm"],
-                                k_norm=layer["k_norm"], eps=hp.norm_eps, unit_offset=self.unit_offset)
-        # No attention softcap: Gemma 3 dropped it (transformers keeps the config field but
-        # never passes it to attention; llama.cpp's gemma3 graph has none either).
-        out = be.attention(q, kv, i, meta, self.scale, window=hp.sliding_window if local else None)
-        return be.matmul(be.reshape(out, (q.shape[0], hp.num_heads * hp.head_dim)), layer["o"])
 
     def _local(self, i: int) -> bool:
         """Whether layer i is a sliding-window (local) layer."""

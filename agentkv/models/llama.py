@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
-from agentkv.models.base import LoadOptions, Model, fused_projections, project_stacked
+from agentkv.hal.base import AttnMeta, BlockSpec, RopeSpec, RopeStyle, Tensor
+from agentkv.models.base import LoadOptions, Model, fused_projections
 
 
 class LlamaModel(Model):
@@ -20,7 +20,10 @@ class LlamaModel(Model):
         self.rope = RopeSpec(dim=int(hp.extra.get("rope_dim", hp.head_dim)), theta=hp.rope_theta,
                              style=RopeStyle.INTERLEAVED if interleaved else RopeStyle.NEOX,
                              scaling=self._rope_scaling(source))
-        self.scale = 1.0 / math.sqrt(hp.head_dim)
+        scale = 1.0 / math.sqrt(hp.head_dim)
+        self.blocks = [BlockSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim, self.rope, scale,
+                                 hp.sliding_window if self._windowed(i) else None, "silu", hp.norm_eps)
+                       for i in range(hp.num_layers)]
         self.embed = self.weight("token_embd.weight")
         self.layers = [self._layer(i) for i in range(hp.num_layers)]
         self.norm = self.weight("output_norm.weight")
@@ -49,26 +52,14 @@ class LlamaModel(Model):
         return fused_projections(self.backend, layer, i)
 
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
-        be, eps = self.backend, self.hparams.norm_eps
+        be = self.backend
         h = be.embedding(self.embed, token_ids)  # [n, d]
-        x = be.rms_norm(h, self.layers[0]["attn_norm"], eps)
+        x = be.rms_norm(h, self.layers[0]["attn_norm"], self.hparams.norm_eps)
         for i, layer in enumerate(self.layers):
-            # each residual add also computes the next norm: ffn_norm, then the next layer's
-            # attn_norm (the final norm after the last layer)
-            h, x = be.add_norm(h, self._attention(i, layer, x, meta, kv), layer["ffn_norm"], eps)
-            act = be.glu(project_stacked(be, x, layer, ("gate", "up")), "silu")
+            # each block ends in the next norm: the next layer's attn_norm, then the final norm
             next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.norm
-            h, x = be.add_norm(h, be.matmul(act, layer["down"]), next_norm, eps)
+            h, x = be.decoder_block(h, x, layer, self.blocks[i], meta, kv, i, next_norm)
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
-
-    def _attention(self, i: int, layer: dict, x: Tensor, meta: AttnMeta, kv) -> Tensor:
-        be, hp = self.backend, self.hparams
-        q = be.attention_inputs(project_stacked(be, x, layer, ("q", "k", "v")), meta, kv, i, self.rope,
-                                hp.num_heads, hp.num_kv_heads, hp.head_dim,
-                                q_norm=layer["q_norm"], k_norm=layer["k_norm"], eps=hp.norm_eps)
-        window = hp.sliding_window if self._windowed(i) else None
-        out = be.attention(q, kv, i, meta, self.scale, window=window)  # [n, h, hd]
-        return be.matmul(be.reshape(out, (q.shape[0], hp.num_heads * hp.head_dim)), layer["o"])
 
     def _windowed(self, i: int) -> bool:
         hp = self.hparams

@@ -1,0 +1,97 @@
+// One decoder block (llama family, gemma3) as one call from Python.
+//
+// It runs the checked ops of bindings.cpp in the order of hal's Backend.decoder_block
+// default, on the same tensors, so the output bits are that path's; what it saves are the
+// ~10 Python and pybind crossings per block, about a fifth of a small model's decode step.
+//
+//   x --qkv--> attention_inputs (q/k norm, rope, K/V stored) --> paged_attention --o-->
+//   h, x = add_norm(h, ., ffn_norm [, post_attn_norm])
+//   x --gate|up--> glu --down--> h, x = add_norm(h, ., next_norm [, post_ffn_norm])
+#include <vector>
+
+#include "ops.h"
+
+namespace agentkv {
+namespace ops {
+namespace {
+
+// One projection: one weight, or the parts of an unfused one (outputs joined by columns,
+// as the per-op path joins them), plus the bias of the joined output.
+struct Projection {
+    std::vector<at::Tensor> weights;
+    std::vector<int64_t> qtypes, rows;
+    c10::optional<at::Tensor> bias;
+    int64_t k;
+
+    at::Tensor operator()(const at::Tensor& x) const {
+        std::vector<at::Tensor> outs;
+        for (size_t i = 0; i < weights.size(); ++i)
+            outs.push_back(qtypes[i] == 0 ? ops::matmul_f32(x, weights[i]) : ops::qmatmul(x, weights[i], qtypes[i], rows[i], k));
+        at::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 1);
+        return bias.has_value() ? out + *bias : out;
+    }
+};
+
+Projection projection(std::vector<at::Tensor> weights, std::vector<int64_t> qtypes, std::vector<int64_t> rows,
+                      c10::optional<at::Tensor> bias, int64_t k) {
+    TORCH_CHECK(!weights.empty() && weights.size() == qtypes.size() && weights.size() == rows.size(),
+                "a projection needs one qtype and one row count per weight, got ", weights.size(), " weights, ",
+                qtypes.size(), " qtypes, ", rows.size(), " row counts");
+    return Projection{std::move(weights), std::move(qtypes), std::move(rows), std::move(bias), k};
+}
+
+struct DecoderBlock {
+    Projection qkv, o, gate_up, down;
+    at::Tensor ffn_norm, next_norm, k_cache, v_cache, k_blocks, v_blocks;
+    c10::optional<at::Tensor> post_attn_norm, post_ffn_norm, q_norm, k_norm;
+    int64_t heads, kv_heads, head_dim, rope_dim, window, act;
+    bool interleaved, unit_offset;
+    double eps, scale;
+
+    // h [n, d] is updated in place (the residual); returns the next norm's output [n, d].
+    at::Tensor run(at::Tensor h, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                   const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& block_tables,
+                   const at::Tensor& row_seq, const at::Tensor& row_pos) const {
+        const at::Tensor q = ops::attention_inputs(qkv(x), q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache,
+                                              heads, kv_heads, rope_dim, interleaved, eps, unit_offset);
+        const at::Tensor att = ops::paged_attention(q, k_blocks, v_blocks, block_tables, row_seq, row_pos, scale,
+                                               window, 0.0);
+        const at::Tensor x2 = ops::add_norm(h, o(att.view({q.size(0), heads * head_dim})), ffn_norm, post_attn_norm,
+                                       eps, unit_offset);
+        return ops::add_norm(h, down(ops::glu(gate_up(x2), act)), next_norm, post_ffn_norm, eps, unit_offset);
+    }
+};
+
+}  // namespace
+
+void bind_layer(pybind11::module_& m) {
+    namespace py = pybind11;
+    py::class_<Projection>(m, "Projection");
+    m.def("projection", &projection, "a projection: weight(s), qtype(s), row count(s), joined-output bias, k",
+          py::arg("weights"), py::arg("qtypes"), py::arg("rows"), py::arg("bias"), py::arg("k"));
+    py::class_<DecoderBlock>(m, "DecoderBlock")
+        .def(py::init([](Projection qkv, Projection o, Projection gate_up, Projection down, at::Tensor ffn_norm,
+                         at::Tensor next_norm, c10::optional<at::Tensor> post_attn_norm,
+                         c10::optional<at::Tensor> post_ffn_norm, c10::optional<at::Tensor> q_norm,
+                         c10::optional<at::Tensor> k_norm, at::Tensor k_cache, at::Tensor v_cache,
+                         at::Tensor k_blocks, at::Tensor v_blocks, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim, int64_t rope_dim, bool interleaved, int64_t window, int64_t act,
+                         double eps, bool unit_offset, double scale) {
+                 return DecoderBlock{std::move(qkv), std::move(o), std::move(gate_up), std::move(down),
+                                     ffn_norm, next_norm, k_cache, v_cache, k_blocks, v_blocks,
+                                     post_attn_norm, post_ffn_norm, q_norm, k_norm, heads, kv_heads, head_dim,
+                                     rope_dim, window, act, interleaved, unit_offset, eps, scale};
+             }),
+             py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("ffn_norm"),
+             py::arg("next_norm"), py::arg("post_attn_norm"), py::arg("post_ffn_norm"), py::arg("q_norm"),
+             py::arg("k_norm"), py::arg("k_cache"), py::arg("v_cache"), py::arg("k_blocks"), py::arg("v_blocks"),
+             py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("rope_dim"),
+             py::arg("interleaved"), py::arg("window"), py::arg("act"), py::arg("eps"), py::arg("unit_offset"),
+             py::arg("scale"))
+        .def("run", &DecoderBlock::run, "one block: h updated in place, returns the next norm's output",
+             py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("slots"),
+             py::arg("block_tables"), py::arg("row_seq"), py::arg("row_pos"));
+}
+
+}  // namespace ops
+}  // namespace agentkv

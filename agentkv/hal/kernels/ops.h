@@ -1,0 +1,27 @@
+// The checked tensor ops of bindings.cpp, for composition in C++ (layer.cpp).
+#pragma once
+
+#include <torch/extension.h>
+
+namespace agentkv {
+namespace ops {
+
+at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int64_t n, int64_t k);
+at::Tensor matmul_f32(const at::Tensor& x, const at::Tensor& w);
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_tables, const at::Tensor& row_seq,
+                           const at::Tensor& row_pos, double scale, int64_t window, double softcap);
+at::Tensor add_norm(at::Tensor h, const at::Tensor& delta, const at::Tensor& w,
+                    const c10::optional<at::Tensor>& post_w, double eps, bool unit_offset);
+at::Tensor glu(const at::Tensor& x, int64_t kind);
+at::Tensor attention_inputs(const at::Tensor& qkv, const c10::optional<at::Tensor>& q_norm,
+                            const c10::optional<at::Tensor>& k_norm, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& slots,
+                            at::Tensor k_cache, at::Tensor v_cache, int64_t h, int64_t kvh,
+                            int64_t rope_dim, bool interleaved, double eps, bool unit_offset);
+
+// Registers the DecoderBlock class (layer.cpp).
+void bind_layer(pybind11::module_& m);
+
+}  // namespace ops
+}  // namespace agentkv
