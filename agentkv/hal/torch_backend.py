@@ -6,7 +6,7 @@ accumulation order, and so do the fused glue ops (norms, residual adds, gated ac
 rope and the K/V store: fused.cpp), which also spare ~40 small torch ops per layer and step.
 Without them: MKL's f32 GEMM gives a row the same bits for any M >= 16,
 so matmuls pad short batches to 16 rows, and attention runs per 16-position group with a
-fixed tile shape (see `_attend_group`); elementwise ops avoid torch kernels whose scalar
+fixed tile shape (see `torch_portable.py`); elementwise ops avoid torch kernels whose scalar
 tail differs from their vector body (silu is written with exp, which has none).
 """
 from __future__ import annotations
@@ -23,11 +23,11 @@ from agentkv.hal.base import (AttnMeta, Backend, BlockSpec, Capabilities, KVSpec
                              Weight)
 from agentkv.hal.registry import BackendUnavailable
 from agentkv.hal.rope import rope_tables
+from agentkv.hal.torch_portable import paged_attention_portable
 from agentkv.hal.torch_steps import kernel_meta, slots_tensor, step_rows
 
 F32 = 0
 MIN_ROWS = 16  # MKL sgemm: rows are bit-identical for any M >= 16 (MEASUREMENTS.md)
-GROUP = 16  # attention query tile: positions [16j, 16j + 16) share one fixed-shape tile
 
 
 class TorchKV:
@@ -295,19 +295,7 @@ class TorchBackend(Backend):
                   window: int | None = None, softcap: float | None = None) -> Tensor:
         if self._kernels is not None:
             return Tensor(_kernel_attention(self._kernels, q.raw, kv, layer, meta, scale, window, softcap))
-        out = torch.empty_like(q.raw)
-        for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens,
-                                           meta.block_tables):
-            pos0 = ctx - qlen
-            r = 0
-            while r < qlen:  # one tile per 16-aligned group of positions
-                group = (pos0 + r) // GROUP
-                take = min(qlen - r, (group + 1) * GROUP - (pos0 + r))
-                rows = slice(start + r, start + r + take)
-                out[rows] = _attend_group(q.raw[rows], kv, layer, table, pos0 + r, group, scale,
-                                          window, softcap)
-                r += take
-        return Tensor(out)
+        return Tensor(paged_attention_portable(q.raw, kv, layer, meta, scale, window, softcap))
 
     def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens, scale: float) -> Tensor:
         out, start = torch.empty_like(q.raw), 0
@@ -321,39 +309,6 @@ class TorchBackend(Backend):
             out[sl] = torch.matmul(probs, vs).transpose(0, 1)
             start += length
         return Tensor(out)
-
-
-def _attend_group(q: torch.Tensor, kv: TorchKV, layer: int, table, first_pos: int, group: int,
-                  scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
-    """Queries at positions [first_pos, first_pos + m) inside group g = [16g, 16g + 16).
-
-    Every such query is computed in a tile of exactly 16 rows at row `pos % 16` against keys
-    [0, 16g + 16), so its shapes (and so its bits) are the same in decode and in any prefill
-    chunk. Keys past a query's position are masked to -inf; their V rows get weight 0."""
-    m, h, hd = q.shape
-    kvh, bs = kv.spec.num_kv_heads, kv.spec.block_size
-    num_keys = (group + 1) * GROUP
-    slots = _slots(table, num_keys, bs, q.device)
-    keys = kv.k[layer].index_select(0, slots)  # [L, kvh, hd]
-    vals = kv.v[layer].index_select(0, slots)
-    off = first_pos - group * GROUP
-    tile = q.new_zeros(GROUP, h, hd)
-    tile[off:off + m] = q
-    g = h // kvh
-    qt = tile.reshape(GROUP, kvh, g, hd).permute(1, 2, 0, 3).reshape(kvh, g * GROUP, hd)
-    scores = torch.matmul(qt, keys.permute(1, 2, 0)) * scale  # [kvh, g*16, L]
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    qpos = torch.arange(group * GROUP, num_keys, device=q.device).repeat(g)  # row -> position
-    kpos = torch.arange(num_keys, device=q.device)
-    mask = kpos[None, :] > qpos[:, None]
-    if window:
-        mask |= kpos[None, :] <= qpos[:, None] - window
-    scores = scores.masked_fill(mask[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, vals.permute(1, 0, 2))  # [kvh, g*16, hd]
-    out = out.reshape(kvh, g, GROUP, hd).permute(2, 0, 1, 3).reshape(GROUP, h, hd)
-    return out[off:off + m]
 
 
 def _projection(kernels, layer: dict, group: tuple[str, ...]):
@@ -376,17 +331,6 @@ def _stacked(x) -> torch.Tensor:
     if isinstance(x, (list, tuple)):
         return torch.cat([p.raw for p in x], dim=-1)
     return x.raw.contiguous()
-
-
-def _slots(table, num_keys: int, bs: int, device) -> torch.Tensor:
-    pos = np.arange(num_keys)
-    blocks = np.asarray(table, dtype=np.int64)
-    nb = min(len(blocks), -(-num_keys // bs))
-    pos = pos[: nb * bs]
-    slots = blocks[pos // bs] * bs + pos % bs
-    if len(slots) < num_keys:  # keys past the last block: any valid slot, they are masked
-        slots = np.concatenate([slots, np.full(num_keys - len(slots), slots[-1])])
-    return torch.as_tensor(slots, device=device)
 
 
 def _mapped_tensor(data: np.ndarray, rows: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import numpy as np
 
 from agentkv.formats.errors import FormatError
 from agentkv.formats.source import HParams, ModelSource
-from agentkv.hal.base import AttnMeta, Backend, KVSpec, Tensor, Weight, project_stacked  # noqa: F401 (re-export)
+from agentkv.hal.base import AttnMeta, Backend, KVSpec, Tensor, Weight
 
 
 @dataclass(frozen=True, slots=True)
