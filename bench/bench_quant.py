@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default="agentkv-resident,llamacpp")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--decode-len", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2, help="prefill runs per arm (best counts)")
+    ap.add_argument("--repeats", type=int, default=4, help="prefill runs per arm (best counts)")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--arm-timeout", type=float, default=300.0)
     ap.add_argument("--out", default="bench/out/quant.json")
