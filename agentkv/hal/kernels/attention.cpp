@@ -25,6 +25,8 @@
 //   keys      0 ........ start ............ pos      (start = pos - window + 1 if window)
 //                        |<---- attended ---->|
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -246,7 +248,11 @@ void paged_attention_raw(const AttentionArgs& a) {
     const bool wide = active_isa() == ISA_AVX512;
     const int64_t at_once = wide ? avx512::HEADS_AT_ONCE : HEADS_AT_ONCE;
     const int64_t group = a.h / a.kvh;
-    const int64_t runs = (group + at_once - 1) / at_once;
+    // Fewer units than threads (a decode row of a model with one kv head): split the GQA
+    // group so every thread has one; a head's bits never depend on its run.
+    const int64_t threads = std::max(1, at::get_num_threads());
+    const int64_t split = a.n * a.kvh < threads ? std::min(group, (threads + a.n * a.kvh - 1) / (a.n * a.kvh)) : 1;
+    const int64_t runs = std::max((group + at_once - 1) / at_once, split);
     const int64_t per_run = (group + runs - 1) / runs;
     const int64_t units = a.n * a.kvh * runs;
     std::vector<int64_t> order(a.n);
