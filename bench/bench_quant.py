@@ -148,12 +148,24 @@ def _timed(fn) -> float:
 # ---------------------------------------------------------------- profile
 
 def profile_agentkv(llm, ids: list[int]) -> dict:
-    """cProfile of one prefill step (the whole prompt) and PROFILE_DECODE_STEPS decode steps."""
+    """cProfile of one prefill step (the whole prompt) and PROFILE_DECODE_STEPS decode steps;
+    then the same with each decoder block run as separate kernel calls (the composed path:
+    the same kernels and bits), which is what splits a block's time by kernel."""
+    result = {}
+    for suffix in ("", " by kernel"):
+        backend = llm.engine.model.backend
+        if suffix:
+            backend._compiled_block = lambda *args: None  # instance attribute: this process only
+        result.update({phase + suffix: p for phase, p in _profile_steps(llm, ids).items()})
+    return result
+
+
+def _profile_steps(llm, ids: list[int]) -> dict:
     from agentkv.runtime.params import SamplingParams
 
     engine = llm.engine
-    engine.add_request("profile", ids, SamplingParams(max_tokens=PROFILE_DECODE_STEPS + 1,
-                                                        temperature=0.0, ignore_eos=True))
+    engine.add_request(f"profile-{time.monotonic_ns()}", ids,
+                       SamplingParams(max_tokens=PROFILE_DECODE_STEPS + 1, temperature=0.0, ignore_eos=True))
     result = {}
     prof = cProfile.Profile()
     prof.runcall(engine.step)
@@ -174,6 +186,8 @@ def category(filename: str, func: str) -> str:
         return "qmatmul"
     if "paged_attention" in func:
         return "attention"
+    if "agentkv_cpu_kernels.run" in func:  # DecoderBlock.run: a whole block's kernels in one call
+        return "decoder blocks (matmuls, attention, glue)"
     if filename == "~":
         return "other native (torch ops, builtins)"
     return "python (incl. torch ops called through operators)"
