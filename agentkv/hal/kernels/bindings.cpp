@@ -230,25 +230,28 @@ void set_isa_by_name(const std::string& name) {
 }  // namespace agentkv
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    // The kernels run without the GIL (like torch's own ops): the server's event loop keeps
+    // answering while the engine thread is inside a prefill.
+    const auto nogil = py::call_guard<py::gil_scoped_release>();
     m.doc() = "agentkv batch-invariant CPU kernels (AVX2/FMA, AVX-512 where the CPU has it)";
-    m.def("qmatmul", &agentkv::ops::qmatmul, "x[m,k] @ dequant(w).T -> [m,n]",
+    m.def("qmatmul", &agentkv::ops::qmatmul, nogil, "x[m,k] @ dequant(w).T -> [m,n]",
           py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));
     m.def("isa", &agentkv::ops::isa_name, "instruction set the matmul kernels use: avx2 or avx512");
     m.def("set_isa", &agentkv::ops::set_isa_by_name, "choose the matmul ISA (avx2 or avx512)", py::arg("name"));
-    m.def("matmul_f32", &agentkv::ops::matmul_f32, "x[m,k] @ w[n,k].T -> [m,n]", py::arg("x"), py::arg("w"));
-    m.def("dequantize", &agentkv::ops::dequantize, "dequant(w) -> f32 [n,k]",
+    m.def("matmul_f32", &agentkv::ops::matmul_f32, nogil, "x[m,k] @ w[n,k].T -> [m,n]", py::arg("x"), py::arg("w"));
+    m.def("dequantize", &agentkv::ops::dequantize, nogil, "dequant(w) -> f32 [n,k]",
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));
-    m.def("paged_attention", &agentkv::ops::paged_attention, "paged causal attention -> [n,h,hd]",
+    m.def("paged_attention", &agentkv::ops::paged_attention, nogil, "paged causal attention -> [n,h,hd]",
           py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
           py::arg("row_seq"), py::arg("row_pos"), py::arg("scale"), py::arg("window") = 0,
           py::arg("softcap") = 0.0);
-    m.def("rms_norm", &agentkv::ops::rms_norm, "RMSNorm over the last dim -> same shape",
+    m.def("rms_norm", &agentkv::ops::rms_norm, nogil, "RMSNorm over the last dim -> same shape",
           py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("unit_offset") = false);
-    m.def("add_norm", &agentkv::ops::add_norm, "h += [rms_norm(delta, post_weight) | delta] in place; -> rms_norm(h)",
+    m.def("add_norm", &agentkv::ops::add_norm, nogil, "h += [rms_norm(delta, post_weight) | delta] in place; -> rms_norm(h)",
           py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("post_weight"), py::arg("eps"),
           py::arg("unit_offset") = false);
-    m.def("glu", &agentkv::ops::glu, "act(x[:, :f]) * x[:, f:] -> [n, f]", py::arg("x"), py::arg("kind"));
-    m.def("attention_inputs", &agentkv::ops::attention_inputs,
+    m.def("glu", &agentkv::ops::glu, nogil, "act(x[:, :f]) * x[:, f:] -> [n, f]", py::arg("x"), py::arg("kind"));
+    m.def("attention_inputs", &agentkv::ops::attention_inputs, nogil,
           "split q|k|v, q/k norm, rope, store K/V at slots -> q [n, h, hd]",
           py::arg("qkv"), py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"),
           py::arg("positions"), py::arg("slots"), py::arg("k_cache"), py::arg("v_cache"), py::arg("num_heads"),

@@ -88,7 +88,8 @@ void bind_layer(pybind11::module_& m) {
              py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("rope_dim"),
              py::arg("interleaved"), py::arg("window"), py::arg("act"), py::arg("eps"), py::arg("unit_offset"),
              py::arg("scale"))
-        .def("run", &DecoderBlock::run, "one block: h updated in place, returns the next norm's output",
+        .def("run", &DecoderBlock::run, py::call_guard<py::gil_scoped_release>(),
+             "one block: h updated in place, returns the next norm's output",
              py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("slots"),
              py::arg("block_tables"), py::arg("row_seq"), py::arg("row_pos"));
 }
