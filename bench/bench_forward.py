@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import git_commit, machine, progress, rss_mib, versions, write_json  # noqa: E402
+from bench.common import git_commit, machine, progress, rss_mib, time_decode, versions, write_json  # noqa: E402
 
 THREADS = 2
 
@@ -40,15 +40,7 @@ def bench_agentkv(model: str, ids: list[int], decode_len: int, weights: str) -> 
     t0 = time.perf_counter()
     llm.generate([ids], SamplingParams(max_tokens=1, temperature=0.0))
     prefill_s = time.perf_counter() - t0
-    engine = llm.engine
-    engine.add_request("decode", ids, SamplingParams(max_tokens=decode_len + 1, temperature=0.0,
-                                                       ignore_eos=True))
-    engine.step()  # prefill + first token
-    t0 = time.perf_counter()
-    n = 0
-    while engine.has_unfinished():
-        n += len(engine.step())
-    decode_s = time.perf_counter() - t0
+    n, decode_s = time_decode(llm.engine, ids, decode_len)
     return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": n / decode_s,
             "rss_after_load_mib": loaded, "weights_mib": loaded - before}
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_forward import prompt_ids  # noqa: E402
-from bench.common import git_commit, machine, progress, versions, write_json  # noqa: E402
+from bench.common import git_commit, machine, progress, time_decode, timed, versions, write_json  # noqa: E402
 
 THREADS = 2
 SPEED_TARGET, SPEED_FLOOR, MEMORY_TARGET = 1.5, 1.0, 1.15
@@ -56,16 +56,8 @@ def run_agentkv(model: str, ids: list[int], decode_len: int, weights: str, repea
     llm.generate([ids[:32]], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
     loaded = memory_mib()
     one = SamplingParams(max_tokens=1, temperature=0.0)
-    prefill_s = min(_timed(lambda: llm.generate([ids], one)) for _ in range(repeats))
-    engine = llm.engine
-    engine.add_request("decode", ids, SamplingParams(max_tokens=decode_len + 1, temperature=0.0,
-                                                       ignore_eos=True))
-    engine.step()  # prefill + first token
-    t0 = time.perf_counter()
-    n = 0
-    while engine.has_unfinished():
-        n += len(engine.step())
-    decode_s = time.perf_counter() - t0
+    prefill_s = min(timed(lambda: llm.generate([ids], one)) for _ in range(repeats))
+    n, decode_s = time_decode(llm.engine, ids, decode_len)
     out = {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": n / decode_s,
            "kernels": kernels.load().isa() if kernels.load() is not None else "none (pure torch)",
            "rss_before_load_mib": before["rss"], "resident_mib": loaded["rss"] - before["rss"],
@@ -90,7 +82,7 @@ def run_llamacpp(model_path: str, ids: list[int], decode_len: int, repeats: int)
         llm.reset()
         llm.eval(ids)
 
-    prefill_s = min(_timed(prefill) for _ in range(repeats))
+    prefill_s = min(timed(prefill) for _ in range(repeats))
     t0 = time.perf_counter()
     for _ in range(decode_len):
         llm.eval([llm.sample(temp=0.0)])
@@ -137,12 +129,6 @@ def tensor_bytes(model) -> int:
             children += [getattr(obj, s, None) for s in getattr(type(obj), "__slots__", ())]
         stack.extend((c, depth + 1) for c in children if not isinstance(c, (int, float, str, bytes)))
     return total
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------- profile
@@ -243,7 +229,7 @@ def bandwidth_gbs(repeats: int = 5) -> dict:
     torch.set_num_threads(2)  # the machine's bandwidth, whatever --threads the engines get
     x = torch.ones(2**28)  # 1 GiB of f32
     x.sum()
-    times = sorted(_timed(x.sum) for _ in range(repeats))
+    times = sorted(timed(x.sum) for _ in range(repeats))
     return {"best_gbs": 2**30 / times[0] / 1e9, "median_gbs": 2**30 / times[len(times) // 2] / 1e9}
 
 

@@ -31,6 +31,21 @@ def timed(fn, repeats: int = 1) -> float:
     return statistics.median(times)
 
 
+def time_decode(engine, ids: list[int], decode_len: int) -> tuple[int, float]:
+    """Greedy-decode `decode_len` tokens after `ids` on an agentkv engine: (tokens, seconds),
+    timed from after the prefill step (which also yields the first token)."""
+    from agentkv.runtime.params import SamplingParams
+
+    engine.add_request("decode", ids, SamplingParams(max_tokens=decode_len + 1, temperature=0.0,
+                                                       ignore_eos=True))
+    engine.step()  # prefill + first token
+    t0 = time.perf_counter()
+    n = 0
+    while engine.has_unfinished():
+        n += len(engine.step())
+    return n, time.perf_counter() - t0
+
+
 def progress(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from agentkv.hal.kernels import load
 
@@ -41,3 +42,10 @@ def isa(request):
     K.set_isa(before)
 
 
+@pytest.fixture(params=[1, 2], ids=lambda t: f"threads{t}")
+def threads(request):
+    """Runs a test with 1 and with 2 kernel threads (threads split work, never bits)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

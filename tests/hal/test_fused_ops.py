@@ -39,14 +39,6 @@ def weight(be, data: np.ndarray, name: str = "w"):
     return be.upload_weight(name, data, 0, data.shape)
 
 
-@pytest.fixture(params=[1, 2], ids=lambda t: f"threads{t}")
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def rows_differing(fn, x: np.ndarray) -> list[int]:
     """Row counts m for which fn(x[:m]) differs in any bit from fn(x)[:m]."""
     full = fn(x)

@@ -18,14 +18,6 @@ QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5
 LEGACY = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 
-@pytest.fixture(params=[1, 2], ids=lambda t: f"threads{t}")
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------- quantized weights
 
 def random_quant(name: str, n: int, k: int, seed: int) -> np.ndarray:

@@ -32,7 +32,7 @@ int64_t attention_scratch_offsets(int64_t len) {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #define AGENTKV_ISA isa_avx512
-#include "simd.h"
+#include "simd512.h"
 
 namespace agentkv {
 namespace avx512 {
@@ -61,10 +61,6 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(n, 23)));
 }
 
-static inline float hsum16(__m512 v) {
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
-
 static inline __mmask16 first_lanes(int64_t count) {
     return static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1u);
 }
@@ -77,14 +73,6 @@ static inline __m512 load_chunk(const float* v, int64_t c, int64_t full, __mmask
 static inline void prefetch_span(const float* row, int64_t first, int64_t count) {
     for (int64_t i = first; i < first + count; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), _MM_HINT_T0);
-}
-
-// [sum16(a0), sum16(a1), sum16(a2), sum16(a3)]: each accumulator's halves added, then the
-// transposed lane tree ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) of attention.cpp's reduce4.
-static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-    const auto half = [](__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); };
-    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(half(a0), half(a1)), _mm256_hadd_ps(half(a2), half(a3)));
-    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
 template <int NH, int CHUNKS>

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 NAME = "agentkv_cpu_kernels"
 SOURCES = ("bindings.cpp", "qmatmul.cpp", "qmatmul512.cpp", "attention.cpp", "attention512.cpp", "fused.cpp", "pool.cpp", "layer.cpp")
-HEADERS = ("simd.h", "quant.h", "qmatmul.h", "qmatmul_impl.h", "fused.h", "pool.h", "ops.h")
+HEADERS = ("simd.h", "quant.h", "qmatmul.h", "qmatmul_impl.h", "fused.h", "pool.h", "ops.h", "simd512.h")
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")
 LDFLAGS = ("-fopenmp",)

@@ -34,6 +34,7 @@ bool cpu_supports() {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #define AGENTKV_ISA isa_avx512
 #include "quant.h"
+#include "simd512.h"
 
 namespace agentkv {
 namespace avx512 {
@@ -45,17 +46,8 @@ constexpr int64_t MAX_PANEL = 96;
 constexpr int64_t LONG_K = 1024, K_BLOCK = 512;  // k blocking for rows longer than LONG_K
 constexpr int64_t PREFETCH_BYTES = 8192;
 
-// The one horizontal sum of this build, four accumulators at a time:
-//   [sum(a0), sum(a1), sum(a2), sum(a3)], sum(a) = ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))
-// with x_i = a[i] + a[i + 8]. Each lane's tree reads only its own accumulator, so an output
-// gets the same bits in any slot, or alone with zeros beside it (tail columns, decode).
-static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-    const auto half = [](__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); };
-    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(half(a0), half(a1)), _mm256_hadd_ps(half(a2), half(a3)));
-    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-}
-
-// out[0 .. C) = the sums of acc[0 .. C), C <= 4.
+// out[0 .. C) = the sums of acc[0 .. C), C <= 4, through simd512.h's reduce4 (the one
+// horizontal sum of this build: decode, prefill and tail columns alike).
 template <int C>
 static inline void store_sums(const __m512* acc, float* out) {
     static_assert(C >= 1 && C <= 4, "store_sums reduces at most four accumulators");
