@@ -34,7 +34,7 @@ def bench_agentkv(model: str, ids: list[int], decode_len: int, weights: str) -> 
 
     torch.set_num_threads(THREADS)
     before = rss_mib()
-    llm = LLM(model, backend="torch", weights=weights, enable_prefix_cache=False)
+    llm = LLM(model, backend="cpu", weights=weights, enable_prefix_cache=False)
     loaded = rss_mib()
     llm.generate([ids[:32]], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up (kernels, caches)
     t0 = time.perf_counter()

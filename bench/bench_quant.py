@@ -49,7 +49,7 @@ def run_agentkv(model: str, ids: list[int], decode_len: int, weights: str, repea
     torch.nn.functional.linear(torch.ones(16, 64), torch.ones(64, 64))
     before = memory_mib()
     max_len = len(ids) + decode_len + 32  # a small KV store, so RSS measures the model
-    llm = LLM(model, backend="torch", weights=weights, enable_prefix_cache=False,
+    llm = LLM(model, backend="cpu", weights=weights, enable_prefix_cache=False,
               max_model_len=max_len, kv_cache_blocks=-(-max_len // 16) + 2)
     # Weights are memory-mapped (both engines): they become resident when a forward pass
     # first reads them, so memory is measured after the warm-up, not right after loading.
@@ -59,7 +59,7 @@ def run_agentkv(model: str, ids: list[int], decode_len: int, weights: str, repea
     prefill_s = min(timed(lambda: llm.generate([ids], one)) for _ in range(repeats))
     n, decode_s = time_decode(llm.engine, ids, decode_len)
     out = {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": n / decode_s,
-           "kernels": kernels.load().isa() if kernels.load() is not None else "none (pure torch)",
+           "kernels": llm.engine.backend.identity.isa,
            "rss_before_load_mib": before["rss"], "resident_mib": loaded["rss"] - before["rss"],
            "private_mib": loaded["uss"] - before["uss"], "file_mapped_mib": loaded["shared"] - before["shared"],
            "weight_tensor_mib": tensor_bytes(llm.engine.model) / 2**20,

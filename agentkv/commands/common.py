@@ -8,7 +8,7 @@ from agentkv.runtime.params import SamplingParams
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="alias (smollm2, gemma3-270m, minilm), a .gguf file or a HF folder")
-    p.add_argument("--backend", default="torch", help="compute backend (torch, reference, torch-cuda)")
+    p.add_argument("--backend", default="cpu", help="compute backend (cpu, torch, torch-cuda, reference)")
     p.add_argument("--weights", choices=["resident", "f32"], default="resident",
                    help="keep quantized weights quantized (resident) or dequantize at load (f32)")
     p.add_argument("--max-model-len", type=int, default=None)

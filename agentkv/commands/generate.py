@@ -6,6 +6,8 @@ import sys
 
 from agentkv.commands.common import add_model_arguments, add_sampling_arguments, sampling_params
 from agentkv.formats.errors import FormatError
+from agentkv.hal.base import BackendUnavailable
+from agentkv.hal.identity import describe
 
 
 def add_arguments(p) -> None:
@@ -21,8 +23,9 @@ def run(args) -> int:
     try:
         params = sampling_params(args)
         llm = LLM(args.model, backend=args.backend, weights=args.weights, max_model_len=args.max_model_len)
+        print(describe(llm.engine.backend.identity), file=sys.stderr)
         outputs = llm.generate(list(args.prompt), params)
-    except (FormatError, ValueError) as e:
+    except (FormatError, ValueError, BackendUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for prompt, out in zip(args.prompt, outputs):

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--kv-cache-blocks", type=int, default=None)
     size.add_argument("--kv-cache-memory", default=None, help="e.g. 512MiB, 2GiB")
     parser.add_argument("--no-prefix-cache", action="store_true")
-    parser.add_argument("--backend", default="torch")
+    parser.add_argument("--backend", default="cpu", help="compute backend (cpu, torch, torch-cuda, reference)")
     parser.add_argument("--weights", choices=["resident", "f32"], default="resident",
                         help="keep quantized weights quantized (resident) or dequantize at load (f32)")
     parser.add_argument("--log-level", default="info")

@@ -9,7 +9,7 @@ from agentkv.witness.ops import WitnessRow, run_ops
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--backend", required=True, help="backend to witness (e.g. torch, torch-cuda)")
+    p.add_argument("--backend", required=True, help="backend to witness (cpu, torch, torch-cuda, reference)")
     p.add_argument("--model", help="also witness a whole forward of this model")
     p.add_argument("--weights", choices=["resident", "f32"], default="resident")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -16,6 +16,9 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from agentkv.hal.identity import Identity, fingerprint_of
+from agentkv.hal.layout import Layout, LayoutError, check_layout  # noqa: F401  (re-exported: the contract)
+
 BackendClass = Literal["reference", "approx"]
 
 
@@ -35,19 +38,28 @@ class Tensor:
         return f"Tensor(shape={self.shape})"
 
 
+class BackendUnavailable(RuntimeError):
+    """A registered backend that cannot run here; the message names the cause (no device, a
+    missing dependency or compiler, a CPU feature, a failed kernel build)."""
+
+
 class Weight:
     """A resident weight: the backend's own format (f32, or quantized blocks kept as such).
 
     `shape` is the logical numpy-order shape (`[out, in]` for a linear weight); `qtype`
-    is the gguf quant type the resident data is in (F32 after dequantization)."""
+    is the gguf quant type the resident data is in (F32 after dequantization); `layout`
+    says how `raw` holds it (F32 is ROW_MAJOR_F32, a quant type GGUF_ROWS)."""
 
-    __slots__ = ("raw", "shape", "qtype", "name")
+    __slots__ = ("raw", "shape", "qtype", "name", "layout")
 
-    def __init__(self, raw: Any, shape: tuple[int, ...], qtype: int, name: str = ""):
+    def __init__(self, raw: Any, shape: tuple[int, ...], qtype: int, name: str = "", *, layout: Layout):
         self.raw, self.shape, self.qtype, self.name = raw, tuple(shape), int(qtype), name
+        self.layout = Layout(layout)
+        if (self.layout is Layout.ROW_MAJOR_F32) != (self.qtype == 0):
+            raise LayoutError(f"weight {name!r}: layout {self.layout.value!r} cannot hold qtype {self.qtype}")
 
     def __repr__(self) -> str:
-        return f"Weight({self.name!r}, shape={self.shape}, qtype={self.qtype})"
+        return f"Weight({self.name!r}, shape={self.shape}, qtype={self.qtype}, layout={self.layout.value!r})"
 
 
 class RopeStyle(str, Enum):
@@ -148,6 +160,7 @@ class Capabilities(NamedTuple):
     resident_qtypes: frozenset[int]  # gguf quant types kept quantized in memory
     asynchronous: bool = False  # ops may return before the work is done
     fused_attention: bool = False
+    layouts: frozenset[Layout] = frozenset({Layout.ROW_MAJOR_F32})  # weight layouts the ops read
 
 
 class Backend(ABC):
@@ -157,10 +170,21 @@ class Backend(ABC):
 
     name: str = "abstract"
     klass: BackendClass = "approx"
+    activation_dtype: str = "f32"
+    kv_dtype: str = "f32"
 
     @property
     @abstractmethod
     def capabilities(self) -> Capabilities: ...
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(self.name, self.capabilities.device, None, None)
+
+    @property
+    def fingerprint(self) -> str:
+        """The key for anything cached from this backend's bits (identity + dtypes)."""
+        return fingerprint_of(self.identity, self.activation_dtype, self.kv_dtype)
 
     # -- data in and out ------------------------------------------------------------------
     @abstractmethod

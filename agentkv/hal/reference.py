@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from agentkv.hal.base import AttnMeta, Backend, Capabilities, KVSpec, RopeSpec, RopeStyle, Tensor, Weight
+from agentkv.hal.base import (AttnMeta, Backend, Capabilities, KVSpec, Layout, RopeSpec, RopeStyle, Tensor, Weight,
+                             check_layout)
 from agentkv.hal.rope import rope_tables
 
 F32 = 0  # gguf.GGMLQuantizationType.F32
+F32_ONLY = frozenset({Layout.ROW_MAJOR_F32})
 
 
 class RefKV:
@@ -62,7 +64,7 @@ class ReferenceBackend(Backend):
         from agentkv.formats.quants import dequantize
 
         arr = dequantize(np.asarray(data), qtype).reshape(shape).astype(np.float32)
-        return Weight(np.ascontiguousarray(arr), shape, F32, name)
+        return Weight(np.ascontiguousarray(arr), shape, F32, name, layout=Layout.ROW_MAJOR_F32)
 
     def read(self, x: Tensor) -> np.ndarray:
         return np.array(x.raw, dtype=np.float32, copy=True)
@@ -80,9 +82,11 @@ class ReferenceBackend(Backend):
         return [Tensor(part) for part in np.split(x.raw, np.cumsum(sizes)[:-1], axis=-1)]
 
     def embedding(self, weight: Weight, ids) -> Tensor:
+        check_layout(weight, F32_ONLY, "reference embedding")
         return Tensor(weight.raw[np.asarray(ids, dtype=np.int64)].copy())
 
     def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
+        check_layout(weight, F32_ONLY, "reference matmul")  # numpy would cast quant bytes silently
         w, xs = weight.raw, np.ascontiguousarray(x.raw)
         out = np.empty((xs.shape[0], w.shape[0]), np.float32)
         for i in range(xs.shape[0]):  # one GEMV per row: the row's bits never see the batch

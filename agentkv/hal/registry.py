@@ -1,18 +1,13 @@
-"""Backend registry: backends register by name; `lookup` never falls back, `pick` falls back
-to the reference backend. Backends are imported only when chosen."""
+"""Backend registry: backends register by name and are imported only when chosen. `lookup`
+never falls back: it returns the named backend or raises, naming the cause."""
 from __future__ import annotations
 
 import importlib
-import logging
 from typing import Callable, NamedTuple
 
-from agentkv.hal.base import Backend, BackendClass
+from agentkv.hal.base import Backend, BackendClass, BackendUnavailable
 
-log = logging.getLogger(__name__)
-
-
-class BackendUnavailable(RuntimeError):
-    """A registered backend that cannot run here (no device, missing dependency)."""
+__all__ = ["BackendUnavailable", "UnknownBackend", "backend_class", "lookup", "names", "register"]
 
 
 class UnknownBackend(ValueError):
@@ -49,7 +44,8 @@ def _entry(name: str) -> _Entry:
 
 
 def lookup(name: str) -> Backend:
-    """The named backend, or BackendUnavailable/UnknownBackend — never another backend."""
+    """The named backend, or BackendUnavailable (naming why it cannot run here) or
+    UnknownBackend. Never another backend: a factory that builds one named otherwise is a bug."""
     factory = _entry(name).factory
     if isinstance(factory, str):
         module_name, attr = factory.split(":")
@@ -57,18 +53,13 @@ def lookup(name: str) -> Backend:
             factory = getattr(importlib.import_module(module_name), attr)
         except ImportError as e:
             raise BackendUnavailable(f"backend {name!r} needs a missing dependency: {e}") from e
-    return factory()
-
-
-def pick(name: str) -> Backend:
-    """The named backend if it can run here, else the reference backend (logged)."""
-    try:
-        return lookup(name)
-    except BackendUnavailable as e:
-        log.warning("%s; falling back to the reference backend", e)
-        return lookup("reference")
+    backend = factory()
+    if backend.name != name:
+        raise RuntimeError(f"backend {name!r}'s factory built backend {backend.name!r} (a registry bug)")
+    return backend
 
 
 register("reference", "agentkv.hal.reference:ReferenceBackend", "reference")
-register("torch", "agentkv.hal.torch_backend:TorchBackend", "approx")
-register("torch-cuda", "agentkv.hal.torch_backend:cuda_backend", "approx")
+register("cpu", "agentkv.hal.cpu:CpuBackend", "approx")
+register("torch", "agentkv.hal.portable:TorchBackend", "approx")
+register("torch-cuda", "agentkv.hal.portable:cuda_backend", "approx")

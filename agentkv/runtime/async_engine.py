@@ -45,7 +45,7 @@ class AsyncEngine:
         self._embed_lock = threading.Lock()
 
     @classmethod
-    def from_model(cls, model: str, *, backend: str = "torch", max_model_len: int | None = None,
+    def from_model(cls, model: str, *, backend: str = "cpu", max_model_len: int | None = None,
                    kv_cache_blocks: int | None = None, kv_cache_memory: int | None = None,
                    enable_prefix_cache: bool = True, weights: str = "resident",
                    served_model_name: str | None = None, block_size: int = 16) -> AsyncEngine:

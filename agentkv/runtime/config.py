@@ -29,7 +29,7 @@ class CacheConfig:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str
-    backend: str = "torch"
+    backend: str = "cpu"
     weights: str = "resident"  # "resident" | "f32"
     max_model_len: int | None = None  # None = the model's context length
     cache: CacheConfig = field(default_factory=CacheConfig)

@@ -18,6 +18,7 @@ from agentkv.formats.chat_template import load_chat_template
 from agentkv.formats.errors import ChatTemplateError
 from agentkv.formats.resolve import open_model
 from agentkv.formats.tokenizer import IncrementalDecoder, load_tokenizer
+from agentkv.hal.identity import describe
 from agentkv.hal.registry import lookup
 from agentkv.models.base import LoadOptions
 from agentkv.models.registry import load_model
@@ -61,6 +62,7 @@ class Engine:
         t0 = time.perf_counter()
         self.source = open_model(config.model)
         self.backend = lookup(config.backend)
+        log.info("%s", describe(self.backend.identity))
         self.model = load_model(self.source, self.backend, LoadOptions(weights=config.weights))
         self.tokenizer = load_tokenizer(self.source)
         try:
@@ -296,7 +298,9 @@ class Engine:
             prompt_tokens=self.counters.prompt_tokens,
             generation_tokens=self.counters.generation_tokens,
             computed_tokens=self.counters.computed_tokens,
-            kv_blocks_cached=sum(1 for b, n in c.block_refs().items() if self.pool.refcount(b) == n))
+            kv_blocks_cached=sum(1 for b, n in c.block_refs().items() if self.pool.refcount(b) == n),
+            backend=self.backend.name, isa=self.backend.identity.isa,
+            kernel_build=self.backend.identity.kernel_build)
 
     def free_cache(self) -> int:
         """Evict every unlocked cached block (mutates); returns how many returned to the pool."""

@@ -13,9 +13,9 @@ from agentkv.runtime.params import SamplingParams
 class LLM:
     """Synchronous generation on the batching engine.
 
-    `LLM("smollm2", backend="torch").generate(["Hello"], SamplingParams(max_tokens=8))`"""
+    `LLM("smollm2", backend="cpu").generate(["Hello"], SamplingParams(max_tokens=8))`"""
 
-    def __init__(self, model: str, backend: str = "torch", *, weights: str = "resident",
+    def __init__(self, model: str, backend: str = "cpu", *, weights: str = "resident",
                  max_model_len: int | None = None, kv_cache_blocks: int | None = None,
                  block_size: int = 16, enable_prefix_cache: bool = True, **engine_kw):
         cache = CacheConfig(block_size=block_size, num_blocks=kv_cache_blocks,

@@ -47,6 +47,9 @@ class EngineStats(NamedTuple):
     generation_tokens: int = 0
     computed_tokens: int = 0  # prefill + decode rows actually run through the model
     kv_blocks_cached: int = 0  # used blocks held only by the prefix cache (evictable)
+    backend: str = ""  # what computes the bits: registry name, kernel ISA and build (None without kernels)
+    isa: str | None = None
+    kernel_build: str | None = None
 
 
 @dataclass(slots=True)

@@ -36,8 +36,9 @@ def test_chat_streams_resets_and_quits_on_eof():
     assert r.stdout.count("> ") >= 3 and len(r.stdout.strip()) > 10
 
 
-def test_witness_torch_ops_pass():
-    r = agentkv("witness", "--backend", "torch", "--json")
+@pytest.mark.parametrize("backend", ["cpu", "torch", "reference"])
+def test_witness_ops_pass(backend):
+    r = agentkv("witness", "--backend", backend, "--json")
     report = json.loads(r.stdout)
     assert r.returncode == 0 and report["ok"]
     assert {row["status"] for row in report["rows"]} == {"PASS"}

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 import torch
 
+from agentkv.hal.base import BackendUnavailable
 from agentkv.hal.kernels import QTYPE_BLOCK, load, row_bytes, unavailable_reason
 
 gguf = pytest.importorskip("gguf")
-K = load()
-if K is None:
-    pytest.skip("agentkv CPU kernels unavailable here (see the logged reason: no compiler or no AVX2/FMA)",
-                allow_module_level=True)
+try:
+    K = load()
+except BackendUnavailable as e:
+    pytest.skip(f"agentkv CPU kernels unavailable here: {e}", allow_module_level=True)
 
 QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 LEGACY = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
@@ -163,6 +164,8 @@ def test_isa_is_a_real_switch(runnable_isas):
     unknown or unsupported ISA is refused by name."""
     with pytest.raises(RuntimeError, match="unknown ISA 'sse9'"):
         K.set_isa("sse9")
+    with pytest.raises(RuntimeError, match="unknown ISA 'sse9'"):
+        K.override_isa_unchecked("sse9")
     if len(runnable_isas) < 2:
         pytest.skip("only one ISA runs on this CPU")
     n, k = 64, 512
@@ -171,10 +174,10 @@ def test_isa_is_a_real_switch(runnable_isas):
     before, outs = K.isa(), {}
     try:
         for name in runnable_isas:
-            K.set_isa(name)
+            K.override_isa_unchecked(name)
             outs[name] = K.qmatmul(x, w, QTYPES["Q4_1"], n, k)
     finally:
-        K.set_isa(before)
+        K.override_isa_unchecked(before)
     assert not torch.equal(outs["avx2"], outs["avx512"])
     torch.testing.assert_close(outs["avx2"], outs["avx512"], rtol=1e-5, atol=1e-5)
 

@@ -17,7 +17,7 @@ from agentkv.hal.registry import lookup
 from agentkv.models.registry import load_model
 from agentkv.runtime.runner import Chunk, ModelRunner
 
-BACKENDS = ("reference", "torch")
+BACKENDS = ("reference", "cpu")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
             # HF's 0.02 leaves attention nearly uniform in a 64-wide model, so rope, window

@@ -1,4 +1,4 @@
-"""The torch backend's compiled decoder block (hal/kernels/layer.cpp) runs the same kernels in
+"""The cpu backend's compiled decoder block (hal/kernels/layer.cpp) runs the same kernels in
 the same order as Backend.decoder_block's composition of single ops: logits and KV are equal
 bit for bit, on both real models (llama with fused q/k/v; gemma3 with post norms, q/k norms,
 local/global rope and layers whose q/k/v stay separate)."""
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from agentkv.hal.torch_backend import TorchBackend
+from agentkv.hal.base import BackendUnavailable
+from agentkv.hal.cpu import CpuBackend
 from agentkv.runtime.llm import LLM
 from agentkv.runtime.params import SamplingParams
 
@@ -18,8 +19,8 @@ PROMPT = "Tool result: 17 files changed. Next step:"
 def run(model: str, compiled: bool, monkeypatch) -> tuple[list[np.ndarray], torch.Tensor, int]:
     with monkeypatch.context() as m:
         if not compiled:
-            m.setattr(TorchBackend, "_compiled_block", lambda *args: None)
-        llm = LLM(model, backend="torch", enable_prefix_cache=False, max_model_len=128)
+            m.setattr(CpuBackend, "_compiled_block", lambda *args: None)
+        llm = LLM(model, backend="cpu", enable_prefix_cache=False, max_model_len=128)
         llm.engine.record_logits = True
         ids = llm.tokenizer.encode(PROMPT)
         out = llm.generate([ids], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))[0]
@@ -32,8 +33,10 @@ def run(model: str, compiled: bool, monkeypatch) -> tuple[list[np.ndarray], torc
 def test_compiled_block_equals_composed_ops(model, monkeypatch):
     from agentkv.hal.kernels import load
 
-    if load() is None:
-        pytest.skip("no compiled kernels here")
+    try:
+        load()
+    except BackendUnavailable as e:
+        pytest.skip(f"no compiled kernels here: {e}")
     fast_logits, fast_k, used = run(model, True, monkeypatch)
     slow_logits, slow_k, unused = run(model, False, monkeypatch)
     assert used > 0 and unused == 0  # the two runs really took the two paths

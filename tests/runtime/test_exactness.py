@@ -13,7 +13,7 @@ import pytest
 import torch.nn.functional as F
 
 from agentkv.hal.registry import register
-from agentkv.hal.torch_backend import F32, TorchBackend
+from agentkv.hal.cpu import F32, CpuBackend
 from agentkv.hal.base import Tensor
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
@@ -24,8 +24,10 @@ from tests.models.helpers import tiny_hf_model
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
 
 
-class NonInvariantTorch(TorchBackend):
+class NonInvariantTorch(CpuBackend):
     """The control: plain F.linear, whose row bits depend on how many rows share the GEMM."""
+
+    name = "torch-noninvariant"
 
     def matmul(self, x, weight, bias=None):
         if weight.qtype != F32:
@@ -56,7 +58,7 @@ def byte_level_tokenizer(folder) -> None:
     tok.save(str(folder / "tokenizer.json"))
 
 
-def make_engine(model: str, backend: str = "torch", chunk: int = 512, prefix_cache: bool = True,
+def make_engine(model: str, backend: str = "cpu", chunk: int = 512, prefix_cache: bool = True,
                 num_blocks: int = 256) -> Engine:
     engine = Engine(EngineConfig(model=model, backend=backend,
                                  cache=CacheConfig(num_blocks=num_blocks, enable_prefix_cache=prefix_cache),
@@ -114,7 +116,7 @@ def check_contract(model: str, backend: str, vocab: int, prompt_len: int, seed: 
 
 
 def test_exact_reuse_tiny_qwen2(qwen2_dir):
-    assert check_contract(qwen2_dir, "torch", 256, 45, seed=1) == []
+    assert check_contract(qwen2_dir, "cpu", 256, 45, seed=1) == []
 
 
 def test_exact_reuse_tiny_qwen2_reference(qwen2_dir):
@@ -123,7 +125,7 @@ def test_exact_reuse_tiny_qwen2_reference(qwen2_dir):
 
 @pytest.mark.slow
 def test_exact_reuse_smollm2():
-    assert check_contract("smollm2", "torch", 49152, 40, seed=3) == []
+    assert check_contract("smollm2", "cpu", 49152, 40, seed=3) == []
 
 
 def test_control_non_invariant_backend_is_caught(qwen2_dir):

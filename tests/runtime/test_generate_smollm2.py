@@ -35,7 +35,7 @@ def hf_model(smollm2_path):
 
 @pytest.fixture(scope="module")
 def engines():
-    return {b: LLM("smollm2", backend=b, weights="f32") for b in ("torch", "reference")}
+    return {b: LLM("smollm2", backend=b, weights="f32") for b in ("cpu", "reference")}
 
 
 def hf_greedy(model, ids: list[int]) -> tuple[list[int], list[np.ndarray]]:
@@ -77,7 +77,7 @@ def assert_same_or_near_tie(a: tuple, b: tuple, label: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("chat", range(len(CHATS)))
 def test_greedy_continuations_match_transformers(chat, engines, hf_model):
-    llm = engines["torch"]
+    llm = engines["cpu"]
     prompt = llm.engine.chat_template.render(CHATS[chat], add_generation_prompt=True)
     ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
     hf = hf_greedy(hf_model, ids)

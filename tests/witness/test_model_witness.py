@@ -1,4 +1,4 @@
-"""Whole-model witnesses: the torch backend with resident quantized weights against the
+"""Whole-model witnesses: the cpu backend with resident quantized weights against the
 reference backend (f32-dequantized), on the real packaged models."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from agentkv.witness.ops import COSINE_FLOOR_QUANT
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "gemma3-270m"])
 def test_resident_model_witness_passes(model):
-    row = witness_model(model, lookup("torch"), lookup("reference"), weights="resident")
+    row = witness_model(model, lookup("cpu"), lookup("reference"), weights="resident")
     assert row.status == "PASS", row
     assert row.argmax_match and row.cosine >= COSINE_FLOOR_QUANT
     assert row.note == "resident quantized weights"

@@ -245,7 +245,7 @@ static void attend_heads_avx512(const AttentionArgs& a, int64_t row, int64_t kv,
 // descheduled. Which thread runs a unit never matters: a head's fma chains and reductions
 // depend on nothing outside its own row.
 void paged_attention_raw(const AttentionArgs& a) {
-    const bool wide = active_isa() == ISA_AVX512;
+    const bool wide = fix_isa() == ISA_AVX512;
     const int64_t at_once = wide ? avx512::HEADS_AT_ONCE : HEADS_AT_ONCE;
     const int64_t group = a.h / a.kvh;
     // Fewer units than threads (a decode row of a model with one kv head): split the GQA

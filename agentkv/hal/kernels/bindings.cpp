@@ -41,6 +41,7 @@ void check_weight(const at::Tensor& w, int64_t qtype, int64_t n, int64_t k) {
 }
 
 at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int64_t n, int64_t k) {
+    fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(x, "x", 2);
     TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, expected k=", k);
     check_weight(w, qtype, n, k);
@@ -54,6 +55,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int6
 // f32 weights ride the quant driver as 32-float blocks; a k that is not a multiple of 32 is
 // zero-padded (both sides), which adds exact zeros in the same place for every row.
 at::Tensor matmul_f32(const at::Tensor& x, const at::Tensor& w) {
+    fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(x, "x", 2);
     check_f32(w, "w", 2);
     const int64_t k = x.size(1), n = w.size(0);
@@ -72,6 +74,7 @@ at::Tensor matmul_f32(const at::Tensor& x, const at::Tensor& w) {
 }
 
 at::Tensor dequantize(const at::Tensor& w, int64_t qtype, int64_t n, int64_t k) {
+    fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_weight(w, qtype, n, k);
     auto out = at::empty({n, k}, at::TensorOptions().dtype(at::kFloat));
     dequantize_raw(w.data_ptr<uint8_t>(), out.data_ptr<float>(), n, k, row_bytes_of(qtype, k),
@@ -100,6 +103,7 @@ void check_attention_indices(const at::Tensor& block_tables, const at::Tensor& r
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& row_seq,
                            const at::Tensor& row_pos, double scale, int64_t window, double softcap) {
+    fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(q, "q", 3);
     check_f32(k_cache, "k_cache", 4);
     check_f32(v_cache, "v_cache", 4);
@@ -135,6 +139,7 @@ void check_gain(const c10::optional<at::Tensor>& w, const char* name, int64_t d)
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool unit_offset) {
+    fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     TORCH_CHECK(x.dim() >= 1, "x must have at least 1 dim, got shape ", x.sizes());
     check_f32(x, "x", x.dim());
     const int64_t d = x.size(-1);
@@ -148,6 +153,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool u
 
 at::Tensor add_norm(at::Tensor h, const at::Tensor& delta, const at::Tensor& w,
                     const c10::optional<at::Tensor>& post_w, double eps, bool unit_offset) {
+    fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(h, "h", 2);
     check_f32(delta, "delta", 2);
     TORCH_CHECK(delta.sizes() == h.sizes(), "delta has shape ", delta.sizes(), ", expected h's ", h.sizes());
@@ -163,6 +169,7 @@ at::Tensor add_norm(at::Tensor h, const at::Tensor& delta, const at::Tensor& w,
 }
 
 at::Tensor glu(const at::Tensor& x, int64_t kind) {
+    fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(x, "x", 2);
     TORCH_CHECK(x.size(1) % 2 == 0, "x has ", x.size(1), " columns; gate|up needs an even count");
     TORCH_CHECK(kind == GLU_SILU || kind == GLU_GELU_TANH, "glu kind ", kind, " unknown (0 silu, 1 gelu_tanh)");
@@ -188,6 +195,7 @@ at::Tensor attention_inputs(const at::Tensor& qkv, const c10::optional<at::Tenso
                             const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& slots,
                             at::Tensor k_cache, at::Tensor v_cache, int64_t h, int64_t kvh,
                             int64_t rope_dim, bool interleaved, double eps, bool unit_offset) {
+    fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(qkv, "qkv", 2);
     check_f32(k_cache, "k_cache", 3);
     check_f32(v_cache, "v_cache", 3);
@@ -218,12 +226,30 @@ at::Tensor attention_inputs(const at::Tensor& qkv, const c10::optional<at::Tenso
     return q;
 }
 
-std::string isa_name() { return active_isa() == ISA_AVX512 ? "avx512" : "avx2"; }
+const char* isa_label(int isa) { return isa == ISA_AVX512 ? "avx512" : "avx2"; }
 
-void set_isa_by_name(const std::string& name) {
+int isa_by_name(const std::string& name) {
     const int isa = name == "avx2" ? ISA_AVX2 : name == "avx512" ? ISA_AVX512 : -1;
     TORCH_CHECK(isa >= 0, "unknown ISA '", name, "' (known: avx2, avx512)");
-    TORCH_CHECK(set_isa(isa), "this CPU cannot run the ", name, " kernels");
+    return isa;
+}
+
+std::string isa_name() { return isa_label(active_isa()); }
+
+std::string fix_isa_name() { return isa_label(fix_isa()); }
+
+bool isa_supported_by_name(const std::string& name) { return isa_supported(isa_by_name(name)); }
+
+void set_isa_by_name(const std::string& name) {
+    const SetIsa result = set_isa(isa_by_name(name));
+    TORCH_CHECK(result != SET_ISA_UNSUPPORTED, "this CPU cannot run the ", name, " kernels");
+    TORCH_CHECK(result != SET_ISA_FIXED, "the kernel ISA is fixed at ", isa_name(),
+                " since the first kernel call; switching to ", name,
+                " would change the bits behind cached KV (set AGENTKV_CPU_ISA before the process starts)");
+}
+
+void override_isa_by_name(const std::string& name) {
+    TORCH_CHECK(override_isa_unchecked(isa_by_name(name)), "this CPU cannot run the ", name, " kernels");
 }
 
 }  // namespace ops
@@ -237,7 +263,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("qmatmul", &agentkv::ops::qmatmul, nogil, "x[m,k] @ dequant(w).T -> [m,n]",
           py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));
     m.def("isa", &agentkv::ops::isa_name, "instruction set the matmul kernels use: avx2 or avx512");
-    m.def("set_isa", &agentkv::ops::set_isa_by_name, "choose the matmul ISA (avx2 or avx512)", py::arg("name"));
+    m.def("set_isa", &agentkv::ops::set_isa_by_name,
+          "choose the kernel ISA (avx2 or avx512) before the first kernel call; after it, only the same one",
+          py::arg("name"));
+    m.def("fix_isa", &agentkv::ops::fix_isa_name, "fix the kernel ISA now (as a kernel call would); -> its name");
+    m.def("isa_fixed", &agentkv::isa_fixed, "whether a kernel call has fixed the ISA");
+    m.def("isa_supported", &agentkv::ops::isa_supported_by_name, "whether this CPU runs the named ISA's kernels",
+          py::arg("name"));
+    m.def("override_isa_unchecked", &agentkv::ops::override_isa_by_name,
+          "tests only: switch the ISA even after it is fixed (the bits of earlier results change)", py::arg("name"));
     m.def("matmul_f32", &agentkv::ops::matmul_f32, nogil, "x[m,k] @ w[n,k].T -> [m,n]", py::arg("x"), py::arg("w"));
     m.def("dequantize", &agentkv::ops::dequantize, nogil, "dequant(w) -> f32 [n,k]",
           py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));

@@ -1,4 +1,5 @@
-"""Compiles (once) and loads the AVX2/FMA CPU kernel library; None when it cannot run here.
+"""Compiles (once) and loads the AVX2/FMA CPU kernel library, or raises BackendUnavailable
+naming why it cannot run here (never a silent stand-in).
 
 The build is cached under ~/.cache/agentkv/kernels/torch<version>-<flags hash>; torch
 rebuilds (incrementally, through ninja) when a source changes, and its file lock serialises
@@ -6,15 +7,19 @@ concurrent compiles. A stamp per source hash tells whether this exact source was
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from types import ModuleType
+
+from agentkv.hal.base import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +35,14 @@ ISA_ENV = "AGENTKV_CPU_ISA"
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 _HERE = Path(__file__).resolve().parent
-_cached: tuple[ModuleType | None] | None = None
+_cached: tuple[ModuleType | None, BackendUnavailable | None] | None = None
 _lock = threading.Lock()
 
 
-def load() -> ModuleType | None:
-    """The compiled kernel module, or None (reason logged) when unusable; cached per process.
+def load() -> ModuleType:
+    """The compiled kernel module; cached per process, and so is the failure: raises
+    BackendUnavailable naming the cause (no C++ compiler, a CPU lacking avx2/fma/f16c, the
+    compiler's message of a failed build) on every call.
 
     The module's functions (tensors contiguous, on the CPU; errors raise RuntimeError):
       qmatmul(x f32 [m, k], w uint8 [n, row_bytes], qtype, n, k) -> f32 [m, n]
@@ -52,17 +59,25 @@ def load() -> ModuleType | None:
                        cos, sin f32 [num_pos, rope_dim/2], positions, slots int64 [n],
                        k_cache, v_cache f32 [num_slots, kvh, hd] (written), h, kvh, rope_dim,
                        interleaved, eps, unit_offset) -> q f32 [n, h, hd]
-    Every output row's bits depend only on that row's inputs (batch-invariant)."""
+    Every output row's bits depend only on that row's inputs (batch-invariant). The ISA
+    (isa, set_isa, fix_isa, isa_fixed, isa_supported) is fixed by the first kernel call."""
     global _cached
     with _lock:
         if _cached is None:
-            _cached = (_load_uncached(),)
-    return _cached[0]
+            try:
+                _cached = (_load_uncached(), None)
+            except BackendUnavailable as exc:
+                _cached = (None, exc)
+    module, failure = _cached
+    if failure is not None:
+        raise failure
+    return module
 
 
-def unavailable_reason() -> str | None:
-    """Why the kernels cannot be built here, or None if nothing stands in the way."""
-    flags = _cpu_flags()
+def unavailable_reason(cpuinfo: str | None = None) -> str | None:
+    """Why the kernels cannot be built here, or None if nothing stands in the way. `cpuinfo`
+    is /proc/cpuinfo's text (read from the file when None)."""
+    flags = _cpu_flags(cpuinfo)
     if flags is not None:
         missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
         if missing:
@@ -73,11 +88,12 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _cpu_flags() -> set[str] | None:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
+def _cpu_flags(text: str | None) -> set[str] | None:
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
     for line in text.splitlines():
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
@@ -101,11 +117,19 @@ def _source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def _load_uncached() -> ModuleType | None:
+@functools.lru_cache(maxsize=1)
+def build_id() -> str:
+    """The kernels' build: a digest of their sources and compile flags (with torch's version)."""
+    import torch
+
+    key = "|".join([_source_digest(), " ".join(CFLAGS + LDFLAGS), torch.__version__])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _load_uncached() -> ModuleType:
     reason = unavailable_reason()
     if reason is not None:
-        log.warning("agentkv CPU kernels disabled: %s; falling back to pure torch", reason)
-        return None
+        raise BackendUnavailable(f"backend 'cpu' cannot run here: {reason}")
     from torch.utils import cpp_extension
 
     build_dir = build_directory()
@@ -124,9 +148,10 @@ def _load_uncached() -> ModuleType | None:
             build_directory=str(build_dir),
             verbose=False,
         )
-    except (RuntimeError, OSError, ImportError) as exc:
-        log.warning("agentkv CPU kernels disabled: build failed (%s); falling back to pure torch", exc)
-        return None
+    except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as exc:
+        output = getattr(exc, "output", None)  # a failed compiler probe keeps its words here
+        detail = f"{exc} {output.decode(errors='replace') if isinstance(output, bytes) else output or ''}"
+        raise BackendUnavailable(f"backend 'cpu' cannot run here: the kernel build failed: {detail.strip()}") from exc
     if fresh:
         stamp.touch()
         log.info("compiled agentkv CPU kernels in %.1f s", time.perf_counter() - started)

@@ -226,31 +226,66 @@ bool qtype_info(int qtype, int& block_weights, int& block_bytes) {
     }
 }
 
-// -1 until first use, then the ISA every matmul of this process uses. Decided once: the two
-// builds give different (each invariant) bits, so a process must never mix them.
+// The ISA every matmul and attention kernel of this process uses, and whether it is fixed.
+// Unfixed (the low byte is the chosen ISA, -1 while none is chosen), set_isa may change it;
+// the first kernel call fixes it (FIXED bit), and from then on only the same ISA is accepted:
+// the two builds give different (each invariant) bits, so a process whose KV cache holds
+// bits of one must never compute with the other. One atomic word: no kernel can slip
+// between set_isa's check and its store.
+static constexpr int FIXED = 0x100;
 static std::atomic<int> g_isa{-1};
 
-int active_isa() {
-    int isa = g_isa.load();
-    if (isa < 0) {
-        const int best = avx512::cpu_supports() ? ISA_AVX512 : ISA_AVX2;
-        g_isa.compare_exchange_strong(isa, best);
-        isa = g_isa.load();
-    }
-    return isa;
+static int best_isa() { return avx512::cpu_supports() ? ISA_AVX512 : ISA_AVX2; }
+
+bool isa_supported(int isa) {
+    return isa == ISA_AVX2 || (isa == ISA_AVX512 && avx512::cpu_supports());
 }
 
-bool set_isa(int isa) {
-    if (isa != ISA_AVX2 && isa != ISA_AVX512) return false;
-    if (isa == ISA_AVX512 && !avx512::cpu_supports()) return false;
-    g_isa.store(isa);
+int active_isa() {
+    int state = g_isa.load();
+    if (state < 0) {
+        g_isa.compare_exchange_strong(state, best_isa());
+        state = g_isa.load();
+    }
+    return state & 0xff;
+}
+
+int fix_isa() {
+    int state = g_isa.load();
+    for (;;) {
+        if (state >= 0 && (state & FIXED)) return state & 0xff;
+        const int fixed = (state < 0 ? best_isa() : state) | FIXED;
+        if (g_isa.compare_exchange_weak(state, fixed)) return fixed & 0xff;
+    }
+}
+
+bool isa_fixed() {
+    const int state = g_isa.load();
+    return state >= 0 && (state & FIXED);
+}
+
+SetIsa set_isa(int isa) {
+    if (isa != ISA_AVX2 && isa != ISA_AVX512) return SET_ISA_UNKNOWN;
+    if (!isa_supported(isa)) return SET_ISA_UNSUPPORTED;
+    int state = g_isa.load();
+    for (;;) {
+        if (state >= 0 && (state & FIXED)) return (state & 0xff) == isa ? SET_ISA_OK : SET_ISA_FIXED;
+        if (g_isa.compare_exchange_weak(state, isa)) return SET_ISA_OK;
+    }
+}
+
+bool override_isa_unchecked(int isa) {
+    if (!isa_supported(isa)) return false;
+    int state = g_isa.load();
+    while (!g_isa.compare_exchange_weak(state, isa | (state >= 0 ? state & FIXED : 0))) {
+    }
     return true;
 }
 
 void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_t n, int64_t k,
                  int64_t row_bytes, int qtype) {
     const Problem p{x, w, out, m, n, k, row_bytes};
-    if (active_isa() == ISA_AVX512) {
+    if (fix_isa() == ISA_AVX512) {
         int qk = 0, bytes = 0;
         if (!qtype_info(qtype, qk, bytes))
             throw std::invalid_argument("agentkv kernels: unsupported qtype " + std::to_string(qtype));

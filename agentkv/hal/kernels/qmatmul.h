@@ -8,12 +8,19 @@ namespace agentkv {
 // Weights per block and bytes per block of a gguf qtype (0 = f32 as 32-float blocks).
 bool qtype_info(int qtype, int& block_weights, int& block_bytes);
 
-// The instruction set of the matmul kernels: the best the CPU has unless set_isa chose one
-// (before the first matmul; tests switch it to cover both builds). set_isa returns false
-// for an unknown ISA or one this CPU lacks.
+// The instruction set of the matmul and attention kernels: the best the CPU has unless
+// set_isa chose one before the first kernel call. The first kernel call fixes it
+// (fix_isa); active_isa only reports it. set_isa refuses an unknown ISA, one this CPU
+// lacks, and, once fixed, any other ISA. override_isa_unchecked switches even when fixed:
+// only for tests that compare the two builds on raw kernels, never for a backend.
 enum Isa : int { ISA_AVX2 = 0, ISA_AVX512 = 1 };
+enum SetIsa : int { SET_ISA_OK = 0, SET_ISA_UNKNOWN, SET_ISA_UNSUPPORTED, SET_ISA_FIXED };
 int active_isa();
-bool set_isa(int isa);
+int fix_isa();
+bool isa_fixed();
+bool isa_supported(int isa);
+SetIsa set_isa(int isa);
+bool override_isa_unchecked(int isa);
 
 // out[m, n] = x[m, k] @ dequant(w[n, row_bytes]).T; k a multiple of 32.
 void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_t n, int64_t k,

@@ -1,4 +1,4 @@
-"""The torch backend's attention without the compiled kernels: fixed-shape tiles, so a query's
+"""The `torch` backend's attention (no compiled kernels): fixed-shape tiles, so a query's
 bits are the same in decode and in any prefill chunk (MKL's GEMM is row-invariant only for
 fixed shapes)."""
 from __future__ import annotations

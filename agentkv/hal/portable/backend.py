@@ -1,33 +1,31 @@
-"""The torch backend: one implementation for `cpu` (float32) and, when present, `cuda`.
+"""The `torch` backend: portable torch ops with no compiled kernels, on the CPU (`torch`) or
+CUDA (`torch-cuda`); the `cpu` backend (hal/cpu) is this class plus the compiled kernels.
+The model-facing fused ops (attention_inputs, decoder_block) take the kernels' path only
+when a subclass has set `_kernels`; here it is None, so they compose the base ops.
 
-Batch invariance on the CPU comes from shapes, not luck. With the compiled kernels of
-`agentkv.hal.kernels` (the default), every matmul and attention row follows one fixed
-accumulation order, and so do the fused glue ops (norms, residual adds, gated activations,
-rope and the K/V store: fused.cpp), which also spare ~40 small torch ops per layer and step.
-Without them: MKL's f32 GEMM gives a row the same bits for any M >= 16,
-so matmuls pad short batches to 16 rows, and attention runs per 16-position group with a
-fixed tile shape (see `torch_portable.py`); elementwise ops avoid torch kernels whose scalar
-tail differs from their vector body (silu is written with exp, which has none).
+Batch invariance comes from shapes, not luck. MKL's f32 GEMM gives a row the same bits for
+any M >= 16, so matmuls pad short batches to 16 rows, and attention runs per 16-position
+group with a fixed tile shape (see `attention.py`); elementwise ops avoid torch kernels whose
+scalar tail differs from their vector body (silu is written with exp, which has none).
 """
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentkv.hal.base import (AttnMeta, Backend, BlockSpec, Capabilities, KVSpec, RopeSpec, RopeStyle, Tensor,
-                             Weight)
-from agentkv.hal.registry import BackendUnavailable
+from agentkv.hal.base import (AttnMeta, Backend, BackendUnavailable, BlockSpec, Capabilities, KVSpec, Layout,
+                             RopeSpec, RopeStyle, Tensor, Weight, check_layout)
+from agentkv.hal.portable.attention import paged_attention_portable
+from agentkv.hal.portable.steps import kernel_meta, slots_tensor, step_rows
 from agentkv.hal.rope import rope_tables
-from agentkv.hal.torch_portable import paged_attention_portable
-from agentkv.hal.torch_steps import kernel_meta, slots_tensor, step_rows
 
 F32 = 0
 MIN_ROWS = 16  # MKL sgemm: rows are bit-identical for any M >= 16 (MEASUREMENTS.md)
+F32_ONLY = frozenset({Layout.ROW_MAJOR_F32})
 
 
 class TorchKV:
@@ -65,38 +63,32 @@ GLU_KINDS = {"silu": 0, "gelu_tanh": 1}  # the compiled glu kernel's kind codes
 
 
 class TorchBackend(Backend):
+    """Pure torch; weights are dequantized to f32 once, at upload."""
+
     klass = "approx"
 
-    def __init__(self, device: str = "cpu", use_kernels: bool = True):
+    def __init__(self, device: str = "cpu"):
         self.device = torch.device(device)
         self.name = "torch" if self.device.type == "cpu" else f"torch-{self.device.type}"
-        self._kernels = None
+        self._kernels = None  # the compiled kernel module, set by the cpu backend only
         self._rope_memo: dict[RopeSpec, tuple] = {}
         self._rope_full: dict[RopeSpec, tuple] = {}  # spec -> (num_pos, cos, sin) whole tables
-        if use_kernels and self.device.type == "cpu":
-            self._kernels = _load_kernels()
 
     @property
     def capabilities(self) -> Capabilities:
-        resident = _resident_qtypes() if self._kernels is not None else frozenset()
-        return Capabilities(device=str(self.device), resident_qtypes=resident,
-                            asynchronous=self.device.type == "cuda",
-                            fused_attention=self._kernels is not None)
+        return Capabilities(device=str(self.device), resident_qtypes=frozenset(),
+                            asynchronous=self.device.type == "cuda", layouts=F32_ONLY)
 
     # -- data in and out ------------------------------------------------------------------
     def upload(self, array: np.ndarray) -> Tensor:
         return Tensor(torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).to(self.device))
 
     def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
-        if resident and len(shape) == 2 and qtype in self.capabilities.resident_qtypes:
-            # The file's own blocks, kept as they are: [out, bytes_per_row] uint8. On the CPU the
-            # memory-mapped file itself is the weight (like llama.cpp's mmap): no copy, so the
-            # process holds each weight byte once.
-            return Weight(_mapped_tensor(data, shape[0]).to(self.device), shape, qtype, name)
         from agentkv.formats.quants import dequantize
 
         arr = dequantize(np.asarray(data), qtype).reshape(shape).astype(np.float32)
-        return Weight(torch.from_numpy(np.ascontiguousarray(arr)).to(self.device), shape, F32, name)
+        return Weight(torch.from_numpy(np.ascontiguousarray(arr)).to(self.device), shape, F32, name,
+                      layout=Layout.ROW_MAJOR_F32)
 
     def read(self, x: Tensor) -> np.ndarray:
         return x.raw.detach().to("cpu", torch.float32).numpy().copy()
@@ -113,42 +105,36 @@ class TorchBackend(Backend):
 
     def fuse_rows(self, weights: list[Weight], name: str) -> Weight | None:
         first = weights[0]
-        if any(w.qtype != first.qtype or w.shape[1:] != first.shape[1:] for w in weights):
+        if any(w.qtype != first.qtype or w.shape[1:] != first.shape[1:] or w.layout is not first.layout
+               for w in weights):
             return None
-        raw = torch.cat([w.raw for w in weights], dim=0)
-        return Weight(raw, (sum(w.shape[0] for w in weights), *first.shape[1:]), first.qtype, name)
+        raw = torch.cat([w.raw for w in weights], dim=0)  # stacking rows keeps either layout by row
+        return Weight(raw, (sum(w.shape[0] for w in weights), *first.shape[1:]), first.qtype, name,
+                      layout=first.layout)
 
     def split(self, x: Tensor, sizes: list[int]) -> list[Tensor]:
         return [Tensor(part) for part in torch.split(x.raw, sizes, dim=-1)]
 
     # -- ops ------------------------------------------------------------------------------
     def embedding(self, weight: Weight, ids) -> Tensor:
+        check_layout(weight, F32_ONLY, f"{self.name} embedding")
         idx = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
-        if weight.qtype != F32:
-            rows = weight.raw.index_select(0, idx).contiguous()  # raw blocks of the wanted rows
-            return Tensor(self._kernels.dequantize(rows, weight.qtype, len(idx), weight.shape[1]))
         return Tensor(weight.raw.index_select(0, idx))
 
     def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
+        check_layout(weight, F32_ONLY, f"{self.name} matmul")
         xs = x.raw.contiguous()
-        if weight.qtype != F32:
-            out = self._kernels.qmatmul(xs, weight.raw, weight.qtype, weight.shape[0], weight.shape[1])
-        elif self._kernels is not None:  # fixed per-element order: invariant at any row count
-            out = self._kernels.matmul_f32(xs, weight.raw)
+        n = xs.shape[0]
+        if n < MIN_ROWS and self.device.type == "cpu":
+            xs = torch.cat([xs, xs.new_zeros(MIN_ROWS - n, xs.shape[1])])
+            out = F.linear(xs, weight.raw)[:n]
         else:
-            n = xs.shape[0]
-            if n < MIN_ROWS and self.device.type == "cpu":
-                xs = torch.cat([xs, xs.new_zeros(MIN_ROWS - n, xs.shape[1])])
-                out = F.linear(xs, weight.raw)[:n]
-            else:
-                out = F.linear(xs, weight.raw)
+            out = F.linear(xs, weight.raw)
         if bias is not None:
             out = out + bias.raw
         return Tensor(out)
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:
-        if self._kernels is not None:
-            return Tensor(self._kernels.rms_norm(x.raw.contiguous(), weight.raw, eps, unit_offset))
         xs = x.raw
         ms = (xs * xs).mean(dim=-1, keepdim=True)
         gain = (1.0 + weight.raw) if unit_offset else weight.raw
@@ -193,22 +179,8 @@ class TorchBackend(Backend):
     def act(self, x: Tensor, kind: str) -> Tensor:
         return Tensor(ACTIVATIONS[kind](x.raw))
 
-    # -- fused glue: one compiled kernel each (fused.cpp), else the composed defaults --------
-    def add_norm(self, h: Tensor, delta: Tensor, weight: Weight, eps: float, unit_offset: bool = False,
-                 post_weight: Weight | None = None) -> tuple[Tensor, Tensor]:
-        """With the kernels, h_new is h's own storage updated in place (see Backend.add_norm)."""
-        if self._kernels is None:
-            return super().add_norm(h, delta, weight, eps, unit_offset, post_weight)
-        hs = h.raw.contiguous()
-        post = post_weight.raw if post_weight is not None else None
-        normed = self._kernels.add_norm(hs, delta.raw.contiguous(), weight.raw, post, eps, unit_offset)
-        return Tensor(hs), Tensor(normed)
-
-    def glu(self, x, kind: str) -> Tensor:
-        if self._kernels is None or kind not in GLU_KINDS:
-            return super().glu(x, kind)
-        return Tensor(self._kernels.glu(_stacked(x), GLU_KINDS[kind]))
-
+    # -- model-facing fused ops: the compiled path when a subclass brings kernels (cpu), else
+    # the base class's composition of the ops above -------------------------------------
     def attention_inputs(self, qkv, meta: AttnMeta, kv: TorchKV, layer: int, rope: RopeSpec,
                          num_heads: int, num_kv_heads: int, head_dim: int, q_norm: Weight | None = None,
                          k_norm: Weight | None = None, eps: float = 1e-6, unit_offset: bool = False) -> Tensor:
@@ -293,8 +265,6 @@ class TorchBackend(Backend):
 
     def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale: float,
                   window: int | None = None, softcap: float | None = None) -> Tensor:
-        if self._kernels is not None:
-            return Tensor(_kernel_attention(self._kernels, q.raw, kv, layer, meta, scale, window, softcap))
         return Tensor(paged_attention_portable(q.raw, kv, layer, meta, scale, window, softcap))
 
     def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens, scale: float) -> Tensor:
@@ -331,41 +301,6 @@ def _stacked(x) -> torch.Tensor:
     if isinstance(x, (list, tuple)):
         return torch.cat([p.raw for p in x], dim=-1)
     return x.raw.contiguous()
-
-
-def _mapped_tensor(data: np.ndarray, rows: int) -> torch.Tensor:
-    """A uint8 `[rows, bytes_per_row]` view of (read-only, memory-mapped) file data. torch
-    warns that it cannot protect read-only memory; weights are never written, so the
-    warning is silenced here and nowhere else."""
-    arr = np.asarray(data, dtype=np.uint8)
-    if not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(arr.reshape(rows, -1))
-
-
-def _resident_qtypes() -> frozenset[int]:
-    from agentkv.hal.kernels import SUPPORTED_QTYPES
-
-    return SUPPORTED_QTYPES
-
-
-def _load_kernels():
-    try:
-        from agentkv.hal import kernels
-    except ImportError:
-        return None
-    load = getattr(kernels, "load", None)
-    return load() if load is not None else None
-
-
-def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window, softcap):
-    """The compiled kernel walks each row's keys 0..pos in order: invariant by construction."""
-    tables, row_seq, row_pos = kernel_meta(meta)
-    return mod.paged_attention(q.contiguous(), kv.k_blocks[layer], kv.v_blocks[layer],
-                               tables, row_seq, row_pos, float(scale), int(window or 0),
-                               float(softcap or 0.0))
 
 
 def cuda_backend() -> TorchBackend:

@@ -1,4 +1,4 @@
-"""Per-step index tensors of the torch backend, built once per step and shared by every layer
+"""Per-step index tensors of the torch backends, built once per step and shared by every layer
 (each layer passes the same AttnMeta, so an identity check on it is the memo key)."""
 from __future__ import annotations
 

@@ -1,0 +1,118 @@
+"""The `cpu` backend: torch tensors on the CPU and the compiled kernels of `agentkv.hal.kernels`.
+
+Batch invariance comes from the kernels: every matmul and attention row follows one fixed
+accumulation order, and so do the fused glue ops (norms, residual adds, gated activations,
+rope and the K/V store: fused.cpp), which also spare ~40 small torch ops per layer and step.
+Ops without a kernel, and the model-facing fused ops that call the kernels once `_kernels`
+is set (attention_inputs, decoder_block), are the portable `torch` backend's (hal/portable),
+whose class this extends. The kernels must run here: when they cannot (no C++ compiler, a CPU without
+AVX2/FMA/F16C, a failed build), constructing the backend raises BackendUnavailable naming why;
+it never runs the portable path in their place.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from agentkv.hal.base import AttnMeta, Capabilities, Identity, Layout, Tensor, Weight, check_layout
+from agentkv.hal.kernels import SUPPORTED_QTYPES, build_id, load
+from agentkv.hal.portable.backend import F32, GLU_KINDS, TorchBackend, TorchKV, _stacked
+from agentkv.hal.portable.steps import kernel_meta
+
+__all__ = ["F32", "CpuBackend"]
+
+LAYOUTS = frozenset({Layout.ROW_MAJOR_F32, Layout.GGUF_ROWS})
+
+
+class CpuBackend(TorchBackend):
+    """The portable torch backend with its hot ops replaced by the compiled kernels; quantized
+    weights stay in the file's blocks (GGUF_ROWS) and the kernels read them as they are."""
+
+    name = "cpu"
+
+    def __init__(self):
+        super().__init__("cpu")
+        self.name = type(self).name
+        self._kernels = load()  # raises BackendUnavailable with the cause
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(device=str(self.device), resident_qtypes=SUPPORTED_QTYPES, asynchronous=False,
+                            fused_attention=True, layouts=LAYOUTS)
+
+    @property
+    def identity(self) -> Identity:
+        """Reading it fixes the kernels' ISA (as a kernel call would), so it never goes stale."""
+        return Identity(self.name, str(self.device), self._kernels.fix_isa(), build_id())
+
+    def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
+        if resident and len(shape) == 2 and qtype in SUPPORTED_QTYPES:
+            # The file's own blocks, kept as they are: [out, bytes_per_row] uint8. The
+            # memory-mapped file itself is the weight (like llama.cpp's mmap): no copy, so the
+            # process holds each weight byte once.
+            return Weight(_mapped_tensor(data, shape[0]), shape, qtype, name, layout=Layout.GGUF_ROWS)
+        return super().upload_weight(name, data, qtype, shape, resident)
+
+    # -- ops ------------------------------------------------------------------------------
+    def embedding(self, weight: Weight, ids) -> Tensor:
+        check_layout(weight, LAYOUTS, "cpu embedding")
+        if weight.layout is Layout.ROW_MAJOR_F32:
+            return super().embedding(weight, ids)
+        idx = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+        rows = weight.raw.index_select(0, idx).contiguous()  # raw blocks of the wanted rows
+        return Tensor(self._kernels.dequantize(rows, weight.qtype, len(idx), weight.shape[1]))
+
+    def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
+        """Fixed per-element order: invariant at any row count."""
+        check_layout(weight, LAYOUTS, "cpu matmul")
+        xs = x.raw.contiguous()
+        if weight.layout is Layout.GGUF_ROWS:
+            out = self._kernels.qmatmul(xs, weight.raw, weight.qtype, weight.shape[0], weight.shape[1])
+        else:
+            out = self._kernels.matmul_f32(xs, weight.raw)
+        if bias is not None:
+            out = out + bias.raw
+        return Tensor(out)
+
+    def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:
+        return Tensor(self._kernels.rms_norm(x.raw.contiguous(), weight.raw, eps, unit_offset))
+
+    # -- fused glue: one compiled kernel each (fused.cpp) --------------------------------
+    def add_norm(self, h: Tensor, delta: Tensor, weight: Weight, eps: float, unit_offset: bool = False,
+                 post_weight: Weight | None = None) -> tuple[Tensor, Tensor]:
+        """h_new is h's own storage updated in place (see Backend.add_norm)."""
+        hs = h.raw.contiguous()
+        post = post_weight.raw if post_weight is not None else None
+        normed = self._kernels.add_norm(hs, delta.raw.contiguous(), weight.raw, post, eps, unit_offset)
+        return Tensor(hs), Tensor(normed)
+
+    def glu(self, x, kind: str) -> Tensor:
+        if kind not in GLU_KINDS:
+            return super().glu(x, kind)
+        return Tensor(self._kernels.glu(_stacked(x), GLU_KINDS[kind]))
+
+    def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale: float,
+                  window: int | None = None, softcap: float | None = None) -> Tensor:
+        return Tensor(_kernel_attention(self._kernels, q.raw, kv, layer, meta, scale, window, softcap))
+
+
+def _mapped_tensor(data: np.ndarray, rows: int) -> torch.Tensor:
+    """A uint8 `[rows, bytes_per_row]` view of (read-only, memory-mapped) file data. torch
+    warns that it cannot protect read-only memory; weights are never written, so the
+    warning is silenced here and nowhere else."""
+    arr = np.asarray(data, dtype=np.uint8)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr.reshape(rows, -1))
+
+
+def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window, softcap):
+    """The compiled kernel walks each row's keys 0..pos in order: invariant by construction."""
+    tables, row_seq, row_pos = kernel_meta(meta)
+    return mod.paged_attention(q.contiguous(), kv.k_blocks[layer], kv.v_blocks[layer],
+                               tables, row_seq, row_pos, float(scale), int(window or 0),
+                               float(softcap or 0.0))
