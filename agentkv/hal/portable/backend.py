@@ -81,7 +81,9 @@ class TorchBackend(Backend):
 
     # -- data in and out ------------------------------------------------------------------
     def upload(self, array: np.ndarray) -> Tensor:
-        return Tensor(torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).to(self.device))
+        """A copy: from_numpy alone would alias the caller's array, and in-place ops (the cpu
+        backend's add_norm) would then write into host memory the caller still owns."""
+        return Tensor(torch.tensor(np.asarray(array), dtype=torch.float32, device=self.device))
 
     def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
         from agentkv.formats.quants import dequantize
