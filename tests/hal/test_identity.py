@@ -7,7 +7,7 @@ from agentkv.hal.base import BackendUnavailable, Identity, fingerprint_of
 from agentkv.hal.kernels import build_id
 from agentkv.hal.registry import lookup
 
-AVAILABLE = [name for name in ("reference", "cpu", "torch")]
+AVAILABLE = ["reference", "cpu", "torch"]
 
 
 def _backend(name):
