@@ -12,8 +12,9 @@ import math
 
 import numpy as np
 
-from agentkv.hal.base import AttnMeta, BlockSpec, RopeSpec, RopeStyle, Tensor
-from agentkv.models.base import LoadOptions, Model, fused_projections
+from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
+from agentkv.hal.blocks import AttentionSpec, BlockSpec, DenseFFNSpec
+from agentkv.models.base import LoadOptions, Model, decoder_layer
 
 # Gemma's RMSNorm multiplies by (1 + w). llama.cpp's converter adds the 1 to every
 # `*norm.weight` when it writes a GGUF (and transformers' GGUF loader subtracts it again), so a
@@ -36,31 +37,18 @@ class Gemma3Model(Model):
         scale = (hp.query_pre_attn_scalar or hp.head_dim) ** -0.5
         # No attention softcap: Gemma 3 dropped it (transformers keeps the config field but
         # never passes it to attention; llama.cpp's gemma3 graph has none either).
-        self.blocks = [BlockSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim,
-                                 self.rope_local if self._local(i) else self.rope_global, scale,
-                                 hp.sliding_window if self._local(i) else None, "gelu_tanh", hp.norm_eps,
-                                 self.unit_offset) for i in range(hp.num_layers)]
+        ffn = DenseFFNSpec("gelu_tanh")
+        self.blocks = [BlockSpec(AttentionSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim,
+                                               self.rope_local if self._local(i) else self.rope_global, scale,
+                                               hp.sliding_window if self._local(i) else None, hp.norm_eps,
+                                               self.unit_offset), ffn) for i in range(hp.num_layers)]
         # transformers multiplies the embedding rows by sqrt(hidden) cast to the activation
         # dtype (float32 here): np.float32 inside backend.scale rounds it the same way.
         self.embed_scale = math.sqrt(hp.hidden_size)
         self.embed = self.weight("token_embd.weight")
-        self.layers = [self._layer(i) for i in range(hp.num_layers)]
+        self.layers = [decoder_layer(self, i, post_norms=True, qk_norms=True) for i in range(hp.num_layers)]
         self.norm = self.weight("output_norm.weight")
         self.head = self.embed if hp.tie_embeddings else self.weight("output.weight")
-
-    def _layer(self, i: int) -> dict:
-        w = lambda name: self.weight(f"blk.{i}.{name}")  # noqa: E731
-        layer = {
-            "attn_norm": w("attn_norm.weight"),
-            "q": w("attn_q.weight"), "k": w("attn_k.weight"), "v": w("attn_v.weight"),
-            "q_norm": w("attn_q_norm.weight"), "k_norm": w("attn_k_norm.weight"),
-            "o": w("attn_output.weight"),
-            "post_attn_norm": w("post_attention_norm.weight"),
-            "ffn_norm": w("ffn_norm.weight"),
-            "gate": w("ffn_gate.weight"), "up": w("ffn_up.weight"), "down": w("ffn_down.weight"),
-            "post_ffn_norm": w("post_ffw_norm.weight"),
-        }
-        return fused_projections(self.backend, layer, i)
 
     def _norm(self, x: Tensor, weight) -> Tensor:
         return self.backend.rms_norm(x, weight, self.hparams.norm_eps, unit_offset=self.unit_offset)
@@ -68,11 +56,11 @@ class Gemma3Model(Model):
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
         be, hp = self.backend, self.hparams
         h = be.scale(be.embedding(self.embed, token_ids), self.embed_scale)  # [n, d]
-        x = self._norm(h, self.layers[0]["attn_norm"])
+        x = self._norm(h, self.layers[0].attention.norm)
         for i, layer in enumerate(self.layers):
             # sandwich norms: each residual add is h + post_norm(delta), then the next norm
             # (ffn_norm; the next layer's attn_norm; the final norm after the last layer)
-            next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.norm
+            next_norm = self.layers[i + 1].attention.norm if i + 1 < len(self.layers) else self.norm
             h, x = be.decoder_block(h, x, layer, self.blocks[i], meta, kv, i, next_norm)
         logits = be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
         if hp.final_logit_softcap:

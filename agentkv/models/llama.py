@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 
-from agentkv.hal.base import AttnMeta, BlockSpec, RopeSpec, RopeStyle, Tensor
-from agentkv.models.base import LoadOptions, Model, fused_projections
+from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
+from agentkv.hal.blocks import AttentionSpec, BlockSpec, DenseFFNSpec
+from agentkv.models.base import LoadOptions, Model, decoder_layer
 
 
 class LlamaModel(Model):
@@ -21,11 +22,12 @@ class LlamaModel(Model):
                              style=RopeStyle.INTERLEAVED if interleaved else RopeStyle.NEOX,
                              scaling=self._rope_scaling(source))
         scale = 1.0 / math.sqrt(hp.head_dim)
-        self.blocks = [BlockSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim, self.rope, scale,
-                                 hp.sliding_window if self._windowed(i) else None, "silu", hp.norm_eps)
+        ffn = DenseFFNSpec("silu")
+        self.blocks = [BlockSpec(AttentionSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim, self.rope, scale,
+                                               hp.sliding_window if self._windowed(i) else None, hp.norm_eps), ffn)
                        for i in range(hp.num_layers)]
         self.embed = self.weight("token_embd.weight")
-        self.layers = [self._layer(i) for i in range(hp.num_layers)]
+        self.layers = [decoder_layer(self, i) for i in range(hp.num_layers)]
         self.norm = self.weight("output_norm.weight")
         self.head = self.embed if hp.tie_embeddings else self.weight("output.weight")
 
@@ -37,27 +39,13 @@ class LlamaModel(Model):
             return {"type": "factors", "factors": tuple(float(f) for f in factors)}
         return source.hparams.rope_scaling
 
-    def _layer(self, i: int) -> dict:
-        w = lambda name, required=True: self.weight(f"blk.{i}.{name}", required)  # noqa: E731
-        layer = {
-            "attn_norm": w("attn_norm.weight"),
-            "q": w("attn_q.weight"), "k": w("attn_k.weight"), "v": w("attn_v.weight"),
-            "q_bias": w("attn_q.bias", False), "k_bias": w("attn_k.bias", False),
-            "v_bias": w("attn_v.bias", False),
-            "q_norm": w("attn_q_norm.weight", False), "k_norm": w("attn_k_norm.weight", False),
-            "o": w("attn_output.weight"),
-            "ffn_norm": w("ffn_norm.weight"),
-            "gate": w("ffn_gate.weight"), "up": w("ffn_up.weight"), "down": w("ffn_down.weight"),
-        }
-        return fused_projections(self.backend, layer, i)
-
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
         be = self.backend
         h = be.embedding(self.embed, token_ids)  # [n, d]
-        x = be.rms_norm(h, self.layers[0]["attn_norm"], self.hparams.norm_eps)
+        x = be.rms_norm(h, self.layers[0].attention.norm, self.hparams.norm_eps)
         for i, layer in enumerate(self.layers):
             # each block ends in the next norm: the next layer's attn_norm, then the final norm
-            next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.norm
+            next_norm = self.layers[i + 1].attention.norm if i + 1 < len(self.layers) else self.norm
             h, x = be.decoder_block(h, x, layer, self.blocks[i], meta, kv, i, next_norm)
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
 
