@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -30,10 +31,14 @@ class Model(ABC):
     hparams: HParams
     backend: Backend
     is_embedding: bool = False
+    # The family's config: reads its own keys from hparams.raw (`from_source(source)`) and
+    # says what inspect reports (`summary()`).
+    config_type: ClassVar[Any]
 
     def __init__(self, source: ModelSource, backend: Backend, options: LoadOptions = LoadOptions()):
         self.source, self.backend, self.options = source, backend, options
         self.hparams = source.hparams
+        self.config = self.config_type.from_source(source)
         self.weight_formats: dict[str, int] = {}  # name -> resident qtype, for inspect/load logs
 
     def weight(self, name: str, required: bool = True) -> Weight | None:

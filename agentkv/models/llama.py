@@ -3,28 +3,67 @@ Qwen3 (per-head q/k RMSNorm). One readable page; quantization never appears here
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from agentkv.formats.source import HParams, ModelSource
 from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
 from agentkv.hal.blocks import AttentionSpec, BlockSpec, DenseFFNSpec
 from agentkv.models.base import LoadOptions, Model, decoder_layer
+from agentkv.models.config import SourceKeys, layer_letters, sliding_layers
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    """The llama family's own knowledge on top of the shared hparams: rotated dims, the q/k
+    row layout, and which layers slide (mistral: all; qwen2: only with use_sliding_window)."""
+
+    hparams: HParams
+    rope_dim: int
+    interleaved: bool  # GGUF llama/mistral: llama.cpp's converter permuted q/k rows
+    sliding_window: int | None = None
+    sliding_window_layers: tuple[bool, ...] | None = None
+
+    @classmethod
+    def from_source(cls, source: ModelSource) -> LlamaConfig:
+        return cls.from_keys(SourceKeys.of(source))
+
+    @classmethod
+    def from_keys(cls, keys: SourceKeys) -> LlamaConfig:
+        """From the file's shared hparams and raw keys (`SourceKeys(hparams, kind, path)`)."""
+        hp = keys.hparams
+        window = keys.get("attention.sliding_window", "sliding_window")
+        if keys.raw.get("model_type") == "qwen2" and not keys.raw.get("use_sliding_window"):
+            window = None  # Qwen2 configs carry a window they do not use unless told to
+        window, layers = sliding_layers(keys, window, period=None)
+        return cls(hp, rope_dim=int(keys.get("rope.dimension_count", None, hp.head_dim)),
+                   interleaved=keys.gguf and hp.arch in ("llama", "mistral"),
+                   sliding_window=window, sliding_window_layers=layers)
+
+    def summary(self) -> dict[str, Any]:
+        """The family-resolved hparams `agentkv inspect` reports."""
+        return {"sliding_window": self.sliding_window,
+                "sliding_window_layers": layer_letters(self.sliding_window_layers)}
 
 
 class LlamaModel(Model):
+    config_type = LlamaConfig
+
     def __init__(self, source, backend, options: LoadOptions = LoadOptions()):
         super().__init__(source, backend, options)
-        hp = self.hparams
+        hp, cfg = self.hparams, self.config
         # llama.cpp's converter permutes GGUF llama q/k rows so that rope pairs are adjacent
         # (interleaved); HF weights and GGUF qwen keep the halves (neox) layout.
-        interleaved = source.kind == "gguf" and hp.arch in ("llama", "mistral")
-        self.rope = RopeSpec(dim=int(hp.extra.get("rope_dim", hp.head_dim)), theta=hp.rope_theta,
-                             style=RopeStyle.INTERLEAVED if interleaved else RopeStyle.NEOX,
+        self.rope = RopeSpec(dim=cfg.rope_dim, theta=hp.rope_theta,
+                             style=RopeStyle.INTERLEAVED if cfg.interleaved else RopeStyle.NEOX,
                              scaling=self._rope_scaling(source))
         scale = 1.0 / math.sqrt(hp.head_dim)
         ffn = DenseFFNSpec("silu")
         self.blocks = [BlockSpec(AttentionSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim, self.rope, scale,
-                                               hp.sliding_window if self._windowed(i) else None, hp.norm_eps), ffn)
+                                               cfg.sliding_window if self._windowed(i) else None, hp.norm_eps),
+                                 ffn)
                        for i in range(hp.num_layers)]
         self.embed = self.weight("token_embd.weight")
         self.layers = [decoder_layer(self, i) for i in range(hp.num_layers)]
@@ -50,7 +89,5 @@ class LlamaModel(Model):
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
 
     def _windowed(self, i: int) -> bool:
-        hp = self.hparams
-        if not hp.sliding_window:
-            return False
-        return hp.sliding_window_layers[i] if hp.sliding_window_layers else True
+        cfg = self.config
+        return bool(cfg.sliding_window and cfg.sliding_window_layers[i])
