@@ -52,7 +52,8 @@ def summarize(source: ModelSource) -> dict[str, Any]:
         row["num_bytes"] += info.num_bytes
         row["num_params"] += int(np.prod(info.shape, dtype=np.int64))
         row["cpu_weights"] = _cpu_residency(info.qtype)
-    hparams = {k: v for k, v in dataclasses.asdict(hp).items() if k in KEY_HPARAMS}
+    resolved = {**{f.name: getattr(hp, f.name) for f in dataclasses.fields(hp)}, **_family_summary(source)}
+    hparams = {k: resolved.get(k) for k in KEY_HPARAMS}
     return {
         "model": str(source.path),
         "kind": source.kind,
@@ -64,11 +65,21 @@ def summarize(source: ModelSource) -> dict[str, Any]:
         "context_len": hp.context_len,
         "vocab_size": hp.vocab_size,
         "hparams": hparams,
-        "sliding_window_layers": None if hp.sliding_window_layers is None
-        else "".join("S" if s else "G" for s in hp.sliding_window_layers),
+        "sliding_window_layers": resolved.get("sliding_window_layers"),
         "tokenizer": _gguf_tokenizer(source.metadata) if source.kind == "gguf"
         else _folder_tokenizer(source.path, source.metadata),
     }
+
+
+def _family_summary(source: ModelSource) -> dict[str, Any]:
+    """The hparams only the model's family knows (window pattern, pooling, ...), with its
+    defaults applied; none for an architecture no family here implements."""
+    from agentkv.models.registry import UnsupportedArchitecture, family_config
+
+    try:
+        return family_config(source).summary()
+    except UnsupportedArchitecture:
+        return {}
 
 
 def _cpu_residency(qtype: int) -> str:

@@ -1,4 +1,7 @@
-"""HParams from GGUF `<arch>.*` metadata or a HF config.json, one normaliser per source."""
+"""HParams from GGUF `<arch>.*` metadata or a HF config.json, one reader per source.
+
+Only the fields every family shares are read here; a family's own keys (and their
+defaults) are read from `HParams.raw` by that family's config in models/."""
 from __future__ import annotations
 
 import json
@@ -7,14 +10,6 @@ from typing import Any
 
 from agentkv.formats.errors import GGUFError, SafetensorsError
 from agentkv.formats.source import HParams
-
-# Gemma3 files from llama.cpp's converter carry neither the local rope base nor the layer
-# pattern; llama.cpp hard-codes both (llama-model.cpp, LLM_ARCH_GEMMA3), and so do we.
-GEMMA3_SWA_PERIOD = 6
-GEMMA3_ROPE_THETA_LOCAL = 10000.0
-
-# llama.cpp's enum llama_pooling_type, as stored in `<arch>.pooling_type`.
-GGUF_POOLING = {0: None, 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 # config.json model_type -> canonical GGUF architecture name.
 HF_ARCH = {
@@ -26,11 +21,6 @@ HF_ARCH = {
     "gemma3_text": "gemma3",
     "bert": "bert",
 }
-
-
-def gemma3_sliding_layers(num_layers: int, period: int = GEMMA3_SWA_PERIOD) -> tuple[bool, ...]:
-    """Layer i uses the sliding window unless (i + 1) % period == 0 (every period-th is global)."""
-    return tuple((i + 1) % period != 0 for i in range(num_layers))
 
 
 # ---------------------------------------------------------------------------------- GGUF
@@ -88,23 +78,6 @@ def _gguf_vocab_size(keys: _GGUFKeys, metadata: dict[str, Any]) -> int:
     return len(tokens)
 
 
-def _gguf_window(keys: _GGUFKeys, num_layers: int) -> tuple[int | None, tuple[bool, ...] | None]:
-    window = keys.get("attention.sliding_window")
-    if not window:
-        return None, None
-    pattern = keys.get("attention.sliding_window_pattern")
-    if isinstance(pattern, list):
-        if len(pattern) != num_layers:
-            raise GGUFError(f"{keys.path}: {keys.arch}.attention.sliding_window_pattern has "
-                            f"{len(pattern)} entries, expected block_count={num_layers}")
-        return int(window), tuple(bool(p) for p in pattern)
-    if isinstance(pattern, int) and pattern > 0:
-        return int(window), gemma3_sliding_layers(num_layers, pattern)
-    if keys.arch == "gemma3":
-        return int(window), gemma3_sliding_layers(num_layers)
-    return int(window), (True,) * num_layers  # mistral: every layer slides
-
-
 def hparams_from_gguf(metadata: dict[str, Any], path: Path, tensor_names: list[str]) -> HParams:
     """Normalise `<arch>.*` keys; raises GGUFError naming the missing/bad key and the file."""
     arch = metadata.get("general.architecture")
@@ -121,8 +94,6 @@ def hparams_from_gguf(metadata: dict[str, Any], path: Path, tensor_names: list[s
     eps = keys.get("attention.layer_norm_rms_epsilon", keys.get("attention.layer_norm_epsilon"))
     if eps is None:
         keys.need("attention.layer_norm_rms_epsilon")
-    window, window_layers = _gguf_window(keys, num_layers)
-    is_gemma3 = arch == "gemma3"
     return HParams(
         arch=arch,
         vocab_size=_gguf_vocab_size(keys, metadata),
@@ -136,23 +107,9 @@ def hparams_from_gguf(metadata: dict[str, Any], path: Path, tensor_names: list[s
         norm_eps=float(eps),
         rope_theta=float(keys.get("rope.freq_base", 10000.0)),
         rope_scaling=_gguf_rope_scaling(keys),
-        rope_theta_local=_opt_float(keys.get("rope.freq_base_swa",
-                                             GEMMA3_ROPE_THETA_LOCAL if is_gemma3 else None)),
-        sliding_window=window,
-        sliding_window_layers=window_layers,
         tie_embeddings="output.weight" not in tensor_names,
-        attn_logit_softcap=_opt_float(keys.get("attn_logit_softcapping")),
-        final_logit_softcap=_opt_float(keys.get("final_logit_softcapping")),
-        # llama.cpp scales gemma3 queries by 1/sqrt(key_length) (the 270M..12B configs agree).
-        query_pre_attn_scalar=float(head_dim) if is_gemma3 else None,
-        pooling=GGUF_POOLING.get(keys.get("pooling_type", 0)) if arch == "bert" else None,
-        extra={"rope_dim": keys.get("rope.dimension_count"),
-               "has_rope_freqs": "rope_freqs.weight" in tensor_names},
+        raw=metadata,
     )
-
-
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 # ---------------------------------------------------------------------------- config.json
@@ -164,18 +121,17 @@ def _need(config: dict[str, Any], key: str, path: Path) -> Any:
     return config[key]
 
 
-def _rope_params(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(global, local) rope dicts from transformers>=5 `rope_parameters` or older keys."""
+def _rope_params(config: dict[str, Any]) -> dict[str, Any]:
+    """The (full-attention) rope dict from transformers>=5 `rope_parameters` or older keys."""
     params = config.get("rope_parameters")
     if isinstance(params, dict) and "full_attention" in params:
-        return params["full_attention"], params.get("sliding_attention")
+        return params["full_attention"]
     if isinstance(params, dict):
-        return params, None
+        return params
     merged = dict(config.get("rope_scaling") or {})
     if config.get("rope_theta") is not None:
         merged["rope_theta"] = config["rope_theta"]
-    local = config.get("rope_local_base_freq")
-    return merged, ({"rope_theta": local} if local is not None else None)
+    return merged
 
 
 def _config_rope_scaling(rope: dict[str, Any]) -> dict[str, Any] | None:
@@ -186,33 +142,15 @@ def _config_rope_scaling(rope: dict[str, Any]) -> dict[str, Any] | None:
     return {"type": kind, **scaling}
 
 
-def _config_window(config: dict[str, Any], arch: str,
-                   num_layers: int) -> tuple[int | None, tuple[bool, ...] | None]:
-    window = config.get("sliding_window")
-    if not window or (config.get("model_type") == "qwen2" and not config.get("use_sliding_window")):
-        return None, None
-    layer_types = config.get("layer_types")
-    if layer_types:
-        return int(window), tuple(t == "sliding_attention" for t in layer_types)
-    if arch == "gemma3":
-        period = config.get("sliding_window_pattern", config.get("_sliding_window_pattern"))
-        return int(window), gemma3_sliding_layers(num_layers, int(period or GEMMA3_SWA_PERIOD))
-    return int(window), (True,) * num_layers
-
-
-def _pooling(folder: Path) -> str | None:
+def _pooling_config(folder: Path) -> dict[str, Any] | None:
+    """A sentence-transformers folder's 1_Pooling/config.json, as it is; None without one."""
     pooling_file = folder / "1_Pooling" / "config.json"
     if not pooling_file.is_file():
         return None
     try:
-        pooling = json.loads(pooling_file.read_text())
+        return json.loads(pooling_file.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise SafetensorsError(f"{pooling_file}: cannot read pooling config: {exc}") from exc
-    for key, mode in (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
-                      ("pooling_mode_lasttoken", "last")):
-        if pooling.get(key):
-            return mode
-    return None
 
 
 def hparams_from_config(config: dict[str, Any], path: Path) -> HParams:
@@ -228,8 +166,8 @@ def hparams_from_config(config: dict[str, Any], path: Path) -> HParams:
     hidden = int(_need(config, "hidden_size", path))
     num_heads = int(_need(config, "num_attention_heads", path))
     num_layers = int(_need(config, "num_hidden_layers", path))
-    rope, rope_local = _rope_params(config)
-    window, window_layers = _config_window(config, arch, num_layers)
+    rope = _rope_params(config)
+    pooling = _pooling_config(path)
     eps_key = "layer_norm_eps" if arch == "bert" else "rms_norm_eps"
     return HParams(
         arch=arch,
@@ -244,16 +182,9 @@ def hparams_from_config(config: dict[str, Any], path: Path) -> HParams:
         norm_eps=float(_need(config, eps_key, path)),
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=_config_rope_scaling(rope),
-        rope_theta_local=_opt_float(rope_local.get("rope_theta")) if rope_local else None,
-        sliding_window=window,
-        sliding_window_layers=window_layers,
         tie_embeddings=bool(config.get("tie_word_embeddings", arch in ("gemma3", "bert"))),
-        attn_logit_softcap=_opt_float(config.get("attn_logit_softcapping")),
-        final_logit_softcap=_opt_float(config.get("final_logit_softcapping")),
-        query_pre_attn_scalar=_opt_float(config.get("query_pre_attn_scalar")),
-        pooling=_pooling(path) if arch == "bert" else None,
-        extra={"model_type": model_type},
+        raw=config if pooling is None else {**config, "pooling_config": pooling},
     )
 
 
-__all__ = ["hparams_from_gguf", "hparams_from_config", "gemma3_sliding_layers"]
+__all__ = ["hparams_from_gguf", "hparams_from_config", "HF_ARCH"]

@@ -31,9 +31,10 @@ class TensorInfo(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class HParams:
-    """Architecture hyper-parameters, normalised from GGUF `<arch>.*` keys or config.json.
-
-    Per-layer values (gemma3's sliding window pattern) are tuples with one entry per layer."""
+    """The hyper-parameters every family shares, as the file states them (GGUF `<arch>.*` keys
+    or config.json), plus the raw metadata they came from. Family knowledge (gemma's local
+    layers and query scale, BERT pooling, rope dims, ...) is read from `raw` by the family's
+    own config in models/, never here."""
 
     arch: str  # canonical GGUF architecture name: llama, qwen2, qwen3, gemma3, bert, ...
     vocab_size: int
@@ -47,15 +48,10 @@ class HParams:
     norm_eps: float
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None  # {"type": "llama3"|"linear"|"yarn", ...}
-    rope_theta_local: float | None = None  # gemma3: rope base of sliding-window layers
-    sliding_window: int | None = None
-    sliding_window_layers: tuple[bool, ...] | None = None  # True where a layer uses the window
     tie_embeddings: bool = False  # True when the file has no output.weight
-    attn_logit_softcap: float | None = None
-    final_logit_softcap: float | None = None
-    query_pre_attn_scalar: float | None = None
-    pooling: str | None = None  # embedding models: "mean" | "cls" | "last"
-    extra: dict[str, Any] = field(default_factory=dict)
+    # GGUF key/values, or config.json (its text half for multimodal configs, with
+    # 1_Pooling/config.json under "pooling_config" where the folder has one)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 class ModelSource(ABC):

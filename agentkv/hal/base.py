@@ -12,12 +12,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
 from agentkv.hal.identity import Identity, fingerprint_of
 from agentkv.hal.layout import Layout, LayoutError, check_layout  # noqa: F401  (re-exported: the contract)
+
+if TYPE_CHECKING:
+    from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer
 
 BackendClass = Literal["reference", "approx"]
 
@@ -139,20 +142,6 @@ class AttnMeta(NamedTuple):
             starts.append(acc)
             acc += n
         return starts
-
-
-class BlockSpec(NamedTuple):
-    """What varies between the pre-norm GQA decoder blocks of the llama family and gemma3."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope: RopeSpec
-    scale: float  # attention score scale
-    window: int | None  # sliding window of this layer, None for full attention
-    act: str  # gated FFN activation: "silu" | "gelu_tanh"
-    eps: float
-    unit_offset: bool = False  # norm gain is 1 + w (gemma)
 
 
 class Capabilities(NamedTuple):
@@ -278,18 +267,17 @@ class Backend(ABC):
         return self.gated_act(gate, up, kind)
 
     def attention_inputs(self, qkv: Tensor | list[Tensor], meta: AttnMeta, kv: Any, layer: int,
-                         rope: RopeSpec, num_heads: int, num_kv_heads: int, head_dim: int,
-                         q_norm: Weight | None = None, k_norm: Weight | None = None, eps: float = 1e-6,
-                         unit_offset: bool = False) -> Tensor:
+                         spec: AttentionSpec, q_norm: Weight | None = None,
+                         k_norm: Weight | None = None) -> Tensor:
         """Everything between the q/k/v projection and attention. `qkv` is the fused
         projection `[n, (h + 2 kvh) hd]` or the list `[q, k, v]` of an unfused layer:
 
             qkv row:  | q: h * hd | k: kvh * hd | v: kvh * hd |
 
-        Applies the optional per-head RMSNorm (`q_norm`/`k_norm` `[hd]`, qwen3/gemma3), rope at
-        `meta.positions` to q and k, stores k and v at `meta.slot_mapping` (mutates kv);
-        returns q `[n, h, hd]`."""
-        sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+        Applies the optional per-head RMSNorm (`q_norm`/`k_norm` `[hd]`, qwen3/gemma3; with
+        `spec.eps`, `spec.unit_offset`), `spec.rope` at `meta.positions` to q and k, stores k
+        and v at `meta.slot_mapping` (mutates kv); returns q `[n, h, hd]`."""
+        sizes = spec.qkv_sizes
         if isinstance(qkv, (list, tuple)):
             parts = list(qkv)
         else:
@@ -297,40 +285,45 @@ class Backend(ABC):
                 raise ValueError(f"attention_inputs: qkv has {qkv.shape[-1]} columns, expected "
                                  f"(num_heads + 2 * num_kv_heads) * head_dim = {sum(sizes)}")
             parts = self.split(qkv, sizes)
-        n = parts[0].shape[0]
-        q, k, v = (self.reshape(p, (n, heads, head_dim))
-                   for p, heads in zip(parts, (num_heads, num_kv_heads, num_kv_heads)))
+        n, hd = parts[0].shape[0], spec.head_dim
+        q, k, v = (self.reshape(p, (n, heads, hd))
+                   for p, heads in zip(parts, (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads)))
         if q_norm is not None:
-            q = self.rms_norm(q, q_norm, eps, unit_offset)
+            q = self.rms_norm(q, q_norm, spec.eps, spec.unit_offset)
         if k_norm is not None:
-            k = self.rms_norm(k, k_norm, eps, unit_offset)
-        q, k = self.rope(q, meta.positions, rope), self.rope(k, meta.positions, rope)
+            k = self.rms_norm(k, k_norm, spec.eps, spec.unit_offset)
+        q, k = self.rope(q, meta.positions, spec.rope), self.rope(k, meta.positions, spec.rope)
         self.kv_store(kv, layer, k, v, meta.slot_mapping)
         return q
 
-    def decoder_block(self, h: Tensor, x: Tensor, layer: dict, spec: BlockSpec, meta: AttnMeta, kv: Any,
-                      index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
+    def ffn(self, x: Tensor, weights: Any, spec: Any) -> Tensor:
+        """The FFN on its normed input `x` `[n, d]` -> `[n, d]` (before its post norm), by the
+        weights' kind: `hal.blocks.ffn_op` dispatches on their type (DenseFFN: gate|up, glu,
+        down). A backend may override this for a kind it fuses."""
+        from agentkv.hal.blocks import ffn_op
+
+        return ffn_op(weights, self, x, spec)
+
+    def decoder_block(self, h: Tensor, x: Tensor, layer: DecoderLayer, spec: BlockSpec, meta: AttnMeta,
+                      kv: Any, index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
         """One decoder block on the residual `h` `[n, d]` and its normed input `x` `[n, d]`:
 
-            x -> q/k/v -> attention_inputs -> attention -> o;  h, x = add_norm(h, ., ffn_norm)
-            x -> gate|up -> glu -> down;                       h, x = add_norm(h, ., next_norm)
+            x -> qkv -> attention_inputs -> attention -> o;  h, x = add_norm(h, ., ffn.norm)
+            x -> ffn(x, layer.ffn, spec.ffn);                h, x = add_norm(h, ., next_norm)
 
-        with the layer's post norms (`post_attn_norm`, `post_ffn_norm`, gemma3) inside the
-        add_norms when it has them. `layer` is the weight dict of models/base.py (fused
-        "q+k+v" / "gate+up" or their parts, optional biases and q/k norms); `next_norm` is the
-        next block's attn_norm, or the final norm. Stores this block's K/V (mutates kv) and
-        may reuse h's storage. -> (h, the next norm's output)."""
-        qkv = project_stacked(self, x, layer, ("q", "k", "v"))
-        q = self.attention_inputs(qkv, meta, kv, index, spec.rope, spec.num_heads, spec.num_kv_heads,
-                                  spec.head_dim, q_norm=layer.get("q_norm"), k_norm=layer.get("k_norm"),
-                                  eps=spec.eps, unit_offset=spec.unit_offset)
-        out = self.attention(q, kv, index, meta, spec.scale, window=spec.window)
-        attn = self.matmul(self.reshape(out, (q.shape[0], spec.num_heads * spec.head_dim)), layer["o"])
-        h, x = self.add_norm(h, attn, layer["ffn_norm"], spec.eps, spec.unit_offset,
-                             post_weight=layer.get("post_attn_norm"))
-        act = self.glu(project_stacked(self, x, layer, ("gate", "up")), spec.act)
-        return self.add_norm(h, self.matmul(act, layer["down"]), next_norm, spec.eps, spec.unit_offset,
-                             post_weight=layer.get("post_ffn_norm"))
+        with the layer's post norms (`attention.post_norm`, `ffn.post_norm`, gemma3) inside the
+        add_norms when it has them; the FFN is whatever kind `layer.ffn` is (`Backend.ffn`).
+        `next_norm` is the next block's attention norm, or the final norm. Stores this block's
+        K/V (mutates kv) and may reuse h's storage. -> (h, the next norm's output)."""
+        from agentkv.hal.blocks import project
+
+        att, a = layer.attention, spec.attention
+        q = self.attention_inputs(project(self, x, att.qkv), meta, kv, index, a, att.q_norm, att.k_norm)
+        out = self.attention(q, kv, index, meta, a.scale, window=a.window)
+        o = self.matmul(self.reshape(out, (q.shape[0], a.num_heads * a.head_dim)), att.o)
+        h, x = self.add_norm(h, o, layer.ffn.norm, a.eps, a.unit_offset, post_weight=att.post_norm)
+        return self.add_norm(h, self.ffn(x, layer.ffn, spec.ffn), next_norm, a.eps, a.unit_offset,
+                             post_weight=getattr(layer.ffn, "post_norm", None))
 
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...
@@ -368,13 +361,3 @@ class Backend(ABC):
         """Bidirectional attention within each sequence (encoders), no cache.
         q/k/v `[n, h, hd]`, rows grouped by sequence."""
 
-
-def project_stacked(backend: Backend, x: Tensor, layer: dict, group: tuple[str, ...]) -> Tensor | list[Tensor]:
-    """`x @ W.T (+ b)` for each projection of `group`. A fused layer's output stays one
-    `[n, sum(sizes)]` tensor (one matmul), the form the fused ops take (`Backend.glu`,
-    `Backend.attention_inputs`); an unfused layer gives its parts as a list (one matmul
-    each), which those ops accept too."""
-    key = "+".join(group)
-    if layer.get(key) is not None:
-        return backend.matmul(x, layer[key], layer.get(key + "_bias"))
-    return [backend.matmul(x, layer[g], layer.get(f"{g}_bias")) for g in group]

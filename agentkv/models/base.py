@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from agentkv.formats.errors import FormatError
 from agentkv.formats.source import HParams, ModelSource
 from agentkv.hal.base import AttnMeta, Backend, KVSpec, Tensor, Weight
+from agentkv.hal.blocks import AttentionWeights, DecoderLayer, DenseFFN, Projection
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +31,14 @@ class Model(ABC):
     hparams: HParams
     backend: Backend
     is_embedding: bool = False
+    # The family's config: reads its own keys from hparams.raw (`from_source(source)`) and
+    # says what inspect reports (`summary()`).
+    config_type: ClassVar[Any]
 
     def __init__(self, source: ModelSource, backend: Backend, options: LoadOptions = LoadOptions()):
         self.source, self.backend, self.options = source, backend, options
         self.hparams = source.hparams
+        self.config = self.config_type.from_source(source)
         self.weight_formats: dict[str, int] = {}  # name -> resident qtype, for inspect/load logs
 
     def weight(self, name: str, required: bool = True) -> Weight | None:
@@ -62,25 +68,31 @@ class Model(ABC):
         storing their K/V into `kv`; return logits `[len(logit_rows), vocab]` for the rows asked."""
 
 
-FUSED_GROUPS = (("q", "k", "v"), ("gate", "up"))
+def attention_weights(model: Model, i: int, post_norm: bool = False,
+                      qk_norms: bool | None = None) -> AttentionWeights:
+    """Layer i's attention from its canonical GGUF tensor names (`blk.{i}.attn_*`): biases
+    where the file has them; q/k norms required (`qk_norms` True), absent (False) or where the
+    file has them (None); the post norm when the family asks for it. q/k/v are stacked where
+    the backend fuses them: one matmul instead of three, each weight held once."""
+    w = lambda name, required=True: model.weight(f"blk.{i}.{name}", required)  # noqa: E731
+    qk = lambda name: w(name, True) if qk_norms else w(name, False) if qk_norms is None else None  # noqa: E731
+    parts = ("q", "k", "v")
+    qkv = Projection(tuple(w(f"attn_{p}.weight") for p in parts),
+                     tuple(w(f"attn_{p}.bias", False) for p in parts))
+    return AttentionWeights(norm=w("attn_norm.weight"), qkv=qkv.fused(model.backend, f"blk.{i}.q+k+v"),
+                            o=w("attn_output.weight"), q_norm=qk("attn_q_norm.weight"),
+                            k_norm=qk("attn_k_norm.weight"),
+                            post_norm=w("post_attention_norm.weight") if post_norm else None)
 
 
-def fused_projections(backend: Backend, layer: dict, index: int) -> dict:
-    """Stacks projections that read the same input (q/k/v, gate/up) where the backend fuses
-    them: one matmul instead of several. Mutates `layer`: the fused weight ("q+k+v", with
-    "q+k+v_bias") replaces the separate ones, so each weight is held once. The ops that take
-    the stacked output (`glu`, `attention_inputs`) know its layout from the model's shapes."""
-    for group in FUSED_GROUPS:
-        weights = [layer[g] for g in group]
-        biases = [layer.get(f"{g}_bias") for g in group]
-        if any(b is None for b in biases) and any(b is not None for b in biases):
-            continue
-        fused = backend.fuse_rows(weights, f"blk.{index}.{'+'.join(group)}")
-        fused_bias = None if biases[0] is None else backend.fuse_rows(biases, f"blk.{index}.bias")
-        if fused is None or (biases[0] is not None and fused_bias is None):
-            continue
-        key = "+".join(group)
-        layer[key], layer[key + "_bias"] = fused, fused_bias
-        for g in group:
-            layer[g] = layer[f"{g}_bias"] = None
-    return layer
+def dense_ffn(model: Model, i: int, post_norm: bool = False) -> DenseFFN:
+    """Layer i's dense gated FFN (`blk.{i}.ffn_*`), gate|up stacked where the backend fuses."""
+    w = lambda name: model.weight(f"blk.{i}.{name}")  # noqa: E731
+    gate_up = Projection((w("ffn_gate.weight"), w("ffn_up.weight")))
+    return DenseFFN(norm=w("ffn_norm.weight"), gate_up=gate_up.fused(model.backend, f"blk.{i}.gate+up"),
+                    down=w("ffn_down.weight"), post_norm=w("post_ffw_norm.weight") if post_norm else None)
+
+
+def decoder_layer(model: Model, i: int, post_norms: bool = False, qk_norms: bool | None = None) -> DecoderLayer:
+    """Layer i of a pre-norm decoder with a dense FFN (gemma3 adds the post norms)."""
+    return DecoderLayer(attention_weights(model, i, post_norms, qk_norms), dense_ffn(model, i, post_norms))

@@ -5,28 +5,62 @@ normalisation as sentence-transformers does.
     h = LN(word + position + token_type)
     per layer:  h = LN(h + attention(h))          attn_output_norm
                 h = LN(h + down(gelu(up(h))))      layer_output_norm
-    embedding = normalise(pool(h))                 pool: hparams.pooling (mean | cls | last)
+    embedding = normalise(pool(h))                 pool: config.pooling (mean | cls | last)
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
+from agentkv.formats.source import HParams, ModelSource
 from agentkv.hal.base import Tensor
 from agentkv.models.base import LoadOptions, Model
+from agentkv.models.config import SourceKeys
 
 POOLING = ("mean", "cls", "last")
+# llama.cpp's enum llama_pooling_type, as stored in `<arch>.pooling_type`.
+GGUF_POOLING = {0: None, 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+# sentence-transformers' 1_Pooling/config.json flags, in the order they are tried.
+FOLDER_POOLING = (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
+                  ("pooling_mode_lasttoken", "last"))
+
+
+@dataclass(frozen=True, slots=True)
+class BertConfig:
+    """BERT's own knowledge on top of the shared hparams: how a sentence is pooled, as the
+    file says (None: it does not say)."""
+
+    hparams: HParams
+    pooling: str | None = None
+
+    @classmethod
+    def from_source(cls, source: ModelSource) -> BertConfig:
+        return cls.from_keys(SourceKeys.of(source))
+
+    @classmethod
+    def from_keys(cls, keys: SourceKeys) -> BertConfig:
+        """From the file's shared hparams and raw keys (`SourceKeys(hparams, kind, path)`)."""
+        if keys.gguf:
+            return cls(keys.hparams, GGUF_POOLING.get(keys.get("pooling_type", None, 0)))
+        flags = keys.raw.get("pooling_config") or {}
+        return cls(keys.hparams, next((mode for key, mode in FOLDER_POOLING if flags.get(key)), None))
+
+    def summary(self) -> dict[str, Any]:
+        """The family-resolved hparams `agentkv inspect` reports."""
+        return {"pooling": self.pooling}
 
 
 class BertModel(Model):
     is_embedding = True
+    config_type = BertConfig
 
     def __init__(self, source, backend, options: LoadOptions = LoadOptions()):
         super().__init__(source, backend, options)
         hp = self.hparams
-        self.pooling = hp.pooling or "cls"  # a bare BERT folder (no 1_Pooling/) pools [CLS]
+        self.pooling = self.config.pooling or "cls"  # a bare BERT folder (no 1_Pooling/) pools [CLS]
         if self.pooling not in POOLING:
             raise ValueError(f"{source.path}: pooling {self.pooling!r} is not supported "
                              f"(supported: {', '.join(POOLING)})")

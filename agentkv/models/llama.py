@@ -3,29 +3,70 @@ Qwen3 (per-head q/k RMSNorm). One readable page; quantization never appears here
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from agentkv.hal.base import AttnMeta, BlockSpec, RopeSpec, RopeStyle, Tensor
-from agentkv.models.base import LoadOptions, Model, fused_projections
+from agentkv.formats.source import HParams, ModelSource
+from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
+from agentkv.hal.blocks import AttentionSpec, BlockSpec, DenseFFNSpec
+from agentkv.models.base import LoadOptions, Model, decoder_layer
+from agentkv.models.config import SourceKeys, layer_letters, sliding_layers
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    """The llama family's own knowledge on top of the shared hparams: rotated dims, the q/k
+    row layout, and which layers slide (mistral: all; qwen2: only with use_sliding_window)."""
+
+    hparams: HParams
+    rope_dim: int
+    interleaved: bool  # GGUF llama/mistral: llama.cpp's converter permuted q/k rows
+    sliding_window: int | None = None
+    sliding_window_layers: tuple[bool, ...] | None = None
+
+    @classmethod
+    def from_source(cls, source: ModelSource) -> LlamaConfig:
+        return cls.from_keys(SourceKeys.of(source))
+
+    @classmethod
+    def from_keys(cls, keys: SourceKeys) -> LlamaConfig:
+        """From the file's shared hparams and raw keys (`SourceKeys(hparams, kind, path)`)."""
+        hp = keys.hparams
+        window = keys.get("attention.sliding_window", "sliding_window")
+        if keys.raw.get("model_type") == "qwen2" and not keys.raw.get("use_sliding_window"):
+            window = None  # Qwen2 configs carry a window they do not use unless told to
+        window, layers = sliding_layers(keys, window, period=None)
+        return cls(hp, rope_dim=int(keys.get("rope.dimension_count", None, hp.head_dim)),
+                   interleaved=keys.gguf and hp.arch in ("llama", "mistral"),
+                   sliding_window=window, sliding_window_layers=layers)
+
+    def summary(self) -> dict[str, Any]:
+        """The family-resolved hparams `agentkv inspect` reports."""
+        return {"sliding_window": self.sliding_window,
+                "sliding_window_layers": layer_letters(self.sliding_window_layers)}
 
 
 class LlamaModel(Model):
+    config_type = LlamaConfig
+
     def __init__(self, source, backend, options: LoadOptions = LoadOptions()):
         super().__init__(source, backend, options)
-        hp = self.hparams
+        hp, cfg = self.hparams, self.config
         # llama.cpp's converter permutes GGUF llama q/k rows so that rope pairs are adjacent
         # (interleaved); HF weights and GGUF qwen keep the halves (neox) layout.
-        interleaved = source.kind == "gguf" and hp.arch in ("llama", "mistral")
-        self.rope = RopeSpec(dim=int(hp.extra.get("rope_dim", hp.head_dim)), theta=hp.rope_theta,
-                             style=RopeStyle.INTERLEAVED if interleaved else RopeStyle.NEOX,
+        self.rope = RopeSpec(dim=cfg.rope_dim, theta=hp.rope_theta,
+                             style=RopeStyle.INTERLEAVED if cfg.interleaved else RopeStyle.NEOX,
                              scaling=self._rope_scaling(source))
         scale = 1.0 / math.sqrt(hp.head_dim)
-        self.blocks = [BlockSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim, self.rope, scale,
-                                 hp.sliding_window if self._windowed(i) else None, "silu", hp.norm_eps)
+        ffn = DenseFFNSpec("silu")
+        self.blocks = [BlockSpec(AttentionSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim, self.rope, scale,
+                                               cfg.sliding_window if self._windowed(i) else None, hp.norm_eps),
+                                 ffn)
                        for i in range(hp.num_layers)]
         self.embed = self.weight("token_embd.weight")
-        self.layers = [self._layer(i) for i in range(hp.num_layers)]
+        self.layers = [decoder_layer(self, i) for i in range(hp.num_layers)]
         self.norm = self.weight("output_norm.weight")
         self.head = self.embed if hp.tie_embeddings else self.weight("output.weight")
 
@@ -37,32 +78,16 @@ class LlamaModel(Model):
             return {"type": "factors", "factors": tuple(float(f) for f in factors)}
         return source.hparams.rope_scaling
 
-    def _layer(self, i: int) -> dict:
-        w = lambda name, required=True: self.weight(f"blk.{i}.{name}", required)  # noqa: E731
-        layer = {
-            "attn_norm": w("attn_norm.weight"),
-            "q": w("attn_q.weight"), "k": w("attn_k.weight"), "v": w("attn_v.weight"),
-            "q_bias": w("attn_q.bias", False), "k_bias": w("attn_k.bias", False),
-            "v_bias": w("attn_v.bias", False),
-            "q_norm": w("attn_q_norm.weight", False), "k_norm": w("attn_k_norm.weight", False),
-            "o": w("attn_output.weight"),
-            "ffn_norm": w("ffn_norm.weight"),
-            "gate": w("ffn_gate.weight"), "up": w("ffn_up.weight"), "down": w("ffn_down.weight"),
-        }
-        return fused_projections(self.backend, layer, i)
-
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
         be = self.backend
         h = be.embedding(self.embed, token_ids)  # [n, d]
-        x = be.rms_norm(h, self.layers[0]["attn_norm"], self.hparams.norm_eps)
+        x = be.rms_norm(h, self.layers[0].attention.norm, self.hparams.norm_eps)
         for i, layer in enumerate(self.layers):
             # each block ends in the next norm: the next layer's attn_norm, then the final norm
-            next_norm = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.norm
+            next_norm = self.layers[i + 1].attention.norm if i + 1 < len(self.layers) else self.norm
             h, x = be.decoder_block(h, x, layer, self.blocks[i], meta, kv, i, next_norm)
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
 
     def _windowed(self, i: int) -> bool:
-        hp = self.hparams
-        if not hp.sliding_window:
-            return False
-        return hp.sliding_window_layers[i] if hp.sliding_window_layers else True
+        cfg = self.config
+        return bool(cfg.sliding_window and cfg.sliding_window_layers[i])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from agentkv.formats.source import ModelSource
 from agentkv.hal.base import Backend
@@ -32,6 +33,12 @@ def model_class(arch: str) -> type[Model]:
             f"architecture {arch!r} is not supported; supported: {', '.join(supported())}")
     module_name, attr = _FAMILIES[arch].split(":")
     return getattr(importlib.import_module(module_name), attr)
+
+
+def family_config(source: ModelSource) -> Any:
+    """The source's family config (`LlamaConfig`, `Gemma3Config`, ...): the family's own keys
+    read from the file with its defaults applied. Raises UnsupportedArchitecture."""
+    return model_class(source.hparams.arch).config_type.from_source(source)
 
 
 def load_model(source: ModelSource, backend: Backend, options: LoadOptions = LoadOptions()) -> Model:

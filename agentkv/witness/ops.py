@@ -11,6 +11,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from agentkv.hal.base import AttnMeta, Backend, KVSpec, RopeSpec, RopeStyle
+from agentkv.hal.blocks import AttentionSpec
 
 COSINE_FLOOR_F32 = 0.99999  # f32 ops: only summation order differs from the reference
 COSINE_FLOOR_QUANT = 0.9999  # weight-only quantized kernels with f32 activations
@@ -154,7 +155,7 @@ def _fused_cases():
             meta = AttnMeta((n,), (n,), ((0, 1),), r.integers(0, 5000, n), slots)
             qn, kn = (_w(be, r.standard_normal(hd), nm) if norm else None for nm in ("qn", "kn"))
             q = be.attention_inputs(be.upload(r.standard_normal((n, (h + 2 * kvh) * hd))), meta, kv, 0,
-                                    RopeSpec(dim=dim, style=style), h, kvh, hd, qn, kn, 1e-6)
+                                    AttentionSpec(h, kvh, hd, RopeSpec(dim=dim, style=style), eps=1e-6), qn, kn)
             k, v = (np.asarray(c[0]).reshape(-1, kvh * hd)[slots] for c in (kv.k, kv.v))
             return np.concatenate([be.read(q).reshape(n, -1), k, v], axis=1)
         label = f"attention_inputs/{style.value}/rope_dim={dim}" + ("/qk_norm" if norm else "")

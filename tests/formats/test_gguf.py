@@ -11,6 +11,10 @@ from gguf import GGMLQuantizationType as Q
 from agentkv.formats.errors import FormatError, GGUFError
 from agentkv.formats.gguf import GGUFSource
 from agentkv.formats.resolve import resolve_model_path
+from agentkv.models.bert import BertConfig
+from agentkv.models.config import SourceKeys
+from agentkv.models.gemma3 import Gemma3Config
+from agentkv.models.llama import LlamaConfig
 
 HIDDEN, FFN, VOCAB, LAYERS, HEADS, KV_HEADS = 256, 512, 64, 2, 4, 2
 # One tensor per format the brief names; the rest of the model is F32.
@@ -117,7 +121,9 @@ def test_hparams_from_llama_keys(tiny_gguf: Path) -> None:
     assert (hp.num_layers, hp.num_heads, hp.num_kv_heads, hp.head_dim) == (LAYERS, HEADS, KV_HEADS, 64)
     assert (hp.context_len, hp.rope_theta, hp.tie_embeddings) == (128, 50000.0, False)
     assert hp.norm_eps == pytest.approx(1e-5, rel=1e-6)  # stored as float32
-    assert hp.sliding_window is None and hp.sliding_window_layers is None and hp.rope_scaling is None
+    assert hp.rope_scaling is None
+    cfg = LlamaConfig.from_source(GGUFSource(tiny_gguf))
+    assert cfg.sliding_window is None and cfg.sliding_window_layers is None
 
 
 def test_tied_embeddings_when_output_absent(tmp_path: Path) -> None:
@@ -127,8 +133,8 @@ def test_tied_embeddings_when_output_absent(tmp_path: Path) -> None:
 
 def test_mistral_style_sliding_window_covers_every_layer(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "mistral.gguf", extra_keys={"attention.sliding_window": 64})
-    hp = GGUFSource(path).hparams
-    assert (hp.sliding_window, hp.sliding_window_layers) == (64, (True, True))
+    cfg = LlamaConfig.from_source(GGUFSource(path))
+    assert (cfg.sliding_window, cfg.sliding_window_layers) == (64, (True, True))
 
 
 def test_gemma3_pattern_local_rope_and_query_scale(tmp_path: Path) -> None:
@@ -137,9 +143,9 @@ def test_gemma3_pattern_local_rope_and_query_scale(tmp_path: Path) -> None:
                                        "attention.key_length": 96})
     with pytest.raises(GGUFError):  # 12 layers declared, tensors for 2: still opens; hparams fine
         GGUFSource(path).tensor("blk.11.attn_q.weight")
-    hp = GGUFSource(path).hparams
-    assert hp.sliding_window_layers == (True,) * 5 + (False,) + (True,) * 5 + (False,)
-    assert (hp.rope_theta_local, hp.head_dim, hp.query_pre_attn_scalar) == (10000.0, 96, 96.0)
+    hp, cfg = GGUFSource(path).hparams, Gemma3Config.from_source(GGUFSource(path))
+    assert cfg.sliding_window_layers == (True,) * 5 + (False,) + (True,) * 5 + (False,)
+    assert (cfg.rope_theta_local, hp.head_dim, cfg.query_pre_attn_scalar) == (10000.0, 96, 96.0)
     assert hp.vocab_size == VOCAB  # counted from tokenizer.ggml.tokens
 
 
@@ -276,7 +282,8 @@ def test_bert_pooling_and_layer_norm_eps() -> None:
                "bert.attention.layer_norm_epsilon": 1e-12})
     del md["bert.attention.layer_norm_rms_epsilon"]
     hp = hparams_from_gguf(md, Path("e.gguf"), [])
-    assert (hp.arch, hp.pooling, hp.norm_eps) == ("bert", "cls", 1e-12)
+    pooling = BertConfig.from_keys(SourceKeys(hp, "gguf", "e.gguf")).pooling
+    assert (hp.arch, pooling, hp.norm_eps) == ("bert", "cls", 1e-12)
     del md["bert.attention.layer_norm_epsilon"]
     with pytest.raises(GGUFError, match=r"e\.gguf.*'bert\.attention\.layer_norm_rms_epsilon'"):
         hparams_from_gguf(md, Path("e.gguf"), [])

@@ -13,6 +13,10 @@ from gguf import GGMLQuantizationType as Q
 from agentkv.formats.errors import SafetensorsError
 from agentkv.formats.resolve import resolve_model_path
 from agentkv.formats.safetensors import SafetensorsSource
+from agentkv.models.bert import BertConfig
+from agentkv.models.config import SourceKeys
+from agentkv.models.gemma3 import Gemma3Config
+from agentkv.models.llama import LlamaConfig
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=96, max_position_embeddings=256)
@@ -67,7 +71,8 @@ def test_llama_hparams(llama) -> None:
     assert (hp.arch, hp.vocab_size, hp.hidden_size, hp.intermediate_size) == ("llama", 96, 32, 64)
     assert (hp.num_layers, hp.num_heads, hp.num_kv_heads, hp.head_dim) == (2, 4, 2, 8)
     assert (hp.context_len, hp.norm_eps, hp.rope_theta) == (256, 1e-6, 10000.0)
-    assert (hp.tie_embeddings, hp.rope_scaling, hp.sliding_window) == (False, None, None)
+    assert (hp.tie_embeddings, hp.rope_scaling) == (False, None)
+    assert LlamaConfig.from_source(SafetensorsSource(llama[0])).sliding_window is None
 
 
 def test_qwen2_biases_and_tied_embeddings(tmp_path: Path) -> None:
@@ -106,7 +111,7 @@ def test_minilm_bert_names_and_pooling() -> None:
     source = SafetensorsSource(resolve_model_path("minilm"))
     hp = source.hparams
     assert (hp.arch, hp.vocab_size, hp.hidden_size, hp.num_layers, hp.num_heads) == ("bert", 30522, 384, 6, 12)
-    assert (hp.pooling, hp.norm_eps, hp.context_len) == ("mean", 1e-12, 512)
+    assert (BertConfig.from_source(source).pooling, hp.norm_eps, hp.context_len) == ("mean", 1e-12, 512)
     assert source.tensor("token_embd.weight").shape == (30522, 384)
     assert source.tensor("blk.5.layer_output_norm.bias").shape == (384,)
     assert source.tensor("embeddings.position_ids").qtype == int(Q.I64)  # unmapped: HF name kept
@@ -120,9 +125,10 @@ def test_gemma3_config_hparams(tmp_path: Path) -> None:
     from agentkv.formats.hparams import hparams_from_config
 
     hp = hparams_from_config(json.loads((tmp_path / "config.json").read_text()), tmp_path)
-    assert hp.arch == "gemma3" and hp.sliding_window == 4096
-    assert hp.sliding_window_layers == (True,) * 5 + (False, True)
-    assert (hp.rope_theta, hp.rope_theta_local, hp.query_pre_attn_scalar) == (1e6, 1e4, 256.0)
+    cfg = Gemma3Config.from_keys(SourceKeys(hp, "safetensors", tmp_path))
+    assert hp.arch == "gemma3" and cfg.sliding_window == 4096
+    assert cfg.sliding_window_layers == (True,) * 5 + (False, True)
+    assert (hp.rope_theta, cfg.rope_theta_local, cfg.query_pre_attn_scalar) == (1e6, 1e4, 256.0)
 
 
 # ------------------------------------------------------------------ malformed folders
@@ -202,4 +208,5 @@ def test_config_rope_scaling_old_and_new_styles(tmp_path: Path) -> None:
         assert hp.rope_theta == 5e5
         assert hp.rope_scaling == {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
     mistral = hparams_from_config({**base, "model_type": "mistral", "sliding_window": 64}, tmp_path)
-    assert (mistral.arch, mistral.sliding_window, mistral.sliding_window_layers) == ("llama", 64, (True, True))
+    cfg = LlamaConfig.from_keys(SourceKeys(mistral, "safetensors", tmp_path))
+    assert (mistral.arch, cfg.sliding_window, cfg.sliding_window_layers) == ("llama", 64, (True, True))

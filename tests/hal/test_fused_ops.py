@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agentkv.hal.base import AttnMeta, BackendUnavailable, KVSpec, RopeSpec, RopeStyle
+from agentkv.hal.blocks import AttentionSpec
 from agentkv.hal.cpu import CpuBackend
 from agentkv.hal.kernels import load
 from agentkv.hal.reference import ReferenceBackend
@@ -167,7 +168,8 @@ def attention_inputs(be, qkv: np.ndarray, positions, slots, h, kvh, hd, rope: Ro
     x = be.upload(qkv)
     if unfused:
         x = [be.upload(p) for p in np.split(qkv, [h * hd, (h + kvh) * hd], axis=1)]
-    q = be.attention_inputs(x, meta, kv, 0, rope, h, kvh, hd, q_norm, k_norm, 1e-6, unit_offset)
+    q = be.attention_inputs(x, meta, kv, 0, AttentionSpec(h, kvh, hd, rope, eps=1e-6, unit_offset=unit_offset),
+                            q_norm, k_norm)
     k_all = np.asarray(kv.k[0]).reshape(-1, kvh, hd)
     v_all = np.asarray(kv.v[0]).reshape(-1, kvh, hd)
     return be.read(q), k_all[np.asarray(slots)].copy(), v_all[np.asarray(slots)].copy()

@@ -40,25 +40,44 @@ Projection projection(std::vector<at::Tensor> weights, std::vector<int64_t> qtyp
     return Projection{std::move(weights), std::move(qtypes), std::move(rows), std::move(bias), k};
 }
 
+// The block's scalars, set by name from Python (BlockConfig(heads=..., ...)).
+struct BlockConfig {
+    int64_t heads = 0, kv_heads = 0, head_dim = 0, rope_dim = 0, window = 0, act = 0;
+    bool interleaved = false, unit_offset = false;
+    double eps = 0.0, scale = 0.0;
+};
+
+// The block's norm gains: the FFN's input norm, the next block's (or the final) norm, and the
+// optional post norms (gemma3) and per-head q/k norms (qwen3, gemma3).
+struct BlockNorms {
+    at::Tensor ffn_norm, next_norm;
+    c10::optional<at::Tensor> post_attn_norm, post_ffn_norm, q_norm, k_norm;
+};
+
+// This layer's K/V store: slot-major rows (written) and the same memory as blocks (read).
+struct BlockCache {
+    at::Tensor k_cache, v_cache, k_blocks, v_blocks;
+};
+
 struct DecoderBlock {
     Projection qkv, o, gate_up, down;
-    at::Tensor ffn_norm, next_norm, k_cache, v_cache, k_blocks, v_blocks;
-    c10::optional<at::Tensor> post_attn_norm, post_ffn_norm, q_norm, k_norm;
-    int64_t heads, kv_heads, head_dim, rope_dim, window, act;
-    bool interleaved, unit_offset;
-    double eps, scale;
+    BlockNorms norms;
+    BlockCache cache;
+    BlockConfig c;
 
     // h [n, d] is updated in place (the residual); returns the next norm's output [n, d].
     at::Tensor run(at::Tensor h, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& block_tables,
                    const at::Tensor& row_seq, const at::Tensor& row_pos) const {
-        const at::Tensor q = ops::attention_inputs(qkv(x), q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache,
-                                              heads, kv_heads, rope_dim, interleaved, eps, unit_offset);
-        const at::Tensor att = ops::paged_attention(q, k_blocks, v_blocks, block_tables, row_seq, row_pos, scale,
-                                               window, 0.0);
-        const at::Tensor x2 = ops::add_norm(h, o(att.view({q.size(0), heads * head_dim})), ffn_norm, post_attn_norm,
-                                       eps, unit_offset);
-        return ops::add_norm(h, down(ops::glu(gate_up(x2), act)), next_norm, post_ffn_norm, eps, unit_offset);
+        const at::Tensor q = ops::attention_inputs(qkv(x), norms.q_norm, norms.k_norm, cos, sin, positions, slots,
+                                                   cache.k_cache, cache.v_cache, c.heads, c.kv_heads, c.rope_dim,
+                                                   c.interleaved, c.eps, c.unit_offset);
+        const at::Tensor att = ops::paged_attention(q, cache.k_blocks, cache.v_blocks, block_tables, row_seq, row_pos,
+                                                    c.scale, c.window, 0.0);
+        const at::Tensor x2 = ops::add_norm(h, o(att.view({q.size(0), c.heads * c.head_dim})), norms.ffn_norm,
+                                            norms.post_attn_norm, c.eps, c.unit_offset);
+        return ops::add_norm(h, down(ops::glu(gate_up(x2), c.act)), norms.next_norm, norms.post_ffn_norm, c.eps,
+                             c.unit_offset);
     }
 };
 
@@ -69,25 +88,36 @@ void bind_layer(pybind11::module_& m) {
     py::class_<Projection>(m, "Projection");
     m.def("projection", &projection, "a projection: weight(s), qtype(s), row count(s), joined-output bias, k",
           py::arg("weights"), py::arg("qtypes"), py::arg("rows"), py::arg("bias"), py::arg("k"));
-    py::class_<DecoderBlock>(m, "DecoderBlock")
-        .def(py::init([](Projection qkv, Projection o, Projection gate_up, Projection down, at::Tensor ffn_norm,
-                         at::Tensor next_norm, c10::optional<at::Tensor> post_attn_norm,
-                         c10::optional<at::Tensor> post_ffn_norm, c10::optional<at::Tensor> q_norm,
-                         c10::optional<at::Tensor> k_norm, at::Tensor k_cache, at::Tensor v_cache,
-                         at::Tensor k_blocks, at::Tensor v_blocks, int64_t heads, int64_t kv_heads,
-                         int64_t head_dim, int64_t rope_dim, bool interleaved, int64_t window, int64_t act,
-                         double eps, bool unit_offset, double scale) {
-                 return DecoderBlock{std::move(qkv), std::move(o), std::move(gate_up), std::move(down),
-                                     ffn_norm, next_norm, k_cache, v_cache, k_blocks, v_blocks,
-                                     post_attn_norm, post_ffn_norm, q_norm, k_norm, heads, kv_heads, head_dim,
-                                     rope_dim, window, act, interleaved, unit_offset, eps, scale};
+    py::class_<BlockConfig>(m, "BlockConfig")
+        .def(py::init([](int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rope_dim, bool interleaved,
+                         int64_t window, int64_t act, double eps, bool unit_offset, double scale) {
+                 return BlockConfig{heads, kv_heads, head_dim, rope_dim, window, act, interleaved, unit_offset,
+                                    eps, scale};
              }),
-             py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("ffn_norm"),
-             py::arg("next_norm"), py::arg("post_attn_norm"), py::arg("post_ffn_norm"), py::arg("q_norm"),
-             py::arg("k_norm"), py::arg("k_cache"), py::arg("v_cache"), py::arg("k_blocks"), py::arg("v_blocks"),
-             py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("rope_dim"),
+             py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("rope_dim"),
              py::arg("interleaved"), py::arg("window"), py::arg("act"), py::arg("eps"), py::arg("unit_offset"),
-             py::arg("scale"))
+             py::arg("scale"));
+    py::class_<BlockNorms>(m, "BlockNorms")
+        .def(py::init([](at::Tensor ffn_norm, at::Tensor next_norm, c10::optional<at::Tensor> post_attn_norm,
+                         c10::optional<at::Tensor> post_ffn_norm, c10::optional<at::Tensor> q_norm,
+                         c10::optional<at::Tensor> k_norm) {
+                 return BlockNorms{ffn_norm, next_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm};
+             }),
+             py::kw_only(), py::arg("ffn_norm"), py::arg("next_norm"), py::arg("post_attn_norm") = py::none(),
+             py::arg("post_ffn_norm") = py::none(), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none());
+    py::class_<BlockCache>(m, "BlockCache")
+        .def(py::init([](at::Tensor k_cache, at::Tensor v_cache, at::Tensor k_blocks, at::Tensor v_blocks) {
+                 return BlockCache{k_cache, v_cache, k_blocks, v_blocks};
+             }),
+             py::kw_only(), py::arg("k_cache"), py::arg("v_cache"), py::arg("k_blocks"), py::arg("v_blocks"));
+    py::class_<DecoderBlock>(m, "DecoderBlock")
+        .def(py::init([](Projection qkv, Projection o, Projection gate_up, Projection down, BlockNorms norms,
+                         BlockCache cache, BlockConfig config) {
+                 return DecoderBlock{std::move(qkv), std::move(o), std::move(gate_up), std::move(down),
+                                     std::move(norms), std::move(cache), config};
+             }),
+             py::kw_only(), py::arg("qkv"), py::arg("o"), py::arg("gate_up"), py::arg("down"), py::arg("norms"),
+             py::arg("cache"), py::arg("config"))
         .def("run", &DecoderBlock::run, py::call_guard<py::gil_scoped_release>(),
              "one block: h updated in place, returns the next norm's output",
              py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("slots"),

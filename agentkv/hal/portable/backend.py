@@ -17,8 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentkv.hal.base import (AttnMeta, Backend, BackendUnavailable, BlockSpec, Capabilities, KVSpec, Layout,
-                             RopeSpec, RopeStyle, Tensor, Weight, check_layout)
+from agentkv.hal.base import (AttnMeta, Backend, BackendUnavailable, Capabilities, KVSpec, Layout, RopeSpec,
+                             RopeStyle, Tensor, Weight, check_layout)
+from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer, DenseFFN, DenseFFNSpec, Projection
 from agentkv.hal.portable.attention import paged_attention_portable
 from agentkv.hal.portable.steps import kernel_meta, slots_tensor, step_rows
 from agentkv.hal.rope import rope_tables
@@ -42,7 +43,7 @@ class TorchKV:
         self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)
         self.k_blocks = tuple(t.view(blocks) for t in self.k_slots)
         self.v_blocks = tuple(t.view(blocks) for t in self.v_slots)
-        self.decoder_blocks: dict[int, tuple] = {}  # layer -> (layer dict, spec, next_norm, compiled block)
+        self.decoder_blocks: dict[int, tuple] = {}  # layer -> (DecoderLayer, spec, next_norm, compiled block)
 
 
 def _silu(x: torch.Tensor) -> torch.Tensor:
@@ -183,54 +184,66 @@ class TorchBackend(Backend):
 
     # -- model-facing fused ops: the compiled path when a subclass brings kernels (cpu), else
     # the base class's composition of the ops above -------------------------------------
-    def attention_inputs(self, qkv, meta: AttnMeta, kv: TorchKV, layer: int, rope: RopeSpec,
-                         num_heads: int, num_kv_heads: int, head_dim: int, q_norm: Weight | None = None,
-                         k_norm: Weight | None = None, eps: float = 1e-6, unit_offset: bool = False) -> Tensor:
+    def attention_inputs(self, qkv, meta: AttnMeta, kv: TorchKV, layer: int, spec: AttentionSpec,
+                         q_norm: Weight | None = None, k_norm: Weight | None = None) -> Tensor:
         if self._kernels is None:
-            return super().attention_inputs(qkv, meta, kv, layer, rope, num_heads, num_kv_heads, head_dim,
-                                            q_norm, k_norm, eps, unit_offset)
+            return super().attention_inputs(qkv, meta, kv, layer, spec, q_norm, k_norm)
         rows = step_rows(meta)
-        cos, sin = self._rope_full_tables(rope, rows.max_pos)
+        cos, sin = self._rope_full_tables(spec.rope, rows.max_pos)
         q = self._kernels.attention_inputs(
             _stacked(qkv), q_norm.raw if q_norm is not None else None,
             k_norm.raw if k_norm is not None else None, cos, sin, rows.positions, rows.slots,
-            kv.k_slots[layer], kv.v_slots[layer], num_heads, num_kv_heads, rope.dim,
-            rope.style is RopeStyle.INTERLEAVED, eps, unit_offset)
+            kv.k_slots[layer], kv.v_slots[layer], spec.num_heads, spec.num_kv_heads, spec.rope.dim,
+            spec.rope.style is RopeStyle.INTERLEAVED, spec.eps, spec.unit_offset)
         return Tensor(q)
 
-    def decoder_block(self, h: Tensor, x: Tensor, layer: dict, spec: BlockSpec, meta: AttnMeta, kv: TorchKV,
-                      index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
+    def decoder_block(self, h: Tensor, x: Tensor, layer: DecoderLayer, spec: BlockSpec, meta: AttnMeta,
+                      kv: TorchKV, index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
         """The block as one compiled call (layer.cpp): the same kernels in the same order as
-        the default composition, so the same bits, minus ~10 Python/pybind crossings."""
+        the default composition, so the same bits, minus ~10 Python/pybind crossings. Only a
+        dense FFN runs compiled; any other FFN kind takes the composed path (`Backend.ffn`)."""
         block = self._compiled_block(layer, spec, kv, index, next_norm) if self._kernels is not None else None
         if block is None:
             return super().decoder_block(h, x, layer, spec, meta, kv, index, next_norm)
         rows = step_rows(meta)
-        cos, sin = self._rope_full_tables(spec.rope, rows.max_pos)
+        cos, sin = self._rope_full_tables(spec.attention.rope, rows.max_pos)
         tables, row_seq, row_pos = kernel_meta(meta)
         hs = h.raw.contiguous()
         normed = block.run(hs, x.raw.contiguous(), cos, sin, rows.positions, rows.slots, tables, row_seq, row_pos)
         return Tensor(hs), Tensor(normed)
 
-    def _compiled_block(self, layer: dict, spec: BlockSpec, kv: TorchKV, index: int, next_norm: Weight):
+    def _compiled_block(self, layer: DecoderLayer, spec: BlockSpec, kv: TorchKV, index: int, next_norm: Weight):
         """The kernel library's DecoderBlock for this layer, built once per KV store; None
-        where the block needs something it does not do (a bias on only some of q/k/v)."""
+        where the block needs something it does not do (an FFN that is not dense, an
+        activation it lacks, a bias on only some of q/k/v)."""
         entry = kv.decoder_blocks.get(index)
         if entry is not None and entry[0] is layer and entry[1] == spec and entry[2] is next_norm:
             return entry[3]
-        projections = [_projection(self._kernels, layer, g) for g in (("q", "k", "v"), ("o",), ("gate", "up"),
-                                                                     ("down",))]
+        att, ffn = layer.attention, layer.ffn
         block = None
-        if all(p is not None for p in projections) and spec.act in GLU_KINDS:
-            raw = lambda name: layer[name].raw if layer.get(name) is not None else None  # noqa: E731
-            block = self._kernels.DecoderBlock(
-                *projections, raw("ffn_norm"), next_norm.raw, raw("post_attn_norm"), raw("post_ffn_norm"),
-                raw("q_norm"), raw("k_norm"), kv.k_slots[index], kv.v_slots[index], kv.k_blocks[index],
-                kv.v_blocks[index], spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rope.dim,
-                spec.rope.style is RopeStyle.INTERLEAVED, int(spec.window or 0), GLU_KINDS[spec.act], spec.eps,
-                spec.unit_offset, spec.scale)
+        if type(ffn) is DenseFFN and isinstance(spec.ffn, DenseFFNSpec) and spec.ffn.act in GLU_KINDS:
+            projections = {name: _projection(self._kernels, p) for name, p in (
+                ("qkv", att.qkv), ("o", Projection((att.o,))), ("gate_up", ffn.gate_up),
+                ("down", Projection((ffn.down,))))}
+            if all(p is not None for p in projections.values()):
+                parts = self._block_parts(layer, spec, kv, index, next_norm)
+                block = self._kernels.DecoderBlock(**projections, **parts)
         kv.decoder_blocks[index] = (layer, spec, next_norm, block)
         return block
+
+    def _block_parts(self, layer: DecoderLayer, spec: BlockSpec, kv: TorchKV, index: int, next_norm: Weight) -> dict:
+        """The compiled block's norms, K/V store and scalars, each a small bound struct."""
+        att, ffn, a, K = layer.attention, layer.ffn, spec.attention, self._kernels
+        raw = lambda w: w.raw if w is not None else None  # noqa: E731
+        norms = K.BlockNorms(ffn_norm=ffn.norm.raw, next_norm=next_norm.raw, post_attn_norm=raw(att.post_norm),
+                             post_ffn_norm=raw(ffn.post_norm), q_norm=raw(att.q_norm), k_norm=raw(att.k_norm))
+        cache = K.BlockCache(k_cache=kv.k_slots[index], v_cache=kv.v_slots[index], k_blocks=kv.k_blocks[index],
+                             v_blocks=kv.v_blocks[index])
+        config = K.BlockConfig(heads=a.num_heads, kv_heads=a.num_kv_heads, head_dim=a.head_dim,
+                               rope_dim=a.rope.dim, interleaved=a.rope.style is RopeStyle.INTERLEAVED,
+                               window=int(a.window or 0), act=GLU_KINDS[spec.ffn.act], eps=a.eps,
+                               unit_offset=a.unit_offset, scale=a.scale)
+        return {"norms": norms, "cache": cache, "config": config}
 
     def _rope_full_tables(self, spec: RopeSpec, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole cos/sin tables `[num_pos, dim/2]` covering max_pos (the kernel gathers rows)."""
@@ -283,16 +296,13 @@ class TorchBackend(Backend):
         return Tensor(out)
 
 
-def _projection(kernels, layer: dict, group: tuple[str, ...]):
-    """A layer's projection for the compiled block: the fused weight or its parts, and the
-    bias of the joined output (None if some parts have one and others not)."""
-    key = "+".join(group)
-    names = [key] if layer.get(key) is not None else list(group)
-    weights = [layer[name] for name in names]
-    biases = [layer.get(f"{name}_bias") for name in names]
-    if any(b is None for b in biases) and any(b is not None for b in biases):
+def _projection(kernels, proj: Projection):
+    """A projection for the compiled block: the fused weight or its parts, and the bias of
+    the joined output (None where some parts have one and others not)."""
+    if proj.mixed_biases:
         return None
-    bias = torch.cat([b.raw for b in biases]) if biases[0] is not None else None
+    weights = proj.weights
+    bias = torch.cat([b.raw for b in proj.biases]) if proj.biases[0] is not None else None
     return kernels.projection([w.raw for w in weights], [w.qtype for w in weights],
                               [w.shape[0] for w in weights], bias, weights[0].shape[1])
 
