@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from agentkv.sched import CacheView, SchedulerConfig
 
-DEFAULT_BACKEND = "torch"  # the one place the default compute backend is named
+DEFAULT_BACKEND = "cpu"  # the one place the default compute backend is named
 DEFAULT_KV_MEMORY = 1 << 30  # 1 GiB of KV unless told otherwise
 WEIGHTS_MODES = ("resident", "f32")
 MAX_BLOCK_SIZE = 1024
