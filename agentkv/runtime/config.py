@@ -75,9 +75,9 @@ class EngineConfig:
 
 
 class Knob(NamedTuple):
-    """One setting: its flat name (the `LLM(...)` keyword; `--name-with-dashes` on the CLI) and
-    the one field that owns it. `section` is "" for EngineConfig itself, else the attribute
-    holding the sub-config."""
+    """One setting: its flat name (the `LLM(...)` / `AsyncEngine.from_model(...)` keyword; the
+    CLI flags of agentkv.commands.config_flags are keyed by it too) and the one field that owns
+    it. `section` is "" for EngineConfig itself, else the attribute holding the sub-config."""
 
     name: str
     section: str
