@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from agentkv.commands.common import add_model_arguments, add_sampling_arguments, sampling_params
+from agentkv.commands.config_flags import config_from_args
 from agentkv.formats.errors import FormatError
 
 
@@ -21,7 +22,7 @@ def run(args) -> int:
 
     try:
         params = sampling_params(args)
-        llm = LLM(args.model, backend=args.backend, weights=args.weights, max_model_len=args.max_model_len)
+        llm = LLM(config_from_args(args))
     except (FormatError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

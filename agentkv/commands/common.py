@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import argparse
 
+from agentkv.commands.config_flags import add_engine_arguments
 from agentkv.runtime.params import SamplingParams
+
+# The engine knobs of the offline commands: every knob but the name an HTTP client would use.
+OFFLINE_KNOBS = ("backend", "weights", "max_model_len", "block_size", "enable_prefix_cache",
+                 "kv_cache_blocks", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
+                 "chunk_size")
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="alias (smollm2, gemma3-270m, minilm), a .gguf file or a HF folder")
-    p.add_argument("--backend", default="cpu", help="compute backend (cpu, torch, torch-cuda, reference)")
-    p.add_argument("--weights", choices=["resident", "f32"], default="resident",
-                   help="keep quantized weights quantized (resident) or dequantize at load (f32)")
-    p.add_argument("--max-model-len", type=int, default=None)
+    """MODEL and the engine flags (see config_flags); `config_from_args` reads them back."""
+    add_engine_arguments(p, knobs=OFFLINE_KNOBS)
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:

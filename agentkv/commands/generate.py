@@ -5,6 +5,7 @@ import json
 import sys
 
 from agentkv.commands.common import add_model_arguments, add_sampling_arguments, sampling_params
+from agentkv.commands.config_flags import config_from_args
 from agentkv.formats.errors import FormatError
 from agentkv.hal.base import BackendUnavailable
 from agentkv.hal.identity import describe
@@ -22,7 +23,7 @@ def run(args) -> int:
 
     try:
         params = sampling_params(args)
-        llm = LLM(args.model, backend=args.backend, weights=args.weights, max_model_len=args.max_model_len)
+        llm = LLM(config_from_args(args))
         print(describe(llm.engine.backend.identity), file=sys.stderr)
         outputs = llm.generate(list(args.prompt), params)
     except (FormatError, ValueError, BackendUnavailable) as e:

@@ -1,11 +1,12 @@
 """`AsyncEngine`: the engine stepping in its own thread, streaming to asyncio consumers.
 
-HTTP handlers never run the model: they queue commands (add, abort) that the engine thread
-applies between steps, and read outputs from per-request asyncio queues.
+HTTP handlers never run the model: they queue typed messages (AddRequest, AbortRequest,
+Shutdown) that the engine thread applies between steps, and read outputs from per-request
+asyncio queues.
 
-    event loop ──add/abort──► inbox ──► engine thread: apply, step(), step(), ...
-        ▲                                        │
-        └──── loop.call_soon_threadsafe(queue.put_nowait, output) ◄──┘
+    event loop ──AddRequest/AbortRequest/Shutdown──► inbox ──► engine thread: apply, step(), ...
+        ▲                                                            │
+        └──────── loop.call_soon_threadsafe(queue.put_nowait, output) ◄┘
 """
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import logging
 import queue
 import threading
 import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Hashable
 
 import numpy as np
 
-from agentkv.runtime.config import CacheConfig, EngineConfig
+from agentkv.runtime.config import EngineConfig, engine_config
 from agentkv.runtime.engine import Engine
 from agentkv.runtime.errors import EngineDeadError
 from agentkv.runtime.outputs import EngineStats, RequestOutput
@@ -27,16 +29,46 @@ from agentkv.runtime.params import SamplingParams
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """Queue a request; a ValueError from the engine goes back to the request's stream."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    constraint: Any = None
+    namespace: Hashable = None
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    """Stop a request and free its KV; unknown or finished ids are ignored (a race, not a bug)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Stop the engine thread after the messages queued before it."""
+
+
+EngineMessage = AddRequest | AbortRequest | Shutdown
+
+
 class AsyncEngine:
+    """Satisfies `agentkv.runtime.client.EngineClient`, the interface the server depends on."""
+
     def __init__(self, engine: Engine):
         self.engine = engine
+        self.config = engine.config
         self.tokenizer = engine.tokenizer
         self.chat_template = engine.chat_template
         self.model_name = engine.model_name
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
         self.is_embedding = engine.is_embedding
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[EngineMessage] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._thread: threading.Thread | None = None
@@ -45,17 +77,17 @@ class AsyncEngine:
         self._embed_lock = threading.Lock()
 
     @classmethod
-    def from_model(cls, model: str, *, backend: str = "cpu", max_model_len: int | None = None,
-                   kv_cache_blocks: int | None = None, kv_cache_memory: int | None = None,
-                   enable_prefix_cache: bool = True, weights: str = "resident",
-                   served_model_name: str | None = None, block_size: int = 16) -> AsyncEngine:
-        """Load a model (blocking: call it from a thread when an event loop is running)."""
-        cache = CacheConfig(block_size=block_size, num_blocks=kv_cache_blocks,
-                            memory_bytes=kv_cache_memory, enable_prefix_cache=enable_prefix_cache)
-        config = EngineConfig(model=model, backend=backend, weights=weights,
-                              max_model_len=max_model_len, cache=cache,
-                              served_model_name=served_model_name)
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        """Load the model `config` names (blocking: call it from a thread when an event loop
+        is running)."""
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"from_config needs an EngineConfig, got {type(config).__name__}")
         return cls(Engine(config))
+
+    @classmethod
+    def from_model(cls, model: str | EngineConfig, **overrides: Any) -> AsyncEngine:
+        """`from_config(engine_config(model, **overrides))`: the same keywords as `LLM(...)`."""
+        return cls.from_config(engine_config(model, **overrides))
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -64,8 +96,7 @@ class AsyncEngine:
             self._thread.start()
 
     async def shutdown(self) -> None:
-        self._stop = True
-        self._wake.set()
+        self._send(Shutdown())
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
 
@@ -87,7 +118,7 @@ class AsyncEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         q: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (asyncio.get_running_loop(), q)
-        self._send(("add", rid, list(prompt_ids), params, constraint, namespace, index))
+        self._send(AddRequest(rid, list(prompt_ids), params, constraint, namespace, index))
         finished = False
         try:
             while not finished:
@@ -99,10 +130,10 @@ class AsyncEngine:
         finally:
             self._streams.pop(rid, None)
             if not finished:
-                self._send(("abort", rid))
+                self._send(AbortRequest(rid))
 
     async def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
+        self._send(AbortRequest(request_id))
 
     async def embed(self, batch: list[list[int]]) -> list[list[float]]:
         if not self.is_embedding:
@@ -125,8 +156,8 @@ class AsyncEngine:
         return self.engine.stats()
 
     # -- the engine thread ----------------------------------------------------------------
-    def _send(self, command: tuple) -> None:
-        self._inbox.put(command)
+    def _send(self, message: EngineMessage) -> None:
+        self._inbox.put(message)
         self._wake.set()
 
     def _deliver(self, rid: str, item) -> None:
@@ -136,26 +167,39 @@ class AsyncEngine:
             loop.call_soon_threadsafe(q.put_nowait, item)
 
     def _apply(self) -> None:
+        """Apply every queued message (engine thread only). An unknown message is a bug: it
+        raises, which ends the thread and fails every waiting stream, rather than vanishing."""
         while True:
             try:
-                cmd = self._inbox.get_nowait()
+                message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "add":
-                _, rid, ids, params, constraint, namespace, index = cmd
-                try:
-                    self.engine.add_request(rid, ids, params, constraint, namespace, index)
-                except ValueError as e:
-                    self._deliver(rid, e)
-            elif cmd[0] == "abort":
-                out = self.engine.abort(cmd[1])
-                if out is not None:
-                    self._deliver(cmd[1], out)
+            match message:
+                case AddRequest():
+                    self._add(message)
+                case AbortRequest(request_id=rid):
+                    out = self.engine.abort(rid)
+                    if out is not None:
+                        self._deliver(rid, out)
+                case Shutdown():
+                    self._stop = True
+                    return
+                case _:
+                    raise RuntimeError(f"unknown engine message {message!r} (a bug)")
+
+    def _add(self, m: AddRequest) -> None:
+        try:
+            self.engine.add_request(m.request_id, m.prompt_ids, m.params, m.constraint,
+                                    m.namespace, m.index)
+        except ValueError as e:
+            self._deliver(m.request_id, e)
 
     def _loop(self) -> None:
         try:
-            while not self._stop:
+            while True:
                 self._apply()
+                if self._stop:
+                    return
                 if not self.engine.has_unfinished():
                     self._wake.wait(0.5)
                     self._wake.clear()

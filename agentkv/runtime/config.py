@@ -1,46 +1,154 @@
-"""Engine configuration: composed frozen dataclasses, validated where they are built."""
+"""Engine configuration: composed frozen dataclasses, validated where they are built; each knob
+has one owner field, and `KNOBS` names every knob once for keyword overrides and CLI flags."""
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
-from agentkv.sched import SchedulerConfig
+from agentkv.sched import CacheView, SchedulerConfig
 
+DEFAULT_BACKEND = "cpu"  # the one place the default compute backend is named
 DEFAULT_KV_MEMORY = 1 << 30  # 1 GiB of KV unless told otherwise
+WEIGHTS_MODES = ("resident", "f32")
+MAX_BLOCK_SIZE = 1024
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None, *,
+               optional: bool = False) -> None:
+    """ValueError naming the field, the value and the allowed range (bools are not ints here)."""
+    if value is None and optional:
+        return
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    if not ok or (high is not None and value > high):
+        allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name}={value!r} is out of range: allowed "
+                         f"{'None or ' if optional else ''}an integer {allowed}")
 
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    """KV store size: `num_blocks` wins over `memory_bytes`; neither = DEFAULT_KV_MEMORY."""
+    """The KV cache: its block size, whether prefixes are shared, and its size. `num_blocks`
+    wins over `memory_bytes`; neither = DEFAULT_KV_MEMORY."""
 
-    block_size: int = 16
+    block_size: int = 16  # tokens per KV block
     num_blocks: int | None = None
     memory_bytes: int | None = None
     enable_prefix_cache: bool = True
 
-    def __post_init__(self):
-        if not 1 <= self.block_size <= 1024:
-            raise ValueError(f"block_size must be in [1, 1024], got {self.block_size}")
-        if self.num_blocks is not None and self.num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
-        if self.memory_bytes is not None and self.memory_bytes < 1:
-            raise ValueError(f"memory_bytes must be >= 1, got {self.memory_bytes}")
+    def __post_init__(self) -> None:
+        _check_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+        _check_int("num_blocks", self.num_blocks, 1, optional=True)
+        _check_int("memory_bytes", self.memory_bytes, 1, optional=True)
+        if not isinstance(self.enable_prefix_cache, bool):
+            raise ValueError(f"enable_prefix_cache={self.enable_prefix_cache!r} must be True or False")
+
+    @property
+    def view(self) -> CacheView:
+        """What the scheduler plans with; derived, so the scheduler never holds a second copy."""
+        return CacheView(block_size=self.block_size, enable_prefix_cache=self.enable_prefix_cache)
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str
-    backend: str = "cpu"
-    weights: str = "resident"  # "resident" | "f32"
+    backend: str = DEFAULT_BACKEND
+    weights: str = "resident"  # "resident" keeps quantized weights quantized; "f32" dequantizes
     max_model_len: int | None = None  # None = the model's context length
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    served_model_name: str | None = None
+    served_model_name: str | None = None  # None = `model`
 
-    def __post_init__(self):
-        if self.weights not in ("resident", "f32"):
-            raise ValueError(f"weights must be 'resident' or 'f32', got {self.weights!r}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model={self.model!r} must be a model alias or path")
+        if not isinstance(self.backend, str) or not self.backend:
+            raise ValueError(f"backend={self.backend!r} must be a backend name")
+        if self.weights not in WEIGHTS_MODES:
+            raise ValueError(f"weights={self.weights!r} is not allowed: use 'resident' or 'f32'")
+        _check_int("max_model_len", self.max_model_len, 2, optional=True)
+        if not isinstance(self.cache, CacheConfig):
+            raise ValueError(f"cache={self.cache!r} must be a CacheConfig")
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise ValueError(f"scheduler={self.scheduler!r} must be a SchedulerConfig")
+
+
+class Knob(NamedTuple):
+    """One setting: its flat name (the `LLM(...)` / `AsyncEngine.from_model(...)` keyword; the
+    CLI flags of agentkv.commands.config_flags are keyed by it too) and the one field that owns
+    it. `section` is "" for EngineConfig itself, else the attribute holding the sub-config."""
+
+    name: str
+    section: str
+    field: str
+
+
+KNOBS: dict[str, Knob] = {k.name: k for k in (
+    Knob("backend", "", "backend"),
+    Knob("weights", "", "weights"),
+    Knob("max_model_len", "", "max_model_len"),
+    Knob("served_model_name", "", "served_model_name"),
+    Knob("block_size", "cache", "block_size"),
+    Knob("enable_prefix_cache", "cache", "enable_prefix_cache"),
+    Knob("kv_cache_blocks", "cache", "num_blocks"),
+    Knob("kv_cache_memory", "cache", "memory_bytes"),
+    Knob("max_num_seqs", "scheduler", "max_num_seqs"),
+    Knob("max_num_batched_tokens", "scheduler", "max_num_batched_tokens"),
+    Knob("chunk_size", "scheduler", "chunk_size"),
+)}
+_SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig}
+
+
+def _owner(name: str) -> type:
+    knob = KNOBS[name]
+    return _SECTIONS[knob.section] if knob.section else EngineConfig
+
+
+def knob_field(name: str) -> dataclasses.Field:
+    """The dataclass field that owns knob `name` (its default and type come from there)."""
+    return next(f for f in dataclasses.fields(_owner(name)) if f.name == KNOBS[name].field)
+
+
+def knob_default(name: str) -> Any:
+    f = knob_field(name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def knob_type(name: str) -> type:
+    """The owning field's one concrete type: int for `int | None`, bool for `bool`, ..."""
+    hint = typing.get_type_hints(_owner(name))[KNOBS[name].field]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 else hint
+
+
+def with_overrides(config: EngineConfig, **overrides: Any) -> EngineConfig:
+    """`config` with knobs replaced by flat name (see KNOBS), or whole sections by `cache=` /
+    `scheduler=` (applied first). Pure; the owners' __post_init__ validate the result. An
+    unknown name is a TypeError listing the known ones."""
+    unknown = sorted(set(overrides) - set(KNOBS) - set(_SECTIONS))
+    if unknown:
+        raise TypeError(f"unknown engine setting {unknown[0]!r}; known: "
+                        f"{', '.join([*_SECTIONS, *KNOBS])}")
+    top = {k: overrides[k] for k in _SECTIONS if k in overrides}
+    nested: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
+    for name, value in overrides.items():
+        knob = KNOBS.get(name)
+        if knob is None:
+            continue
+        if knob.section:
+            nested[knob.section][knob.field] = value
+        else:
+            top[knob.field] = value
+    config = dataclasses.replace(config, **top) if top else config
+    parts = {s: dataclasses.replace(getattr(config, s), **kw) for s, kw in nested.items() if kw}
+    return dataclasses.replace(config, **parts) if parts else config
+
+
+def engine_config(model: str | EngineConfig, **overrides: Any) -> EngineConfig:
+    """The EngineConfig for `model` (an alias/path, or a whole EngineConfig) with overrides."""
+    base = model if isinstance(model, EngineConfig) else EngineConfig(model=model)
+    return with_overrides(base, **overrides)
 
 
 def parse_size(text: str) -> int:

@@ -78,9 +78,7 @@ class Engine:
         self.num_blocks = self._num_blocks()
         self.pool = BlockPool(self.num_blocks)
         self.cache = RadixCache(self.pool, self.block_size)
-        sched_cfg = replace(config.scheduler, block_size=self.block_size,
-                            enable_prefix_cache=config.cache.enable_prefix_cache)
-        self.scheduler = Scheduler(sched_cfg, self.pool, self.cache)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view)
         self.runner = None if self.is_embedding else ModelRunner(self.model, self.num_blocks, self.block_size)
         self.counters = Counters()
         # Tests of the exactness contract read the sampled logits rows: request id -> rows.

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Any, Sequence
 
-from agentkv.runtime.config import CacheConfig, EngineConfig
+from agentkv.runtime.config import EngineConfig, engine_config
 from agentkv.runtime.engine import Engine
 from agentkv.runtime.outputs import RequestOutput
 from agentkv.runtime.params import SamplingParams
@@ -13,15 +13,14 @@ from agentkv.runtime.params import SamplingParams
 class LLM:
     """Synchronous generation on the batching engine.
 
-    `LLM("smollm2", backend="cpu").generate(["Hello"], SamplingParams(max_tokens=8))`"""
+    `LLM("smollm2", backend="cpu").generate(["Hello"], SamplingParams(max_tokens=8))`, or
+    `LLM(EngineConfig(...))`; keyword overrides are the flat knob names of
+    `agentkv.runtime.config.KNOBS` (block_size, kv_cache_blocks, max_num_seqs, ...) or whole
+    `cache=` / `scheduler=` sections, built into one EngineConfig (`self.config`)."""
 
-    def __init__(self, model: str, backend: str = "cpu", *, weights: str = "resident",
-                 max_model_len: int | None = None, kv_cache_blocks: int | None = None,
-                 block_size: int = 16, enable_prefix_cache: bool = True, **engine_kw):
-        cache = CacheConfig(block_size=block_size, num_blocks=kv_cache_blocks,
-                            enable_prefix_cache=enable_prefix_cache)
-        self.engine = Engine(EngineConfig(model=model, backend=backend, weights=weights,
-                                          max_model_len=max_model_len, cache=cache, **engine_kw))
+    def __init__(self, model: str | EngineConfig, **overrides: Any):
+        self.config = engine_config(model, **overrides)
+        self.engine = Engine(self.config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

@@ -1,7 +1,7 @@
 """Continuous batching and chunked prefill (pure Python, no torch)."""
-from agentkv.sched.config import SchedulerConfig
+from agentkv.sched.config import CacheView, SchedulerConfig
 from agentkv.sched.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from agentkv.sched.sequence import SeqId, SeqStatus, Sequence
 
-__all__ = ["ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SeqId",
+__all__ = ["CacheView", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SeqId",
            "SeqStatus", "Sequence"]

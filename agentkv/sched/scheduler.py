@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from agentkv.cache import BlockId, BlockPool, MatchResult, Node, RadixCache, common_prefix_len
-from agentkv.sched.config import SchedulerConfig
+from agentkv.sched.config import CacheView, SchedulerConfig
 from agentkv.sched.sequence import SeqId, SeqStatus, Sequence
 
 
@@ -56,15 +56,16 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool,
-                 cache: RadixCache | None) -> None:
-        if cache is not None and cache.block_size != config.block_size:
+                 cache: RadixCache | None, view: CacheView) -> None:
+        if cache is not None and cache.block_size != view.block_size:
             raise ValueError(f"cache block_size={cache.block_size} differs from "
-                             f"config block_size={config.block_size}")
-        if config.enable_prefix_cache and cache is None:
+                             f"the view's block_size={view.block_size}")
+        if view.enable_prefix_cache and cache is None:
             raise ValueError("enable_prefix_cache=True needs a RadixCache")
         self.config = config
+        self.block_size = view.block_size
         self.pool = pool
-        self.cache = cache if config.enable_prefix_cache else None
+        self.cache = cache if view.enable_prefix_cache else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in arrival order
         self._seqs: dict[SeqId, Sequence] = {}
@@ -87,7 +88,7 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     def _num_blocks(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.config.block_size)
+        return -(-num_tokens // self.block_size)
 
     def add(self, seq: Sequence) -> None:
         """Queue a new sequence (FCFS). Raises ValueError for one that can never fit."""
@@ -229,7 +230,7 @@ class Scheduler:
         match = self._lock_prefix(seq)
         num_tokens = min(seq.num_tokens - match.cached_len, step.budget_left,
                          self.config.max_chunk_len)
-        num_full = match.cached_len // self.config.block_size
+        num_full = match.cached_len // self.block_size
         num_new = self._num_blocks(match.cached_len + num_tokens) - num_full
         if self.pool.num_free < num_new and self.cache is not None:
             self.cache.evict(num_new - self.pool.num_free)

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agentkv.runtime.client import EngineClient
 from agentkv.server import responses as r
 from agentkv.server.errors import ErrorResponse, install_handlers, unauthorized
 from agentkv.server.schemas import (
@@ -25,7 +26,7 @@ from agentkv.server.schemas import (
 from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
-from agentkv.server.state import ServerState
+from agentkv.server.state import EngineLoader, ServerState
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 503)}
@@ -95,7 +96,7 @@ async def until_disconnect(request: Request, work: Any, stream: bool | None) -> 
 DISCONNECT_POLL_S = 0.25
 
 
-def create_app(engine: Any, *, api_key: str | None = None,
+def create_app(engine: EngineClient | EngineLoader, *, api_key: str | None = None,
                served_model_name: str | None = None) -> FastAPI:
     """The app for `engine` (an AsyncEngine, or a callable that loads one in the background)."""
     state = ServerState(engine, api_key=api_key, served_model_name=served_model_name)

@@ -8,6 +8,7 @@ import logging
 import threading
 from typing import Any, Callable
 
+from agentkv.runtime.client import EngineClient
 from agentkv.runtime.errors import EngineDeadError, InvalidTokenError, PromptTooLongError
 from agentkv.runtime.params import SamplingParams
 from agentkv.server.errors import (
@@ -17,7 +18,7 @@ from agentkv.server.schemas import SamplingFields
 
 log = logging.getLogger("agentkv.server")
 
-EngineLoader = Callable[[], Any]
+EngineLoader = Callable[[], EngineClient]
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                     "frequency_penalty", "repetition_penalty", "ignore_eos", "skip_special_tokens",
                     "include_stop_str_in_output")
@@ -26,11 +27,11 @@ _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_
 class ServerState:
     """Mutable only while loading (engine/error set once by the loader thread)."""
 
-    def __init__(self, engine_or_loader: Any, *, api_key: str | None = None,
+    def __init__(self, engine_or_loader: EngineClient | EngineLoader, *, api_key: str | None = None,
                  served_model_name: str | None = None) -> None:
         self.api_key = api_key
         self.served_model_name = served_model_name
-        self.engine: Any | None = None
+        self.engine: EngineClient | None = None
         self.load_error: str | None = None
         self.metrics = ServerMetrics(lambda: self.engine)
         self._factory: Any | None = None
@@ -58,7 +59,7 @@ class ServerState:
             log.exception("model failed to load")
             self.load_error = f"{type(exc).__name__}: {exc}"
 
-    def _set_engine(self, engine: Any) -> None:
+    def _set_engine(self, engine: EngineClient) -> None:
         engine.start()
         self.engine = engine
 
@@ -68,7 +69,7 @@ class ServerState:
             return self.served_model_name
         return self.engine.model_name if self.engine is not None else "loading"
 
-    def require_engine(self) -> Any:
+    def require_engine(self) -> EngineClient:
         if self.engine is None:
             if self.load_error is not None:
                 raise APIError(503, f"The model failed to load: {self.load_error}",
@@ -76,7 +77,7 @@ class ServerState:
             raise not_ready("The model is still loading; retry when /health answers 200")
         return self.engine
 
-    def check_model(self, name: str | None) -> Any:
+    def check_model(self, name: str | None) -> EngineClient:
         """The engine, if `name` is one this server serves (404 otherwise)."""
         engine = self.require_engine()
         served = [self.model_name] + ([engine.model_name] if self.served_model_name is None else [])

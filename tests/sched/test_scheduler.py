@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 from agentkv.cache import BlockPool, RadixCache
-from agentkv.sched import Scheduler, SchedulerConfig, SeqId, SeqStatus, Sequence
+from agentkv.sched import CacheView, Scheduler, SchedulerConfig, SeqId, SeqStatus, Sequence
 
 
 def next_token(ids):
@@ -48,10 +48,10 @@ class FakeModel:
 
 
 def make(num_blocks=64, **kw):
-    config = SchedulerConfig(**{"block_size": 4, **kw})
+    view = CacheView(block_size=kw.pop("block_size", 4), enable_prefix_cache=True)
     pool = BlockPool(num_blocks)
-    cache = RadixCache(pool, config.block_size)
-    return Scheduler(config, pool, cache), FakeModel(config.block_size)
+    cache = RadixCache(pool, view.block_size)
+    return Scheduler(SchedulerConfig(**kw), pool, cache, view), FakeModel(view.block_size)
 
 
 def seq(seq_id, prompt, max_tokens=2, ns=None):
@@ -94,6 +94,31 @@ def test_config_is_validated():
         SchedulerConfig(max_num_batched_tokens=8, chunk_size=9)
     assert SchedulerConfig(max_num_batched_tokens=8).max_chunk_len == 8
     assert SchedulerConfig(max_num_batched_tokens=8, chunk_size=3).max_chunk_len == 3
+    with pytest.raises(ValueError, match=r"chunk_size=9 is out of range: .*max_num_batched_tokens=8"):
+        SchedulerConfig(max_num_batched_tokens=8, chunk_size=9)
+    with pytest.raises(ValueError, match="max_num_seqs=True"):
+        SchedulerConfig(max_num_seqs=True)
+    with pytest.raises(ValueError, match="block_size=0"):
+        CacheView(block_size=0, enable_prefix_cache=True)
+    with pytest.raises(ValueError, match="enable_prefix_cache=1"):
+        CacheView(block_size=4, enable_prefix_cache=1)
+
+
+def test_cache_knobs_are_not_scheduler_knobs():
+    """block_size and prefix caching belong to the cache config; the scheduler only views them."""
+    for name in ("block_size", "enable_prefix_cache"):
+        with pytest.raises(TypeError, match=name):
+            SchedulerConfig(**{name: 4})
+    with pytest.raises(TypeError):
+        CacheView()  # no defaults: the owner's values must be handed over
+
+
+def test_view_block_size_must_match_the_cache():
+    pool = BlockPool(8)
+    with pytest.raises(ValueError, match="cache block_size=4 differs from the view's block_size=8"):
+        Scheduler(SchedulerConfig(), pool, RadixCache(pool, 4), CacheView(8, True))
+    with pytest.raises(ValueError, match="needs a RadixCache"):
+        Scheduler(SchedulerConfig(), pool, None, CacheView(4, True))
 
 
 def test_add_rejects_what_can_never_fit():
@@ -194,10 +219,10 @@ def test_waiting_request_waits_for_an_in_flight_shared_prefix():
 
 
 def test_without_prefix_cache_both_compute():
-    config = SchedulerConfig(block_size=4, max_num_batched_tokens=16, chunk_size=8,
-                             enable_prefix_cache=False)
+    config = SchedulerConfig(max_num_batched_tokens=16, chunk_size=8)
     pool = BlockPool(64)
-    sched, model = Scheduler(config, pool, None), FakeModel(4)
+    view = CacheView(block_size=4, enable_prefix_cache=False)
+    sched, model = Scheduler(config, pool, None, view), FakeModel(4)
     shared = list(range(100, 124))
     sched.add(seq(1, shared + [1], max_tokens=1))
     sched.add(seq(2, shared + [2], max_tokens=1))

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentkv.cache import BlockPool, RadixCache
-from agentkv.sched import Scheduler, SchedulerConfig, SeqId, SeqStatus, Sequence
+from agentkv.sched import CacheView, Scheduler, SchedulerConfig, SeqId, SeqStatus, Sequence
 from test_scheduler import FakeModel, expected_output
 
 BASES = (list(range(20)), [5] * 20, list(range(40, 20, -1)))
@@ -26,11 +26,11 @@ def test_random_workloads_finish_with_reference_outputs(
             for i, (b, cut, tail, max_tokens, ns, _, _) in enumerate(requests)]
     need = max(-(-(len(s.prompt_ids) + s.max_tokens) // block_size) for s in seqs)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                             chunk_size=min(chunk, budget), block_size=block_size,
-                             enable_prefix_cache=enable_cache)
+                             chunk_size=min(chunk, budget))
+    view = CacheView(block_size=block_size, enable_prefix_cache=enable_cache)
     pool = BlockPool(need + num_blocks)
     cache = RadixCache(pool, block_size)
-    sched, model = Scheduler(config, pool, cache), FakeModel(block_size)
+    sched, model = Scheduler(config, pool, cache, view), FakeModel(block_size)
     aborted = set()
     for step in range(1000):
         for s, req in zip(seqs, requests):

@@ -1,0 +1,106 @@
+"""The engine's CLI flags, derived from the config tree: one `Flag` per knob of
+`agentkv.runtime.config.KNOBS`, its default and type read from the owning dataclass field.
+
+    add_engine_arguments(parser)        # MODEL plus --backend, --block-size, --kv-cache-memory ...
+    config = config_from_args(args)     # the EngineConfig; a bad value raises the config's ValueError
+
+Used by serve, generate and chat; bench can call the same two functions."""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable, NamedTuple, Sequence
+
+from agentkv.runtime.config import (
+    DEFAULT_KV_MEMORY, WEIGHTS_MODES, EngineConfig, engine_config, knob_default, knob_type,
+    parse_size)
+
+MODEL_HELP = "alias (smollm2, gemma3-270m, minilm), a .gguf file or a HF folder"
+
+
+class Flag(NamedTuple):
+    """How one knob reads on the command line. `parse` converts the flag's text (None: the
+    field's own type); `exclusive` names a group whose flags may not be given together;
+    `option` replaces the default `--knob-name`."""
+
+    knob: str
+    help: str
+    parse: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    exclusive: str = ""
+    option: str = ""
+
+    @property
+    def flag(self) -> str:
+        return self.option or "--" + self.knob.replace("_", "-")
+
+
+FLAGS: dict[str, Flag] = {f.knob: f for f in (
+    Flag("backend", "compute backend: cpu (compiled kernels, the default), torch (portable), torch-cuda, reference"),
+    Flag("weights", "keep quantized weights quantized (resident) or dequantize at load (f32)",
+         choices=WEIGHTS_MODES),
+    Flag("max_model_len", "longest sequence in tokens (default: the model's context length)"),
+    Flag("served_model_name", "the name clients use (default: MODEL)"),
+    Flag("block_size", "tokens per KV block"),
+    Flag("enable_prefix_cache", "share the KV of common prefixes between requests",
+         option="--prefix-cache"),
+    Flag("kv_cache_blocks", "KV cache size in blocks", exclusive="kv"),
+    Flag("kv_cache_memory", f"KV cache size, e.g. 512MiB, 2GiB (default: {DEFAULT_KV_MEMORY >> 30}GiB)",
+         parse=parse_size, exclusive="kv"),
+    Flag("max_num_seqs", "sequences running at once"),
+    Flag("max_num_batched_tokens", "tokens computed per step, decodes and prefills together"),
+    Flag("chunk_size", "longest prefill chunk of one sequence (default: the step's token budget)"),
+)}
+
+
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` whose ValueError argparse reports word for word (it hides a plain ValueError)."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _add_flag(target: Any, flag: Flag) -> None:
+    default = knob_default(flag.knob)
+    kind = knob_type(flag.knob)
+    kw: dict[str, Any] = {"dest": flag.knob, "default": default, "help": flag.help}
+    if kind is bool:
+        kw["action"] = argparse.BooleanOptionalAction  # --prefix-cache / --no-prefix-cache
+        kw["help"] += " (default: on)" if default else " (default: off)"
+    else:
+        kw["type"] = _argparse_type(flag.parse) if flag.parse else kind
+        if flag.choices:
+            kw["choices"] = flag.choices
+        else:
+            kw["metavar"] = flag.knob.upper()
+        if default is not None:
+            kw["help"] += f" (default: {default})"
+    target.add_argument(flag.flag, **kw)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, *, knobs: Sequence[str] | None = None,
+                         model_positional: bool = True) -> None:
+    """Add MODEL (unless `model_positional` is False) and one flag per knob in `knobs`
+    (default: every knob) to `parser` (mutates it)."""
+    if model_positional:
+        parser.add_argument("model", help=MODEL_HELP)
+    groups: dict[str, Any] = {}
+    for name in knobs if knobs is not None else FLAGS:
+        flag = FLAGS[name]
+        target = parser
+        if flag.exclusive:
+            if flag.exclusive not in groups:
+                groups[flag.exclusive] = parser.add_mutually_exclusive_group()
+            target = groups[flag.exclusive]
+        _add_flag(target, flag)
+
+
+def config_from_args(args: argparse.Namespace, model: str | None = None) -> EngineConfig:
+    """The EngineConfig the parsed flags describe (knobs absent from `args` keep their
+    defaults). Raises the config's ValueError, naming field, value and range, for a bad one."""
+    overrides = {k: getattr(args, k) for k in FLAGS if hasattr(args, k)}
+    return engine_config(model if model is not None else args.model, **overrides)

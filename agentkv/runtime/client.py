@@ -1,0 +1,50 @@
+"""`EngineClient`: what a front end (the HTTP server) may use of an engine — exactly that.
+
+AsyncEngine satisfies it; the server depends on this protocol instead of on AsyncEngine, so
+another engine (a remote one, a test double of the server's own making) only has to match it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, AsyncIterator, Hashable, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from agentkv.formats.chat_template import ChatTemplate
+    from agentkv.formats.tokenizer import Tokenizer
+    from agentkv.runtime.outputs import EngineStats, RequestOutput
+    from agentkv.runtime.params import SamplingParams
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """An engine that streams requests to asyncio callers.
+
+    Attributes are fixed once the engine is built. `generate` raises ValueError subclasses
+    (PromptTooLongError, InvalidTokenError, ...) for bad input before anything is queued and
+    EngineDeadError once the engine stopped; closing its iterator early aborts the request."""
+
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    is_embedding: bool
+
+    def start(self) -> None:
+        """Begin serving (idempotent)."""
+
+    async def shutdown(self) -> None:
+        """Stop serving; requests still running get no further outputs."""
+
+    def generate(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams,
+                 *, constraint: Any = None, namespace: Hashable = None,
+                 index: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs; the last has `finished`."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV; unknown ids are ignored."""
+
+    async def embed(self, batch: list[list[int]]) -> list[list[float]]:
+        """One pooled vector per token list (embedding models only)."""
+
+    def stats(self) -> EngineStats:
+        """Counters and gauges at this moment (read by /metrics)."""
