@@ -200,3 +200,17 @@ def test_llm_generate_collects_only_its_own_requests(qwen2_dir, alone):  # noqa:
         llm.generate([HEALTHY["ok1"], [5] * 600], GREEDY8)
     assert not llm.engine.has_unfinished()  # the first prompt of the refused call is gone too
     assert [o.token_ids for o in llm.generate([HEALTHY["ok1"]], GREEDY8)] == [alone["ok1"]]
+
+
+def test_stats_is_a_snapshot_that_never_walks_the_tree_when_read(qwen2_dir, monkeypatch):  # noqa: F811
+    engine = make_engine(qwen2_dir)
+    engine.add_request("a", HEALTHY["ok1"], GREEDY8)
+    engine.step()
+    snapshot = engine.stats()
+    assert snapshot.num_running == 1 and snapshot.kv_blocks_used == 2 and snapshot.computed_tokens == 20
+
+    def walking():
+        raise AssertionError("stats() walked the radix tree from the reader's thread")
+
+    monkeypatch.setattr(engine.cache, "block_refs", walking)
+    assert engine.stats() is snapshot  # a reader only takes the published reference
