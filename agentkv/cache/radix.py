@@ -155,6 +155,18 @@ class RadixCache:
             self.hit_tokens += cached_len
         return MatchResult(cached_len, table, path[-1][0] if path else root)
 
+    def record_hit(self, match: MatchResult, num_queried: int) -> None:
+        """Count a peeked `match` (from `record=False`) as used, once: bump the counters and
+        the LRU clock of its path. The scheduler calls it when the request is admitted, so
+        admission attempts that fail for lack of blocks are not counted as hits."""
+        self._clock += 1
+        node = match.last_node
+        while node is not None:
+            node.last_access = self._clock
+            node = node.parent
+        self.queried_tokens += num_queried
+        self.hit_tokens += match.cached_len
+
     def share(self, match: MatchResult) -> SharedPrefix | None:
         """Build a request's own block table for `match` (mutates the pool).
 

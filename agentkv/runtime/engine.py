@@ -23,11 +23,13 @@ from agentkv.hal.registry import lookup
 from agentkv.models.base import LoadOptions
 from agentkv.models.registry import load_model
 from agentkv.runtime.config import DEFAULT_KV_MEMORY, EngineConfig
-from agentkv.runtime.errors import InvalidTokenError, PromptTooLongError
+from agentkv.runtime.errors import (
+    InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError)
 from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
 from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.runner import Chunk, ModelRunner
-from agentkv.runtime.sampler import SamplingState, logsumexp, sample, token_logprob, top_logprobs
+from agentkv.runtime.sampler import (
+    SamplingState, check_logits, logsumexp, sample, token_logprob, top_logprobs)
 from agentkv.runtime.stop import StopChecker
 from agentkv.sched import Scheduler, SeqStatus, Sequence
 
@@ -55,7 +57,13 @@ class _Request:
 
 
 class Engine:
-    """One model, one KV store, one scheduler. Not thread-safe: one thread calls it."""
+    """One model, one KV store, one scheduler. Not thread-safe: one thread calls it, except
+    `validate` and `stats`, which any thread may call.
+
+    Failure isolation: a refused request raises a ValueError subclass from `add_request`
+    and leaves nothing registered; a request that fails inside a step ends alone with a
+    RequestOutput of finish_reason "error" and its `error` message (see runtime.errors),
+    while the rest of the batch runs on with the tokens it would have had alone."""
 
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -76,6 +84,7 @@ class Engine:
         self.is_embedding = self.model.is_embedding
         self.block_size = config.cache.block_size
         self.num_blocks = self._num_blocks()
+        self._check_pool_fits()
         self.pool = BlockPool(self.num_blocks)
         self.cache = RadixCache(self.pool, self.block_size)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view)
@@ -87,6 +96,7 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._by_seq: dict[int, _Request] = {}
         self._seq_ids = itertools.count()
+        self._stats = self._compute_stats()
         log.info("loaded %s (%s, %s backend) in %.1fs; KV: %d blocks x %d tokens; %s",
                  config.model, hp.arch, self.backend.name, time.perf_counter() - t0,
                  self.num_blocks, self.block_size, self.weights_summary())
@@ -115,9 +125,28 @@ class Engine:
                              f"max_model_len sequence needs ({needed}); raise it or lower max_model_len")
         return max(int(num), needed)
 
+    def _check_pool_fits(self) -> None:
+        """The KV pool should hold one max_model_len sequence. When max_model_len was asked
+        for explicitly, a smaller pool is a contradiction and raises; when it is the model's
+        own context, the engine warns and refuses (KVCapacityError at add_request) only the
+        requests that need more than the whole pool."""
+        capacity = self.num_blocks * self.block_size
+        if capacity >= self.max_model_len:
+            return
+        message = (f"the KV pool holds {self.num_blocks} blocks x {self.block_size} = {capacity} "
+                   f"tokens, fewer than one max_model_len sequence ({self.max_model_len} tokens); "
+                   f"raise --kv-cache-blocks / --kv-cache-memory or lower --max-model-len")
+        if self.config.max_model_len is not None:
+            raise ValueError(message)
+        log.warning("%s; requests needing more than %d tokens will be refused", message, capacity)
+
     # -- requests -------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise for a request that cannot run (pure: call it from any thread)."""
+        """Raise a ValueError subclass for a request that can never run (pure: call it from
+        any thread): an embedding model, an empty or too long prompt, a token outside the
+        vocabulary, a prompt + max_tokens that needs more KV blocks than the whole pool."""
+        if self.is_embedding:
+            raise NotAGeneratorError(self.model_name)
         if not prompt_ids:
             raise ValueError("prompt must contain at least one token")
         if len(prompt_ids) >= self.max_model_len:
@@ -127,11 +156,17 @@ class Engine:
             raise InvalidTokenError(f"prompt token id {bad[0]} is outside the vocabulary "
                                     f"[0, {self.vocab_size})")
         params.check_vocab(self.vocab_size)
+        max_tokens = min(params.max_tokens, self.max_model_len - len(prompt_ids))
+        num_needed = -(-(len(prompt_ids) + max_tokens) // self.block_size)
+        if num_needed > self.num_blocks:
+            raise KVCapacityError(len(prompt_ids), max_tokens, num_needed, self.num_blocks,
+                                  self.block_size)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                     constraint: Any = None, namespace: Hashable = None, index: int = 0) -> None:
-        """Queue a request (mutates). Raises ValueError subclasses for bad input. `index` is
-        the request's place among the n choices of one API call (seeds it as seed + index)."""
+        """Queue a request (mutates). Raises ValueError subclasses for bad input, and then
+        nothing of the request stays registered. `index` is the request's place among the n
+        choices of one API call (seeds it as seed + index)."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate(prompt_ids, params)
@@ -147,29 +182,37 @@ class Engine:
                        constraint, arrival=time.perf_counter())
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
+        self.scheduler.add(seq)  # the last step that can raise: register only after it
         self._requests[request_id] = req
         self._by_seq[seq.seq_id] = req
-        self.scheduler.add(seq)
         self.counters.prompt_tokens += len(prompt_ids)
+        self._publish_stats()
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request and free its KV at once (mutates). None if it is unknown/finished."""
         req = self._requests.get(request_id)
         if req is None:
             return None
-        self.scheduler.abort(req.seq.seq_id)
+        if req.seq.status in (SeqStatus.RUNNING, SeqStatus.WAITING):
+            self.scheduler.abort(req.seq.seq_id)
         req.finish_reason = "abort"
-        return self._emit(req, finished=True)
+        out = self._emit(req, finished=True)
+        self._publish_stats()
+        return out
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
     # -- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule and run one batch; return outputs of requests that made progress."""
+        """Schedule and run one batch; return outputs of requests that made progress, or
+        that ended with an error (finish_reason "error"); publishes a fresh `stats()`."""
+        if self.runner is None:
+            return []  # an embedding model: add_request refused every generation
         plan = self.scheduler.schedule()
         self.runner.copy_blocks(list(plan.copies))
         if not plan.chunks:
+            self._publish_stats()
             return []
         chunks = []
         for sc in plan.chunks:
@@ -181,44 +224,53 @@ class Engine:
         logits = self.runner.run(chunks)
         self.counters.steps += 1
         self.counters.computed_tokens += sum(len(c.token_ids) for c in chunks)
-        return self._consume(plan.chunks, chunks, logits)
+        outputs = self._consume(plan.chunks, chunks, logits)
+        self._publish_stats()
+        return outputs
 
     def _consume(self, scheduled, chunks, logits) -> list[RequestOutput]:
-        row, sampled, touched, failed = 0, {}, [], []
+        """Sample each row on its own; a request whose row fails is aborted before the
+        scheduler advances the step, so the others' bookkeeping never sees it."""
+        row, sampled, failed = 0, [], []
         for sc, chunk in zip(scheduled, chunks):
-            req = self._by_seq[sc.seq.seq_id]
             if chunk.logits is None:
                 continue
             n = len(chunk.token_ids) if chunk.logits == "all" else 1
-            rows = logits[row:row + n]
-            row += n
-            if chunk.logits == "all":
-                self._prompt_logprobs(req, sc.start, rows)
-            if sc.samples:
-                if self.record_logits:
-                    self.recorded.setdefault(req.request_id, []).append(rows[-1].copy())
-                try:
-                    result = sample(rows[-1], req.params, req.sampling, self._allowed(req))
-                except Exception as e:  # noqa: BLE001 — one request's failure ends that request only
-                    failed.append((req, e))
-                    continue
-                sampled[sc.seq.seq_id] = result
-                touched.append(req)
-        self.scheduler.on_tokens({sid: r.token_id for sid, r in sampled.items()})
-        outputs = [self._fail(req, e) for req, e in failed]
-        for req in touched:
+            rows, row = logits[row:row + n], row + n
+            req = self._by_seq[sc.seq.seq_id]
             try:
-                outputs.append(self._advance(req, sampled[req.seq.seq_id]))
-            except Exception as e:  # noqa: BLE001 — e.g. a grammar that rejects the token
+                result = self._sample_chunk(req, sc, chunk.logits, rows)
+            except Exception as e:  # noqa: BLE001 — one request's failure ends that request only
+                failed.append((req, e))
+                continue
+            if result is not None:
+                sampled.append((req, result))
+        outputs = [self._fail(req, e) for req, e in failed]
+        self.scheduler.on_tokens({req.seq.seq_id: r.token_id for req, r in sampled})
+        for req, result in sampled:
+            try:
+                outputs.append(self._advance(req, result))
+            except Exception as e:  # noqa: BLE001 — e.g. a grammar or detokenizer error
                 outputs.append(self._fail(req, e))
         return outputs
 
+    def _sample_chunk(self, req: _Request, sc, want: str, rows: np.ndarray):
+        """Prompt logprobs of `rows` when asked, and the sample of the last row when the
+        chunk samples (None otherwise). Raises for this request alone."""
+        if want == "all":
+            self._prompt_logprobs(req, sc.start, rows)
+        if not sc.samples:
+            return None
+        if self.record_logits:
+            self.recorded.setdefault(req.request_id, []).append(rows[-1].copy())
+        return sample(rows[-1], req.params, req.sampling, self._allowed(req))
+
     def _fail(self, req: _Request, error: Exception) -> RequestOutput:
-        """End one request whose sampling or constraint raised; the others go on."""
+        """End one request whose step raised (mutates: frees its KV); the others go on."""
         log.warning("request %s failed: %r", req.request_id, error)
         if req.seq.status in (SeqStatus.RUNNING, SeqStatus.WAITING):
             self.scheduler.abort(req.seq.seq_id)
-        req.finish_reason = "abort"
+        req.finish_reason = "error"
         out = self._emit(req, finished=True)
         out.error = f"{type(error).__name__}: {error}"
         return out
@@ -227,6 +279,7 @@ class Engine:
         return req.constraint.allowed_mask() if req.constraint is not None else None
 
     def _prompt_logprobs(self, req: _Request, start: int, rows: np.ndarray) -> None:
+        check_logits(rows)
         prompt = req.seq.prompt_ids
         k = req.params.prompt_logprobs or 0
         for i, logits_row in enumerate(rows):
@@ -287,6 +340,16 @@ class Engine:
 
     # -- introspection --------------------------------------------------------------------
     def stats(self) -> EngineStats:
+        """The counters and gauges as of the end of the last step, add or abort. Thread-safe:
+        the engine thread publishes a new immutable snapshot after each of those, so a
+        reader (the server's /metrics) never walks the radix tree while it changes."""
+        return self._stats
+
+    def _publish_stats(self) -> None:
+        self._stats = self._compute_stats()  # one reference swap: readers see old or new
+
+    def _compute_stats(self) -> EngineStats:
+        """Engine thread only: walks the radix tree."""
         c = self.cache
         return EngineStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
@@ -302,4 +365,6 @@ class Engine:
 
     def free_cache(self) -> int:
         """Evict every unlocked cached block (mutates); returns how many returned to the pool."""
-        return self.cache.evict(self.num_blocks)
+        num_freed = self.cache.evict(self.num_blocks)
+        self._publish_stats()
+        return num_freed

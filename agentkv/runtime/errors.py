@@ -1,4 +1,11 @@
-"""Errors the engine raises at its boundary (the server maps them to 4xx)."""
+"""Errors the engine raises at its boundary (the server maps them to 4xx).
+
+A request that is refused raises one of the ValueError subclasses below from `validate` /
+`add_request`, and nothing of it stays registered. A request that fails later, inside a step
+(a logits row that is not finite, a grammar that allows no token, a tokenizer or stop-string
+error), does not raise: it ends alone with a `RequestOutput` whose `finish_reason` is
+"error" and whose `error` holds the message; the other requests of the batch go on.
+"""
 
 
 class PromptTooLongError(ValueError):
@@ -12,6 +19,29 @@ class PromptTooLongError(ValueError):
 
 class InvalidTokenError(ValueError):
     """A prompt token id outside the model's vocabulary."""
+
+
+class KVCapacityError(ValueError):
+    """A prompt + max_tokens that needs more KV blocks than the whole pool holds: it could
+    never run, however long it waited."""
+
+    def __init__(self, prompt_len: int, max_tokens: int, num_needed: int, num_blocks: int,
+                 block_size: int):
+        self.prompt_len, self.max_tokens = prompt_len, max_tokens
+        self.num_needed, self.num_blocks = num_needed, num_blocks
+        super().__init__(
+            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) needs {num_needed} KV "
+            f"blocks of {block_size} tokens, but the whole KV pool has {num_blocks} blocks "
+            f"({num_blocks * block_size} tokens); lower max_tokens or the prompt, or raise "
+            f"--kv-cache-blocks / --kv-cache-memory")
+
+
+class NotAGeneratorError(ValueError):
+    """Generation asked of an embedding model."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        super().__init__(f"{model_name} is an embedding model; it does not generate")
 
 
 class EngineDeadError(RuntimeError):

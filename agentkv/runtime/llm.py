@@ -28,16 +28,24 @@ class LLM:
                  params: SamplingParams | None = None) -> list[RequestOutput]:
         """Run every prompt to completion (batched); results in prompt order.
 
-        Prompts are strings (tokenized with the model's own rules) or lists of token ids."""
+        Prompts are strings (tokenized with the model's own rules) or lists of token ids.
+        Raises the engine's ValueError subclasses for a prompt it refuses (then none of this
+        call's prompts stays queued); a prompt that fails while running comes back finished
+        with finish_reason "error" and its `error`. Only this call's outputs are collected."""
         params = params or SamplingParams()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        order = []
-        for prompt in prompts:
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            rid = f"llm-{next(self._ids)}"
-            self.engine.add_request(rid, ids, params)
-            order.append(rid)
+        order: list[str] = []
+        try:
+            for prompt in prompts:
+                ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+                rid = f"llm-{next(self._ids)}"
+                self.engine.add_request(rid, ids, params)
+                order.append(rid)
+        except BaseException:
+            for rid in order:  # the ones queued before the refused prompt
+                self.engine.abort(rid)
+            raise
         return self._drain(order)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, **template_kw) -> RequestOutput:
@@ -57,6 +65,8 @@ class LLM:
         lps: dict[str, list] = {rid: [] for rid in order}
         while len(final) < len(order):
             for out in self.engine.step():
+                if out.request_id not in lps:  # another caller's request on this engine
+                    continue
                 if out.prompt_logprobs is not None:
                     prompt_lps[out.request_id] = out.prompt_logprobs
                 if out.logprobs is not None:

@@ -25,9 +25,9 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None
-    error: str | None = None  # set when the request ended on an internal error (finish "abort")
+    error: str | None = None  # why the request failed inside a step (finish_reason "error")
 
     @property
     def completion_len(self) -> int:

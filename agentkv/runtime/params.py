@@ -9,14 +9,20 @@ from typing import Any
 MAX_LOGPROBS = 20
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0
+# vLLM and HF accept any repetition_penalty > 0, but a seen token's logit is divided by it:
+# 1e-40 turns every seen logit into +inf. [1e-3, 1e3] scales a logit by at most 1000 either
+# way, far past any useful setting (HF suggests ~1.2), and the sampler clamps what is left.
+REPETITION_PENALTY_MIN, REPETITION_PENALTY_MAX = 1e-3, 1e3
+# OpenAI allows temperature in [0, 2]; vLLM any >= 0. Past 100 every row is already uniform.
+TEMPERATURE_LIMIT = 100.0
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
 
 _FLOAT_RANGES = {
-    "temperature": ">= 0",
+    "temperature": f"[0, {TEMPERATURE_LIMIT:g}]",
     "top_p": "(0, 1]",
     "min_p": "[0, 1]",
-    "repetition_penalty": "> 0",
+    "repetition_penalty": f"[{REPETITION_PENALTY_MIN:g}, {REPETITION_PENALTY_MAX:g}]",
     "presence_penalty": f"[{-PENALTY_LIMIT}, {PENALTY_LIMIT}]",
     "frequency_penalty": f"[{-PENALTY_LIMIT}, {PENALTY_LIMIT}]",
 }
@@ -129,10 +135,11 @@ class SamplingParams:
 
     def _validate_floats(self) -> None:
         in_range = {
-            "temperature": self.temperature >= 0.0,
+            "temperature": 0.0 <= self.temperature <= TEMPERATURE_LIMIT,
             "top_p": 0.0 < self.top_p <= 1.0,
             "min_p": 0.0 <= self.min_p <= 1.0,
-            "repetition_penalty": self.repetition_penalty > 0.0,
+            "repetition_penalty": (REPETITION_PENALTY_MIN <= self.repetition_penalty
+                                   <= REPETITION_PENALTY_MAX),
             "presence_penalty": -PENALTY_LIMIT <= self.presence_penalty <= PENALTY_LIMIT,
             "frequency_penalty": -PENALTY_LIMIT <= self.frequency_penalty <= PENALTY_LIMIT,
         }

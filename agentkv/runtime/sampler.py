@@ -27,6 +27,7 @@ from agentkv.runtime.params import SamplingParams
 
 _U64 = 2**64
 _TOP_P_FIRST_CANDIDATES = 256
+_F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 class SampleResult(NamedTuple):
@@ -129,13 +130,18 @@ def apply_allowed(logits: np.ndarray, allowed: np.ndarray) -> None:
 
 def apply_repetition_penalty(logits: np.ndarray, seen_ids: np.ndarray, penalty: float) -> None:
     """HF/vLLM repetition penalty in place: each seen token's logit is divided by `penalty`
-    when positive and multiplied by it otherwise (once per token, however often seen)."""
+    when positive and multiplied by it otherwise (once per token, however often seen).
+    Never makes a finite logit infinite: results past the float32 range saturate."""
     ids = np.unique(seen_ids)
     if ids.size == 0:
         return
     p = np.float32(penalty)
     score = logits[ids]
-    logits[ids] = np.where(score < 0, score * p, score / p)
+    with np.errstate(over="ignore"):  # an overflow is clamped just below
+        scaled = np.where(score < 0, score * p, score / p)
+    # A finite logit stays finite (a huge one saturates at the float32 limit, keeping its
+    # order among the seen tokens); a masked -inf stays -inf.
+    logits[ids] = np.where(np.isfinite(score), np.clip(scaled, -_F32_MAX, _F32_MAX), score)
 
 
 def apply_presence_frequency(logits: np.ndarray, output_ids: Sequence[int], presence: float,
@@ -248,10 +254,18 @@ def _draw(z: np.ndarray, rng: np.random.Generator) -> int:
     return idx
 
 
-def _check_row(logits: np.ndarray) -> np.ndarray:
-    if logits.ndim != 1 or logits.shape[0] == 0:
-        raise ValueError(f"sample expects one logits row [vocab], got shape {logits.shape}")
+def check_logits(logits: np.ndarray) -> np.ndarray:
+    """Raise RuntimeError when logits rows (`[vocab]` or `[n, vocab]`) hold NaN or +inf (a
+    model or backend bug: nothing can be sampled or scored from them); -inf is allowed."""
+    if logits.size == 0:
+        return logits
     top = logits.max()  # NaN if any entry is NaN: one pass instead of two
     if np.isnan(top) or np.isposinf(top):
         raise RuntimeError("logits row contains NaN or +inf: model or backend bug")
     return logits
+
+
+def _check_row(logits: np.ndarray) -> np.ndarray:
+    if logits.ndim != 1 or logits.shape[0] == 0:
+        raise ValueError(f"sample expects one logits row [vocab], got shape {logits.shape}")
+    return check_logits(logits)

@@ -103,7 +103,9 @@ class ConstraintFactory:
         self._lock = threading.Lock()
 
     def json_schema(self, schema: dict[str, Any]) -> GrammarConstraint:
-        """Output is one JSON value valid against `schema` (raises ValueError if unsupported)."""
+        """Output is one JSON value valid against `schema`. Raises ValueError if unsupported,
+        or if the schema admits nothing (an empty anyOf/oneOf/enum, `false`)."""
+        check_admits_something(schema)
         return self._make(("schema", schema), lambda: self._compile_schema(schema))
 
     def json_object(self) -> GrammarConstraint:
@@ -114,6 +116,7 @@ class ConstraintFactory:
         """Output is exactly one `<tool_call>` block calling one of `tools` (pass a single tool
         for a named tool_choice) with arguments valid against its parameters schema."""
         schema = tool_call_schema(tools)
+        check_admits_something(schema)
         return self._make(("tool", schema), lambda: self._compile_tool_call(schema))
 
     def _make(self, key_obj: Any, build: Any) -> GrammarConstraint:
@@ -124,6 +127,7 @@ class ConstraintFactory:
                 self._cache.move_to_end(key)
         if compiled is None:
             compiled = build()
+            _check_first_mask(compiled, self.vocab_size)
             with self._lock:
                 self._cache[key] = compiled
                 while len(self._cache) > _CACHE_SIZE:
@@ -147,6 +151,52 @@ class ConstraintFactory:
             xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"), body,
             xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}"))
         return self._compiler.compile_grammar(grammar)
+
+
+def check_admits_something(schema: Any) -> None:
+    """Raise ValueError when `schema` can never be satisfied (conservative: only what is
+    certain): `false`, an empty `enum`, an `anyOf`/`oneOf` none of whose options can be,
+    an `allOf` with one that cannot, a required property or the items of a non-empty array
+    that cannot. Such a grammar has no first token, or leads the request into a dead end
+    mid-output, so it is refused when the request is added."""
+    where = _unsatisfiable(schema, "schema")
+    if where is not None:
+        raise ValueError(f"{where} admits no JSON value, so nothing can be generated for it")
+
+
+def _unsatisfiable(schema: Any, path: str) -> str | None:
+    """The path of a part that makes `schema` unsatisfiable, or None."""
+    if schema is False:
+        return path
+    if not isinstance(schema, dict):
+        return None
+    if isinstance(schema.get("enum"), list) and not schema["enum"]:
+        return f"{path}.enum (empty)"
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list):
+            inner = [_unsatisfiable(o, f"{path}.{key}[{i}]") for i, o in enumerate(options)]
+            if all(inner):
+                return f"{path}.{key} (empty)" if not options else f"{path}.{key}"
+    parts = [(o, f"{path}.allOf[{i}]") for i, o in enumerate(schema.get("allOf") or ())]
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        parts += [(props[name], f"{path}.properties.{name}")
+                  for name in schema.get("required") or () if name in props]
+    if isinstance(schema.get("items"), dict) and (schema.get("minItems") or 0) > 0:
+        parts.append((schema["items"], f"{path}.items"))
+    for part, part_path in parts:
+        found = _unsatisfiable(part, part_path)
+        if found is not None:
+            return found
+    return None
+
+
+def _check_first_mask(compiled: Any, vocab_size: int) -> None:
+    """A compiled grammar must allow some first token (or be complete already)."""
+    probe = GrammarConstraint(compiled, vocab_size)
+    if not probe.is_finished() and not probe.allowed_mask().any():
+        raise ValueError("the grammar admits no output: no token can start it")
 
 
 def _tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:

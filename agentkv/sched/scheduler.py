@@ -241,16 +241,19 @@ class Scheduler:
         table, copies = self._share(seq, match)
         rest = self.pool.allocate(num_new - len(copies))
         assert rest is not None
+        if self.cache is not None:
+            self.cache.record_hit(match, seq.num_tokens - 1)  # admitted: count the hit once
         step.copies.extend(copies)
         self._begin(seq, table + rest, match.cached_len)
         step.add(seq, num_tokens)
         return True
 
     def _lock_prefix(self, seq: Sequence) -> MatchResult:
-        """Match the longest cached prefix leaving one token to compute, and lock it."""
+        """Match the longest cached prefix leaving one token to compute, and lock it. A peek:
+        the hit is recorded only once the sequence is admitted."""
         if self.cache is None:
             return MatchResult(0, [], None)
-        match = self.cache.match(seq.namespace, seq.all_ids, seq.num_tokens - 1)
+        match = self.cache.match(seq.namespace, seq.all_ids, seq.num_tokens - 1, record=False)
         assert match.last_node is not None
         self.cache.lock(match.last_node)
         return match

@@ -24,7 +24,7 @@ class EngineCollector(Collector):
         engine = self._get_engine()
         if engine is None:
             return
-        stats = engine.stats()
+        stats = engine.stats()  # the snapshot the engine thread published: no tree walk here
         counters = {
             "prefix_cache_queried_tokens": ("prefix_queried_tokens", "Prompt tokens looked up in the prefix cache"),
             "prefix_cache_hit_tokens": ("prefix_hit_tokens", "Prompt tokens served from the prefix cache"),

@@ -97,3 +97,27 @@ def test_unsupported_schema_is_a_value_error(factory):
 def test_tool_call_schema_single_and_many():
     assert tool_call_schema([TOOL])["properties"]["name"] == {"const": "get_weather"}
     assert len(tool_call_schema([TOOL, TOOL])["anyOf"]) == 2
+
+
+@pytest.mark.parametrize("schema", [
+    {"anyOf": []}, {"enum": []}, False, {"oneOf": [{"enum": []}, {"anyOf": []}]},
+    {"type": "object", "properties": {"a": {"anyOf": []}}, "required": ["a"]},
+    {"allOf": [{"type": "string"}, {"anyOf": []}]},
+])
+def test_schema_that_admits_nothing_is_refused_when_built(factory, schema):
+    with pytest.raises(ValueError, match="admits no JSON value"):
+        factory.json_schema(schema)
+
+
+def test_tool_whose_parameters_admit_nothing_is_refused(factory):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"anyOf": []}}}
+    with pytest.raises(ValueError, match=r"properties\.arguments\.anyOf"):
+        factory.tool_call([tool])
+
+
+def test_satisfiable_schemas_with_empty_parts_still_compile(factory):
+    # An optional property that can never be present, and `false` as additionalProperties.
+    schema = {"type": "object", "properties": {"a": {"anyOf": []}, "b": {"type": "integer"}},
+              "required": ["b"], "additionalProperties": False}
+    assert factory.json_schema(schema).allowed_mask().any()
+    assert factory.json_schema({"anyOf": [{"anyOf": []}, {"type": "integer"}]}).allowed_mask().any()

@@ -26,12 +26,16 @@
 //                        |<---- attended ---->|
 
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <mutex>
 #include <numeric>
 #include <vector>
 
+#include "ops.h"
 #include "pool.h"
 #include "qmatmul.h"
 #include "qmatmul_impl.h"
@@ -45,11 +49,19 @@ constexpr int HEADS_AT_ONCE = 3;  // query heads of one kv head processed togeth
 constexpr int V_CHUNKS = 4;       // output chunks per head in registers per pass over V
 constexpr int PREFETCH_KEYS = 16; // how far ahead (in keys) K and V rows are prefetched
 
-// Per-thread scratch, reused across work units.
+// Per-thread scratch, reused across work units (and across calls: thread_local).
 struct Scratch {
     std::vector<float> s;        // per head: scores, then exp weights; padded to a multiple of 8
     std::vector<int64_t> where;  // element offset of key start + j in the caches, padded
 };
+
+// Grows each buffer to what this unit needs, each on its own: the AVX2 and AVX-512 units
+// need different ratios of the two, and one thread may run both in one process (tests
+// switch the ISA), so one buffer being large enough says nothing about the other.
+static void fit(Scratch& scratch, int64_t num_floats, int64_t num_offsets) {
+    if (static_cast<int64_t>(scratch.s.size()) < num_floats) scratch.s.resize(num_floats);
+    if (static_cast<int64_t>(scratch.where.size()) < num_offsets) scratch.where.resize(num_offsets);
+}
 
 // Offsets of keys start..start+len-1 for one kv head (a block-table walk without a division
 // per key), then `pad` copies of the last offset so 4-key steps and prefetches need no tail.
@@ -201,10 +213,7 @@ static inline int64_t attended_len(const AttentionArgs& a, int64_t row) {
 static void attend_heads(const AttentionArgs& a, int64_t row, int64_t kv, int64_t h0, int nh, Scratch& scratch) {
     const int64_t len = attended_len(a, row), start = a.row_pos[row] + 1 - len;
     const int64_t padded = (len + 7) / 8 * 8;
-    if (static_cast<int64_t>(scratch.s.size()) < HEADS_AT_ONCE * padded) {
-        scratch.s.resize(HEADS_AT_ONCE * padded);
-        scratch.where.resize(padded + PREFETCH_KEYS);
-    }
+    fit(scratch, HEADS_AT_ONCE * padded, padded + PREFETCH_KEYS);
     int64_t* where = scratch.where.data();
     key_offsets(a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq, kv, start, len,
                 padded + PREFETCH_KEYS - len, where);
@@ -229,15 +238,59 @@ static void attend_heads_avx512(const AttentionArgs& a, int64_t row, int64_t kv,
                                 Scratch& scratch) {
     const int64_t len = attended_len(a, row), start = a.row_pos[row] + 1 - len;
     const int64_t offsets = avx512::attention_scratch_offsets(len);
-    const int64_t floats = avx512::attention_scratch_floats(len);
-    if (static_cast<int64_t>(scratch.s.size()) < floats) scratch.s.resize(floats);
-    if (static_cast<int64_t>(scratch.where.size()) < offsets) scratch.where.resize(offsets);
+    fit(scratch, avx512::attention_scratch_floats(len), offsets);
     key_offsets(a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq, kv, start, len, offsets - len,
                 scratch.where.data());
     avx512::attend_heads(a, row, h0, nh, len, scratch.where.data(), scratch.s.data());
 }
 
+// The index values one site last checked, as bytes (a copy: a numpy-backed tensor can
+// change under torch's version counter, so identity would not be proof), plus the limits.
+struct CheckedIndices {
+    std::vector<std::vector<char>> bytes;
+    std::vector<std::vector<int64_t>> sizes;
+    std::vector<int64_t> limits;
+};
+
+constexpr int NUM_CHECK_SITES = 4;
+std::mutex g_checked_mutex;
+CheckedIndices g_checked[NUM_CHECK_SITES];
+
+// The bytes of `indices` when every one is a contiguous CPU tensor; false otherwise.
+bool snapshot(std::initializer_list<at::Tensor> indices, CheckedIndices& out) {
+    for (const at::Tensor& t : indices) {
+        if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous()) return false;
+        const char* data = static_cast<const char*>(t.data_ptr());
+        out.bytes.emplace_back(data, data + t.numel() * t.element_size());
+        out.sizes.emplace_back(t.sizes().vec());
+        out.sizes.back().push_back(static_cast<int64_t>(t.scalar_type()));
+    }
+    return true;
+}
+
 }  // namespace
+
+namespace ops {
+
+void check_indices_once(int site, std::initializer_list<at::Tensor> indices, std::initializer_list<int64_t> limits,
+                        const std::function<void()>& check) {
+    CheckedIndices now;
+    now.limits.assign(limits.begin(), limits.end());
+    if (site < 0 || site >= NUM_CHECK_SITES || !snapshot(indices, now)) {
+        check();  // nothing to compare against: check every time
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(g_checked_mutex);
+        const CheckedIndices& last = g_checked[site];
+        if (last.limits == now.limits && last.sizes == now.sizes && last.bytes == now.bytes) return;
+    }
+    check();  // throws on a bad index: then nothing is remembered
+    std::lock_guard<std::mutex> lock(g_checked_mutex);
+    g_checked[site] = std::move(now);
+}
+
+}  // namespace ops
 
 // Work unit: (row, kv head, a run of up to HEADS_AT_ONCE (AVX-512: 4) of its query heads,
 // runs of equal size: 4 heads go 2 + 2, not 3 + 1, on AVX2). Units are handed out longest-first in small

@@ -118,7 +118,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     TORCH_CHECK(row_seq.size(0) == n && row_pos.size(0) == n, "row_seq/row_pos must have n=", n, " entries");
     TORCH_CHECK(window >= 0, "window must be >= 0, got ", window);
     TORCH_CHECK(softcap >= 0, "softcap must be >= 0, got ", softcap);
-    check_attention_indices(block_tables, row_seq, row_pos, k_cache.size(0), k_cache.size(1));
+    check_indices_once(0, {block_tables, row_seq, row_pos}, {k_cache.size(0), k_cache.size(1)},
+                       [&] { check_attention_indices(block_tables, row_seq, row_pos, k_cache.size(0), k_cache.size(1)); });
     auto out = at::empty_like(q);
     if (n == 0 || h == 0 || hd == 0) return out;
     AttentionArgs a{q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
@@ -213,8 +214,10 @@ at::Tensor attention_inputs(const at::Tensor& qkv, const c10::optional<at::Tenso
                 cos.sizes(), " and ", sin.sizes(), ", expected [num_pos, rope_dim/2=", rope_dim / 2, "]");
     check_gain(q_norm, "q_norm", hd);
     check_gain(k_norm, "k_norm", hd);
-    check_i64_range(positions, "positions", n, cos.size(0), "num_pos");
-    check_i64_range(slots, "slots", n, k_cache.size(0), "num_slots");
+    check_indices_once(1, {positions, slots}, {n, cos.size(0), k_cache.size(0)}, [&] {
+        check_i64_range(positions, "positions", n, cos.size(0), "num_pos");
+        check_i64_range(slots, "slots", n, k_cache.size(0), "num_slots");
+    });
     auto q = at::empty({n, h, hd}, qkv.options());
     if (n == 0) return q;
     AttentionInputsArgs a{qkv.data_ptr<float>(), q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr,

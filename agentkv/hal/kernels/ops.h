@@ -3,6 +3,8 @@
 
 #include <torch/extension.h>
 
+#include <functional>
+
 namespace agentkv {
 namespace ops {
 
@@ -19,6 +21,12 @@ at::Tensor attention_inputs(const at::Tensor& qkv, const c10::optional<at::Tenso
                             const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& slots,
                             at::Tensor k_cache, at::Tensor v_cache, int64_t h, int64_t kvh,
                             int64_t rope_dim, bool interleaved, double eps, bool unit_offset);
+
+// Runs `check` unless the same index values and limits passed it last time at `site` (0..3;
+// attention.cpp): every layer of a step passes the same indices, so they are checked once
+// per step, and again whenever any value changes.
+void check_indices_once(int site, std::initializer_list<at::Tensor> indices, std::initializer_list<int64_t> limits,
+                        const std::function<void()>& check);
 
 // Registers the DecoderBlock class (layer.cpp).
 void bind_layer(pybind11::module_& m);
