@@ -25,7 +25,8 @@ from agentkv.server.schemas import (
 from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
-from agentkv.server.state import ServerState
+from agentkv.server.lifecycle import ServerState
+from agentkv.server.translate import check_model
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 503)}
@@ -147,7 +148,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models/{model_id}", response_model=r.ModelCard, responses=ERRORS, dependencies=auth)
     async def model(model_id: str) -> Any:
-        state.check_model(model_id)
+        check_model(state, model_id)
         return list_models(state).data[0]
 
     @app.post("/v1/chat/completions", response_model=r.ChatCompletionResponse,

@@ -3,22 +3,21 @@ grammar constraints, n engine requests -> one response, whole or streamed as SSE
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from agentkv.server.chat import render_chat
 from agentkv.server.errors import bad_request
-from agentkv.server.generation import ChoiceStreams, Job, collect
+from agentkv.server.generation import ChoiceStreams, Job, collect, with_first
+from agentkv.server.lifecycle import ServerState
 from agentkv.server.logprobs import TokenText, chat_logprobs
 from agentkv.server.responses import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
     ChatDelta, FunctionCallDelta, FunctionCallOut, PromptTokensDetails, ToolCallDelta, ToolCallOut,
     Usage, new_id, now)
+from agentkv.server.prologue import Ask, ConstraintBuilder, build_jobs, open_request
 from agentkv.server.schemas import ChatCompletionRequest
-from agentkv.server.state import ServerState
 from agentkv.server.streaming import sse_response
 from agentkv.server.tools import ToolCallStreamParser, parse_tool_calls
-
-MAX_N = 16
 
 
 def _tool_setup(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
@@ -38,7 +37,7 @@ def _tool_setup(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]], str |
 
 
 def _constraint_builder(req: ChatCompletionRequest, tools: list[dict[str, Any]],
-                        choice: Any) -> Callable[[Any], Any] | None:
+                        choice: Any) -> ConstraintBuilder | None:
     """A function factory -> fresh constraint (one per choice: grammar state is per request)."""
     if isinstance(choice, dict):
         return lambda f: f.tool_call([choice])
@@ -56,22 +55,8 @@ def _constraint_builder(req: ChatCompletionRequest, tools: list[dict[str, Any]],
     return lambda f: f.json_schema(schema)
 
 
-async def _constraints(state: ServerState, build: Callable[[Any], Any] | None, n: int) -> list[Any]:
-    if build is None:
-        return [None] * n
-    factory = await state.constraint_factory()
-    try:
-        return await asyncio.to_thread(lambda: [build(factory) for _ in range(n)])
-    except ValueError as exc:
-        raise bad_request(str(exc), param="response_format") from exc
-
-
 async def _jobs(state: ServerState, req: ChatCompletionRequest, engine: Any
                 ) -> tuple[list[Job], bool]:
-    if engine.is_embedding:
-        raise bad_request("This model produces embeddings; use /v1/embeddings", param="model")
-    if not 1 <= req.n <= MAX_N:
-        raise bad_request(f"n={req.n} is out of range: allowed [1, {MAX_N}]", param="n")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
     tools, choice = _tool_setup(req)
@@ -82,14 +67,9 @@ async def _jobs(state: ServerState, req: ChatCompletionRequest, engine: Any
     prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = state.fit_max_tokens(len(prompt_ids), max_tokens, param)
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = [state.sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, seed_offset=i)
-              for i in range(req.n)]
-    constraints = await _constraints(state, _constraint_builder(req, tools, choice), req.n)
-    base = new_id("chatcmpl")
-    jobs = [Job(i, f"{base}-{i}", prompt_ids, params[i], constraints[i]) for i in range(req.n)]
-    return jobs, choice != "none"
+    ask = Ask([prompt_ids], max_tokens, param, (req.top_logprobs or 0) if req.logprobs else None,
+              constraint=_constraint_builder(req, tools, choice))
+    return await build_jobs(state, engine, req, ask, "chatcmpl"), choice != "none"
 
 
 def _usage(outs: list[Any]) -> Usage:
@@ -102,7 +82,7 @@ def _usage(outs: list[Any]) -> Usage:
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest) -> Any:
-    engine = state.check_model(req.model)
+    engine = open_request(state, req)
     jobs, parse_tools = await _jobs(state, req, engine)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
@@ -143,12 +123,7 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, streams: Choic
     for i in range(req.n):
         yield chunk(i, ChatDelta(role="assistant", content=""))
 
-    async def outputs() -> AsyncIterator[tuple[int, Any]]:
-        yield first
-        async for item in streams:
-            yield item
-
-    async for index, out in outputs():
+    async for index, out in with_first(first, streams):
         logprobs = chat_logprobs(out.logprobs, text_of) if req.logprobs and out.logprobs else None
         events = parsers[index].feed(out.delta_text) if parse_tools else None
         if out.finished and parse_tools:
