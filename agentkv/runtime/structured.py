@@ -41,10 +41,12 @@ class Constraint(Protocol):
 class GrammarConstraint:
     """One request's grammar state. Not thread-safe: only the engine thread calls it."""
 
-    def __init__(self, compiled: Any, vocab_size: int) -> None:
+    def __init__(self, compiled: Any, vocab_size: int, *, ends_on_stop_token: bool = False) -> None:
         import xgrammar as xgr
 
-        self._matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        # A grammar that may go on after a complete match (one call or more) ends on EOS.
+        self._matcher = xgr.GrammarMatcher(compiled,
+                                           terminate_without_stop_token=not ends_on_stop_token)
         self._vocab_size = vocab_size
         self._bitmask = np.zeros((1, (vocab_size + 31) // 32), dtype=np.int32)
         self._mask: np.ndarray | None = None
@@ -110,13 +112,17 @@ class ConstraintFactory:
         """Output is one JSON object, any keys."""
         return self.json_schema({"type": "object"})
 
-    def tool_call(self, tools: Sequence[dict[str, Any]]) -> GrammarConstraint:
-        """Output is exactly one `<tool_call>` block calling one of `tools` (pass a single tool
-        for a named tool_choice) with arguments valid against its parameters schema."""
+    def tool_call(self, tools: Sequence[dict[str, Any]], max_calls: int = 1) -> GrammarConstraint:
+        """Output is 1 to `max_calls` `<tool_call>` blocks (newline-separated), each calling one
+        of `tools` (pass a single tool for a named tool_choice) with arguments valid against its
+        parameters schema. With max_calls > 1 the model ends the output with EOS."""
+        if max_calls < 1:
+            raise ValueError(f"max_calls={max_calls} is out of range: allowed an int >= 1")
         schema = tool_call_schema(tools)
-        return self._make(("tool", schema), lambda: self._compile_tool_call(schema))
+        return self._make(("tool", schema, max_calls),
+                          lambda: self._compile_tool_call(schema, max_calls), max_calls > 1)
 
-    def _make(self, key_obj: Any, build: Any) -> GrammarConstraint:
+    def _make(self, key_obj: Any, build: Any, ends_on_stop_token: bool = False) -> GrammarConstraint:
         key = json.dumps(key_obj, sort_keys=True)
         with self._lock:
             compiled = self._cache.get(key)
@@ -128,7 +134,7 @@ class ConstraintFactory:
                 self._cache[key] = compiled
                 while len(self._cache) > _CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return GrammarConstraint(compiled, self.vocab_size)
+        return GrammarConstraint(compiled, self.vocab_size, ends_on_stop_token=ends_on_stop_token)
 
     def _compile_schema(self, schema: dict[str, Any]) -> Any:
         try:
@@ -137,16 +143,26 @@ class ConstraintFactory:
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError variants
             raise ValueError(f"JSON schema is not supported for constrained decoding: {exc}") from exc
 
-    def _compile_tool_call(self, schema: dict[str, Any]) -> Any:
+    def _compile_tool_call(self, schema: dict[str, Any], max_calls: int) -> Any:
         xgr = self._xgr
         try:
             body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
         except Exception as exc:
             raise ValueError(f"tool parameters schema is not supported: {exc}") from exc
-        grammar = xgr.Grammar.concat(
-            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"), body,
-            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}"))
+        parts = [xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"), body,
+                 xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}")]
+        sep = xgr.Grammar.from_ebnf('root ::= "\\n"')
+        options = [xgr.Grammar.concat(*_repeat(parts, sep, k)) for k in range(1, max_calls + 1)]
+        grammar = options[0] if len(options) == 1 else xgr.Grammar.union(*options)
         return self._compiler.compile_grammar(grammar)
+
+
+def _repeat(parts: list[Any], sep: Any, k: int) -> list[Any]:
+    """`parts` k times, `sep` between."""
+    out: list[Any] = []
+    for i in range(k):
+        out += ([sep] if i else []) + parts
+    return out
 
 
 def _tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
