@@ -112,15 +112,18 @@ class ConstraintFactory:
         """Output is one JSON object, any keys."""
         return self.json_schema({"type": "object"})
 
-    def tool_call(self, tools: Sequence[dict[str, Any]], max_calls: int = 1) -> GrammarConstraint:
+    def tool_call(self, tools: Sequence[dict[str, Any]], max_calls: int = 1,
+                  or_schema: dict[str, Any] | None = None) -> GrammarConstraint:
         """Output is 1 to `max_calls` `<tool_call>` blocks (newline-separated), each calling one
         of `tools` (pass a single tool for a named tool_choice) with arguments valid against its
-        parameters schema. With max_calls > 1 the model ends the output with EOS."""
+        parameters schema -- or, given `or_schema`, one JSON value valid against it instead.
+        With max_calls > 1 or an alternative the model ends the output with EOS."""
         if max_calls < 1:
             raise ValueError(f"max_calls={max_calls} is out of range: allowed an int >= 1")
         schema = tool_call_schema(tools)
-        return self._make(("tool", schema, max_calls),
-                          lambda: self._compile_tool_call(schema, max_calls), max_calls > 1)
+        return self._make(("tool", schema, max_calls, or_schema),
+                          lambda: self._compile_tool_call(schema, max_calls, or_schema),
+                          max_calls > 1 or or_schema is not None)
 
     def _make(self, key_obj: Any, build: Any, ends_on_stop_token: bool = False) -> GrammarConstraint:
         key = json.dumps(key_obj, sort_keys=True)
@@ -143,16 +146,20 @@ class ConstraintFactory:
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError variants
             raise ValueError(f"JSON schema is not supported for constrained decoding: {exc}") from exc
 
-    def _compile_tool_call(self, schema: dict[str, Any], max_calls: int) -> Any:
+    def _compile_tool_call(self, schema: dict[str, Any], max_calls: int,
+                           or_schema: dict[str, Any] | None = None) -> Any:
         xgr = self._xgr
         try:
             body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+            alternative = [] if or_schema is None else [
+                xgr.Grammar.from_json_schema(json.dumps(or_schema), any_whitespace=False)]
         except Exception as exc:
             raise ValueError(f"tool parameters schema is not supported: {exc}") from exc
         parts = [xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"), body,
                  xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}")]
         sep = xgr.Grammar.from_ebnf('root ::= "\\n"')
-        options = [xgr.Grammar.concat(*_repeat(parts, sep, k)) for k in range(1, max_calls + 1)]
+        options = [xgr.Grammar.concat(*_repeat(parts, sep, k))
+                   for k in range(1, max_calls + 1)] + alternative
         grammar = options[0] if len(options) == 1 else xgr.Grammar.union(*options)
         return self._compiler.compile_grammar(grammar)
 

@@ -26,7 +26,7 @@ from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
 from agentkv.server.lifecycle import ServerState
-from agentkv.server.translate import check_model
+from agentkv.server.translate import check_fields, check_model
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 503)}
@@ -96,10 +96,12 @@ async def until_disconnect(request: Request, work: Any, stream: bool | None) -> 
 DISCONNECT_POLL_S = 0.25
 
 
-def create_app(engine: Any, *, api_key: str | None = None,
-               served_model_name: str | None = None) -> FastAPI:
-    """The app for `engine` (an AsyncEngine, or a callable that loads one in the background)."""
-    state = ServerState(engine, api_key=api_key, served_model_name=served_model_name)
+def create_app(engine: Any, *, api_key: str | None = None, served_model_name: str | None = None,
+               strict_request_fields: bool = False) -> FastAPI:
+    """The app for `engine` (an EngineClient, or a callable that loads one in the background).
+    `strict_request_fields`: unknown request fields are a 400 instead of a logged warning."""
+    state = ServerState(engine, api_key=api_key, served_model_name=served_model_name,
+                        strict_request_fields=strict_request_fields)
     owns_engine = state.engine is None
 
     @asynccontextmanager
@@ -154,15 +156,18 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions", response_model=r.ChatCompletionResponse,
               responses={**ERRORS, **STREAM}, dependencies=auth)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
+        check_fields(state, req, "/v1/chat/completions")
         return await until_disconnect(request, create_chat_completion(state, req), req.stream)
 
     @app.post("/v1/completions", response_model=r.CompletionResponse,
               responses={**ERRORS, **STREAM}, dependencies=auth)
     async def completions(req: CompletionRequest, request: Request) -> Any:
+        check_fields(state, req, "/v1/completions")
         return await until_disconnect(request, create_completion(state, req), req.stream)
 
     @app.post("/v1/embeddings", response_model=r.EmbeddingResponse, responses=ERRORS, dependencies=auth)
     async def embeddings(req: EmbeddingRequest) -> Any:
+        check_fields(state, req, "/v1/embeddings")
         return await create_embeddings(state, req)
 
     @app.post("/tokenize", response_model=r.TokenizeResponse, responses=ERRORS, dependencies=auth)

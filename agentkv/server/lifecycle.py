@@ -20,8 +20,9 @@ class ServerState:
     """Mutable only while loading (engine/error set once by the loader thread)."""
 
     def __init__(self, engine_or_loader: Any, *, api_key: str | None = None,
-                 served_model_name: str | None = None) -> None:
+                 served_model_name: str | None = None, strict_request_fields: bool = False) -> None:
         self.api_key = api_key
+        self.strict_request_fields = strict_request_fields
         self.served_model_name = served_model_name
         self.engine: EngineClient | None = None
         self.load_error: str | None = None

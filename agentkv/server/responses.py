@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 FinishReason = Literal["stop", "length", "tool_calls", "abort"]
 
@@ -78,12 +78,21 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
-class FunctionCallDelta(BaseModel):
+class SparseDelta(BaseModel):
+    """Serialised without its unset (None) keys: clients merge deltas key by key, and a null
+    `type` or `name` in an arguments fragment would overwrite what the first delta set."""
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class FunctionCallDelta(SparseDelta):
     name: str | None = None
     arguments: str | None = None
 
 
-class ToolCallDelta(BaseModel):
+class ToolCallDelta(SparseDelta):
     index: int
     id: str | None = None
     type: Literal["function"] | None = None

@@ -14,62 +14,37 @@ from agentkv.server.responses import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
     ChatDelta, FunctionCallDelta, FunctionCallOut, PromptTokensDetails, ToolCallDelta, ToolCallOut,
     Usage, new_id, now)
-from agentkv.server.prologue import Ask, ConstraintBuilder, build_jobs, open_request
+from agentkv.server.prologue import Ask, build_jobs, open_request
 from agentkv.server.schemas import ChatCompletionRequest
 from agentkv.server.streaming import sse_response
+from agentkv.server.tool_policy import ToolPolicy, constraint_builder, tool_policy
 from agentkv.server.tools import ToolCallStreamParser, parse_tool_calls
 
 
-def _tool_setup(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
-    """(tools as dicts, effective choice). A choice naming no given tool is a 400."""
-    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-    choice: Any = req.tool_choice or ("auto" if tools else "none")
-    if not isinstance(choice, str):
-        name = choice.function.name
-        match = [t for t in tools if t["function"]["name"] == name]
-        if not match:
-            raise bad_request(f"tool_choice names function {name!r}, which is not among tools "
-                              f"{[t['function']['name'] for t in tools]}", param="tool_choice")
-        return tools, match[0]
-    if choice == "required" and not tools:
-        raise bad_request("tool_choice 'required' needs a non-empty tools list", param="tool_choice")
-    return tools, choice
-
-
-def _constraint_builder(req: ChatCompletionRequest, tools: list[dict[str, Any]],
-                        choice: Any) -> ConstraintBuilder | None:
-    """A function factory -> fresh constraint (one per choice: grammar state is per request)."""
-    if isinstance(choice, dict):
-        return lambda f: f.tool_call([choice])
-    if choice == "required":
-        return lambda f: f.tool_call(tools)
-    fmt = req.response_format
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return lambda f: f.json_object()
-    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        raise bad_request("response_format json_schema needs json_schema.schema",
-                          param="response_format.json_schema")
-    schema = fmt.json_schema.schema_
-    return lambda f: f.json_schema(schema)
+def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    return kwargs
 
 
 async def _jobs(state: ServerState, req: ChatCompletionRequest, engine: Any
-                ) -> tuple[list[Job], bool]:
+                ) -> tuple[list[Job], ToolPolicy]:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
-    tools, choice = _tool_setup(req)
-    prompt = render_chat(engine.chat_template, req.messages,
-                         tools=tools if choice != "none" else None,
+    choice = req.tool_choice if isinstance(req.tool_choice, str | None) else req.tool_choice.model_dump()
+    policy = tool_policy([t.model_dump(exclude_none=True) for t in req.tools or []], choice,
+                         req.parallel_tool_calls)
+    # tool_choice "none" keeps the tools in the prompt: same prefix, same cache, no calls parsed.
+    prompt = render_chat(engine.chat_template, req.messages, tools=policy.tools or None,
                          add_generation_prompt=req.add_generation_prompt,
-                         template_kwargs=req.chat_template_kwargs)
+                         template_kwargs=_template_kwargs(req))
     prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     ask = Ask([prompt_ids], max_tokens, param, (req.top_logprobs or 0) if req.logprobs else None,
-              constraint=_constraint_builder(req, tools, choice))
-    return await build_jobs(state, engine, req, ask, "chatcmpl"), choice != "none"
+              constraint=constraint_builder(policy, req.response_format))
+    return await build_jobs(state, engine, req, ask, "chatcmpl"), policy
 
 
 def _usage(outs: list[Any]) -> Usage:
@@ -83,17 +58,18 @@ def _usage(outs: list[Any]) -> Usage:
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest) -> Any:
     engine = open_request(state, req)
-    jobs, parse_tools = await _jobs(state, req, engine)
+    jobs, policy = await _jobs(state, req, engine)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
-        return await sse_response(streams, lambda first: _chunks(state, req, streams, first, parse_tools))
+        return await sse_response(streams, lambda first: _chunks(state, req, streams, first, policy))
     async with streams:
         last = await collect(streams)
     text_of = TokenText(engine.tokenizer)
     choices = []
     for index in sorted(last):
         out = last[index]
-        content, calls = (parse_tool_calls(out.text) if parse_tools else (out.text, []))
+        content, calls = (parse_tool_calls(out.text, policy.names, policy.max_calls) if policy.parse
+                          else (out.text, []))
         message = AssistantMessage(content=content, tool_calls=[
             ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
             for c in calls] or None)
@@ -106,12 +82,14 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, streams: ChoiceStreams,
-                  first: tuple[int, Any], parse_tools: bool) -> AsyncIterator[str]:
+                  first: tuple[int, Any], policy: ToolPolicy) -> AsyncIterator[str]:
     """SSE payloads: a role chunk per choice, content/tool deltas, a finish chunk per choice,
     then usage (if asked). `first` is the output already pulled to validate the request."""
     chunk_id, created, model = new_id("chatcmpl"), now(), state.model_name
     text_of = TokenText(state.require_engine().tokenizer)
-    parsers = {i: ToolCallStreamParser() for i in range(req.n)} if parse_tools else {}
+    parse_tools = policy.parse
+    parsers = {i: ToolCallStreamParser(names=policy.names, max_calls=policy.max_calls)
+               for i in range(req.n)} if parse_tools else {}
     num_calls = {i: 0 for i in range(req.n)}
     finals: dict[int, Any] = {}
 
@@ -149,10 +127,13 @@ def _deltas(text: str, events: list[Any] | None, num_calls: dict[int, int], inde
     for event in events:
         if event.content:
             deltas.append(ChatDelta(content=event.content))
-        elif event.call is not None:
+        elif event.call is not None:  # the call's start: id and name (arguments may follow)
             num_calls[index] += 1
             deltas.append(ChatDelta(tool_calls=[ToolCallDelta(
                 index=event.index, id=event.call.id, type="function",
                 function=FunctionCallDelta(name=event.call.name, arguments=event.call.arguments))]))
+        elif event.arguments:
+            deltas.append(ChatDelta(tool_calls=[ToolCallDelta(
+                index=event.index, function=FunctionCallDelta(arguments=event.arguments))]))
     return deltas
 

@@ -3,7 +3,10 @@ in the vocabulary, max_tokens fitted to the context, SamplingParams from the req
 and the engine's boundary exceptions mapped to client errors."""
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from pydantic import BaseModel
 
 from agentkv.runtime.client import EngineClient
 from agentkv.runtime.errors import EngineDeadError, InvalidTokenError, PromptTooLongError
@@ -13,9 +16,23 @@ from agentkv.server.errors import (
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.schemas import SamplingFields
 
+log = logging.getLogger("agentkv.server")
+
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                     "frequency_penalty", "repetition_penalty", "ignore_eos", "skip_special_tokens",
                     "include_stop_str_in_output", "stop", "stop_token_ids", "logit_bias")
+
+
+def check_fields(state: ServerState, req: BaseModel, endpoint: str) -> None:
+    """Unknown top-level fields: logged and ignored, or a 400 naming them when the server runs
+    with strict request fields."""
+    extra = sorted(req.model_extra or {})
+    if not extra:
+        return
+    if state.strict_request_fields:
+        raise bad_request(f"unknown field(s) {extra} for {endpoint} (this server runs with "
+                          f"--strict-request-fields)", param=extra[0])
+    log.warning("%s: ignoring unknown field(s) %s", endpoint, extra)
 
 
 def check_model(state: ServerState, name: str | None) -> EngineClient:
@@ -53,6 +70,9 @@ def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | Non
                     prompt_logprobs: int | None = None, seed_offset: int = 0) -> SamplingParams:
     """SamplingParams from the request's fields; a field left out (or null) keeps the engine's
     default. Choice `seed_offset` of n gets seed + offset, so choices differ but repeat."""
+    if req.min_tokens:
+        raise bad_request(f"min_tokens={req.min_tokens} is not supported: allowed 0 or null",
+                          param="min_tokens")
     kw: dict[str, Any] = {}
     for name in _SAMPLING_FIELDS:
         value = getattr(req, name)
