@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Hashable
 
 import numpy as np
 
+from agentkv.formats.generation_config import read_generation_config
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
 from agentkv.runtime.errors import EngineDeadError
@@ -36,6 +37,7 @@ class AsyncEngine:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
         self.is_embedding = engine.is_embedding
+        self.generation_config = read_generation_config(engine.source.path)  # {} for GGUF
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}

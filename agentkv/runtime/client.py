@@ -18,6 +18,7 @@ class EngineClient(Protocol):
     max_model_len: int
     vocab_size: int
     is_embedding: bool
+    generation_config: dict[str, Any]  # the model's sampling defaults ({} when it ships none)
 
     def start(self) -> None: ...
 

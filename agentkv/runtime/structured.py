@@ -188,3 +188,33 @@ def _tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
     return xgr.TokenizerInfo(vocab, meta["vocab_type"], vocab_size=vocab_size,
                              stop_token_ids=sorted(tokenizer.eos_ids),
                              add_prefix_space=meta["add_prefix_space"])
+
+
+class MinTokensConstraint:
+    """min_tokens: the ids in `banned` (EOS and stop token ids) are forbidden until
+    `min_tokens` tokens have been generated; `inner` (a grammar, or None) applies throughout.
+    Where the two leave nothing (a grammar that may only end on EOS), the grammar wins, since
+    a row with every token masked cannot be sampled. Not thread-safe: the engine thread only."""
+
+    def __init__(self, inner: Constraint | None, banned: Sequence[int], vocab_size: int,
+                 min_tokens: int) -> None:
+        self._inner, self._min_tokens, self._num_tokens = inner, min_tokens, 0
+        self._ban = np.ones(vocab_size, dtype=bool)
+        self._ban[[i for i in banned if 0 <= i < vocab_size]] = False
+
+    def allowed_mask(self) -> np.ndarray | None:
+        inner = self._inner.allowed_mask() if self._inner is not None else None
+        if self._num_tokens >= self._min_tokens:
+            return inner
+        if inner is None:
+            return self._ban
+        both = inner & self._ban
+        return both if both.any() else inner
+
+    def accept(self, token_id: int) -> None:
+        self._num_tokens += 1
+        if self._inner is not None:
+            self._inner.accept(token_id)
+
+    def is_finished(self) -> bool:
+        return self._inner is not None and self._inner.is_finished()

@@ -97,11 +97,12 @@ DISCONNECT_POLL_S = 0.25
 
 
 def create_app(engine: Any, *, api_key: str | None = None, served_model_name: str | None = None,
-               strict_request_fields: bool = False) -> FastAPI:
+               strict_request_fields: bool = False, chat_template: Any = None) -> FastAPI:
     """The app for `engine` (an EngineClient, or a callable that loads one in the background).
-    `strict_request_fields`: unknown request fields are a 400 instead of a logged warning."""
+    `strict_request_fields`: unknown request fields are a 400 instead of a logged warning.
+    `chat_template` (a ChatTemplate) replaces the model's own for every chat request."""
     state = ServerState(engine, api_key=api_key, served_model_name=served_model_name,
-                        strict_request_fields=strict_request_fields)
+                        strict_request_fields=strict_request_fields, chat_template=chat_template)
     owns_engine = state.engine is None
 
     @asynccontextmanager

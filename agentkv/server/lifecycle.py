@@ -20,8 +20,10 @@ class ServerState:
     """Mutable only while loading (engine/error set once by the loader thread)."""
 
     def __init__(self, engine_or_loader: Any, *, api_key: str | None = None,
-                 served_model_name: str | None = None, strict_request_fields: bool = False) -> None:
+                 served_model_name: str | None = None, strict_request_fields: bool = False,
+                 chat_template: Any = None) -> None:
         self.api_key = api_key
+        self.chat_template_override = chat_template
         self.strict_request_fields = strict_request_fields
         self.served_model_name = served_model_name
         self.engine: EngineClient | None = None
@@ -61,6 +63,12 @@ class ServerState:
         if self.served_model_name:
             return self.served_model_name
         return self.engine.model_name if self.engine is not None else "loading"
+
+    def chat_template(self) -> Any:
+        """The template chats render with: the server's override, else the model's own."""
+        if self.chat_template_override is not None:
+            return self.chat_template_override
+        return self.require_engine().chat_template
 
     def require_engine(self) -> EngineClient:
         if self.engine is None:

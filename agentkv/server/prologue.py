@@ -12,7 +12,9 @@ from agentkv.server.generation import Job
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.responses import new_id
 from agentkv.server.schemas import SamplingFields
-from agentkv.server.translate import check_model, check_tokens, fit_max_tokens, sampling_params
+from agentkv.runtime.structured import MinTokensConstraint
+from agentkv.server.translate import (
+    check_min_tokens, check_model, check_tokens, fit_max_tokens, sampling_params)
 
 MAX_N = 16
 MAX_PROMPTS = 256
@@ -30,6 +32,7 @@ class Ask(NamedTuple):
     prompt_logprobs: int | None = None
     constraint: ConstraintBuilder | None = None
     constraint_param: str = "response_format"
+    keep_special_tokens: bool = False  # tools are parsed: special tokens stay in the text
 
 
 def open_request(state: ServerState, req: SamplingFields) -> EngineClient:
@@ -72,14 +75,22 @@ async def build_jobs(state: ServerState, engine: EngineClient, req: SamplingFiel
     base = new_id(id_prefix)
     num = len(ask.prompts) * req.n
     constraints = await _constraints(state, ask.constraint, num, ask.constraint_param)
+    defaults = getattr(engine, "generation_config", None) or {}
     jobs = []
     for p_idx, ids in enumerate(ask.prompts):
         max_tokens = fit_max_tokens(engine, len(ids), ask.max_tokens, ask.max_tokens_param)
+        min_tokens = check_min_tokens(req.min_tokens, max_tokens)
         for j in range(req.n):
             params = sampling_params(req, max_tokens=max_tokens, logprobs=ask.logprobs,
-                                     prompt_logprobs=ask.prompt_logprobs, seed_offset=j)
+                                     prompt_logprobs=ask.prompt_logprobs, seed_offset=j,
+                                     defaults=defaults, keep_special_tokens=ask.keep_special_tokens)
             index = p_idx * req.n + j
-            jobs.append(Job(index, f"{base}-{index}", ids, params, constraints[index]))
+            constraint = constraints[index]
+            banned = sorted(set(params.stop_token_ids) | (
+                set() if params.ignore_eos else set(engine.tokenizer.eos_ids)))
+            if min_tokens and banned:
+                constraint = MinTokensConstraint(constraint, banned, engine.vocab_size, min_tokens)
+            jobs.append(Job(index, f"{base}-{index}", ids, params, constraint))
     return jobs
 
 

@@ -10,6 +10,8 @@ from agentkv.server.errors import bad_request
 from agentkv.server.generation import ChoiceStreams, Job, collect, with_first
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.logprobs import TokenText, chat_logprobs
+from agentkv.server.output_parser import OutputEvent, OutputParser, OutputSpec, parse_output
+from agentkv.server.reasoning import prompt_opens_thinking, template_thinks
 from agentkv.server.responses import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
     ChatDelta, FunctionCallDelta, FunctionCallOut, PromptTokensDetails, ToolCallDelta, ToolCallOut,
@@ -17,9 +19,7 @@ from agentkv.server.responses import (
 from agentkv.server.prologue import Ask, build_jobs, open_request
 from agentkv.server.schemas import ChatCompletionRequest
 from agentkv.server.streaming import sse_response
-from agentkv.server.tool_policy import ToolPolicy, constraint_builder, tool_policy
-from agentkv.server.tools import ToolCallStreamParser, parse_tool_calls
-
+from agentkv.server.tool_policy import constraint_builder, tool_policy
 
 def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
     kwargs = dict(req.chat_template_kwargs or {})
@@ -29,22 +29,26 @@ def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
 
 
 async def _jobs(state: ServerState, req: ChatCompletionRequest, engine: Any
-                ) -> tuple[list[Job], ToolPolicy]:
+                ) -> tuple[list[Job], OutputSpec]:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
     choice = req.tool_choice if isinstance(req.tool_choice, str | None) else req.tool_choice.model_dump()
     policy = tool_policy([t.model_dump(exclude_none=True) for t in req.tools or []], choice,
                          req.parallel_tool_calls)
     # tool_choice "none" keeps the tools in the prompt: same prefix, same cache, no calls parsed.
-    prompt = render_chat(engine.chat_template, req.messages, tools=policy.tools or None,
+    template = state.chat_template()
+    prompt = render_chat(template, req.messages, tools=policy.tools or None,
                          add_generation_prompt=req.add_generation_prompt,
                          template_kwargs=_template_kwargs(req))
     prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     ask = Ask([prompt_ids], max_tokens, param, (req.top_logprobs or 0) if req.logprobs else None,
-              constraint=constraint_builder(policy, req.response_format))
-    return await build_jobs(state, engine, req, ask, "chatcmpl"), policy
+              constraint=constraint_builder(policy, req.response_format),
+              keep_special_tokens=policy.parse)
+    thinks = template_thinks(template)
+    spec = OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt))
+    return await build_jobs(state, engine, req, ask, "chatcmpl"), spec
 
 
 def _usage(outs: list[Any]) -> Usage:
@@ -58,19 +62,18 @@ def _usage(outs: list[Any]) -> Usage:
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest) -> Any:
     engine = open_request(state, req)
-    jobs, policy = await _jobs(state, req, engine)
+    jobs, spec = await _jobs(state, req, engine)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
-        return await sse_response(streams, lambda first: _chunks(state, req, streams, first, policy))
+        return await sse_response(streams, lambda first: _chunks(state, req, streams, first, spec))
     async with streams:
         last = await collect(streams)
     text_of = TokenText(engine.tokenizer)
     choices = []
     for index in sorted(last):
         out = last[index]
-        content, calls = (parse_tool_calls(out.text, policy.names, policy.max_calls) if policy.parse
-                          else (out.text, []))
-        message = AssistantMessage(content=content, tool_calls=[
+        reasoning, content, calls = parse_output(out.text, spec)
+        message = AssistantMessage(content=content, reasoning_content=reasoning, tool_calls=[
             ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
             for c in calls] or None)
         reason = "tool_calls" if calls else out.finish_reason
@@ -82,15 +85,13 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, streams: ChoiceStreams,
-                  first: tuple[int, Any], policy: ToolPolicy) -> AsyncIterator[str]:
-    """SSE payloads: a role chunk per choice, content/tool deltas, a finish chunk per choice,
-    then usage (if asked). `first` is the output already pulled to validate the request."""
+                  first: tuple[int, Any], spec: OutputSpec) -> AsyncIterator[str]:
+    """SSE payloads: a role chunk per choice, reasoning/content/tool deltas, a finish chunk
+    per choice, then usage (if asked). `first` is the output already pulled to validate the
+    request."""
     chunk_id, created, model = new_id("chatcmpl"), now(), state.model_name
     text_of = TokenText(state.require_engine().tokenizer)
-    parse_tools = policy.parse
-    parsers = {i: ToolCallStreamParser(names=policy.names, max_calls=policy.max_calls)
-               for i in range(req.n)} if parse_tools else {}
-    num_calls = {i: 0 for i in range(req.n)}
+    parsers = {i: OutputParser(spec) for i in range(req.n)}
     finals: dict[int, Any] = {}
 
     def chunk(index: int, delta: ChatDelta, reason: Any = None, logprobs: Any = None) -> str:
@@ -103,37 +104,35 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, streams: Choic
 
     async for index, out in with_first(first, streams):
         logprobs = chat_logprobs(out.logprobs, text_of) if req.logprobs and out.logprobs else None
-        events = parsers[index].feed(out.delta_text) if parse_tools else None
-        if out.finished and parse_tools:
+        events = parsers[index].feed(out.delta_text)
+        if out.finished:
             events += parsers[index].finish()
-        for delta in _deltas(out.delta_text, events, num_calls, index):
+        for delta in _deltas(events):
             yield chunk(index, delta, logprobs=logprobs)
             logprobs = None
         if logprobs is not None:
             yield chunk(index, ChatDelta(content=""), logprobs=logprobs)
         if out.finished:
             finals[index] = out
-            reason = "tool_calls" if num_calls[index] else out.finish_reason
+            reason = "tool_calls" if parsers[index].calls else out.finish_reason
             yield chunk(index, ChatDelta(), reason=reason)
     if req.stream_options is not None and req.stream_options.include_usage:
         yield ChatCompletionChunk(id=chunk_id, created=created, model=model, choices=[],
                                   usage=_usage([finals[i] for i in sorted(finals)])).model_dump_json()
 
 
-def _deltas(text: str, events: list[Any] | None, num_calls: dict[int, int], index: int) -> list[ChatDelta]:
-    if events is None:
-        return [ChatDelta(content=text)] if text else []
+def _deltas(events: list[OutputEvent]) -> list[ChatDelta]:
     deltas = []
     for event in events:
-        if event.content:
-            deltas.append(ChatDelta(content=event.content))
-        elif event.call is not None:  # the call's start: id and name (arguments may follow)
-            num_calls[index] += 1
+        if event.kind == "reasoning":
+            deltas.append(ChatDelta(reasoning_content=event.text))
+        elif event.kind == "content":
+            deltas.append(ChatDelta(content=event.text))
+        elif event.kind == "call":  # the call's start: id and name (arguments may follow)
             deltas.append(ChatDelta(tool_calls=[ToolCallDelta(
                 index=event.index, id=event.call.id, type="function",
                 function=FunctionCallDelta(name=event.call.name, arguments=event.call.arguments))]))
-        elif event.arguments:
+        else:
             deltas.append(ChatDelta(tool_calls=[ToolCallDelta(
-                index=event.index, function=FunctionCallDelta(arguments=event.arguments))]))
+                index=event.index, function=FunctionCallDelta(arguments=event.text))]))
     return deltas
-

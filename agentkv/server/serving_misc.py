@@ -61,7 +61,7 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
         raise bad_request("give exactly one of prompt or messages", param="prompt")
     if req.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
-        text = render_chat(engine.chat_template, req.messages, tools=tools,
+        text = render_chat(state.chat_template(), req.messages, tools=tools,
                            add_generation_prompt=req.add_generation_prompt)
         add_special = False
     else:

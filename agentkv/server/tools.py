@@ -92,7 +92,7 @@ def parse_tool_calls(text: str, names: frozenset[str] | None = None,
     return (content or None), calls
 
 
-def _partial_tag_len(text: str, tag: str) -> int:
+def partial_tag_len(text: str, tag: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):
@@ -132,7 +132,7 @@ class ToolCallStreamParser:
     def _release_content(self, out: list[StreamEvent]) -> bool:
         pos = self.buffer.find(OPEN_TAG)
         if pos < 0:
-            keep = _partial_tag_len(self.buffer, OPEN_TAG)
+            keep = partial_tag_len(self.buffer, OPEN_TAG)
             text, self.buffer = self.buffer[:len(self.buffer) - keep], self.buffer[len(self.buffer) - keep:]
             if text:
                 out.append(StreamEvent(content=text))

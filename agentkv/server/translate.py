@@ -66,17 +66,30 @@ def fit_max_tokens(engine: EngineClient, prompt_len: int, max_tokens: int | None
     return max_tokens
 
 
+def check_min_tokens(min_tokens: int | None, max_tokens: int) -> int:
+    """min_tokens (0 when unset), which must lie in [0, max_tokens]."""
+    if min_tokens is None:
+        return 0
+    if not 0 <= min_tokens <= max_tokens:
+        raise bad_request(f"min_tokens={min_tokens} is out of range: allowed [0, max_tokens="
+                          f"{max_tokens}]", param="min_tokens")
+    return min_tokens
+
+
 def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | None,
-                    prompt_logprobs: int | None = None, seed_offset: int = 0) -> SamplingParams:
-    """SamplingParams from the request's fields; a field left out (or null) keeps the engine's
-    default. Choice `seed_offset` of n gets seed + offset, so choices differ but repeat."""
-    if req.min_tokens:
-        raise bad_request(f"min_tokens={req.min_tokens} is not supported: allowed 0 or null",
-                          param="min_tokens")
-    kw: dict[str, Any] = {}
+                    prompt_logprobs: int | None = None, seed_offset: int = 0,
+                    defaults: dict[str, Any] | None = None,
+                    keep_special_tokens: bool = False) -> SamplingParams:
+    """SamplingParams from the request's fields; a field left out (or null) takes the model's
+    generation-config `defaults`, else the engine's default. Choice `seed_offset` of n gets
+    seed + offset, so choices differ but repeat. `keep_special_tokens` (tools are parsed):
+    special tokens stay in the text the tool-call parser reads."""
+    kw: dict[str, Any] = dict(defaults or {})
+    if keep_special_tokens:
+        kw["skip_special_tokens"] = False
     for name in _SAMPLING_FIELDS:
         value = getattr(req, name)
-        if value is not None:
+        if value is not None and not (name == "skip_special_tokens" and keep_special_tokens):
             kw[name] = value
     if req.seed is not None:
         kw["seed"] = req.seed + seed_offset
