@@ -106,6 +106,14 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._send(("abort", request_id))
 
+    async def pin_prefix(self, token_ids: list[int], namespace: Hashable = None,
+                         ttl_s: float = 300.0) -> int:
+        """Engine.pin_prefix, applied by the engine thread between steps."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        self._send(("pin", list(token_ids), namespace, ttl_s, loop, done))
+        return await done
+
     async def embed(self, batch: list[list[int]]) -> list[list[float]]:
         if not self.is_embedding:
             raise ValueError(f"model {self.model_name!r} is not an embedding model")
@@ -149,6 +157,12 @@ class AsyncEngine:
                     self.engine.add_request(rid, ids, params, constraint, namespace, index)
                 except ValueError as e:
                     self._deliver(rid, e)
+            elif cmd[0] == "pin":
+                _, ids, namespace, ttl_s, loop, done = cmd
+                try:
+                    loop.call_soon_threadsafe(done.set_result, self.engine.pin_prefix(ids, namespace, ttl_s))
+                except ValueError as e:
+                    loop.call_soon_threadsafe(done.set_exception, e)
             elif cmd[0] == "abort":
                 out = self.engine.abort(cmd[1])
                 if out is not None:

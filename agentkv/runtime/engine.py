@@ -298,6 +298,11 @@ class Engine:
             computed_tokens=self.counters.computed_tokens,
             kv_blocks_cached=sum(1 for b, n in c.block_refs().items() if self.pool.refcount(b) == n))
 
+    def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
+        """Keep the cached prefix of `token_ids` (in a request `namespace`) from eviction for
+        `ttl_s` seconds (mutates the cache); returns how many tokens are pinned."""
+        return self.cache.pin((self.model_name, namespace), list(map(int, token_ids)), ttl_s)
+
     def free_cache(self) -> int:
         """Evict every unlocked cached block (mutates); returns how many returned to the pool."""
         return self.cache.evict(self.num_blocks)
