@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
 from agentkv.cache.block_pool import BlockId, BlockPool
@@ -80,9 +81,12 @@ class RadixCache:
     """Token-exact prefix cache over a `BlockPool`; holds one pool reference per block
     listed by each node. Single-threaded: the scheduler calls it between steps."""
 
-    def __init__(self, pool: BlockPool, block_size: int) -> None:
+    def __init__(self, pool: BlockPool, block_size: int,
+                 now: Callable[[], float] = time.monotonic) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be >= 1")
+        self._now = now  # seconds, for pin expiry only (LRU order uses the logical clock)
+        self._pins: dict[int, tuple[Node, float]] = {}  # node_id -> (locked node, expires at)
         self.pool = pool
         self.block_size = block_size
         self._roots: dict[Hashable, Node] = {}
@@ -258,6 +262,38 @@ class RadixCache:
             raise RuntimeError(f"unlock of unlocked {node}: bug")
         node.lock_ref -= 1
 
+    def pin(self, namespace: Hashable, tokens: Sequence[int], ttl_s: float) -> int:
+        """Keep the cached prefix of `tokens` from eviction for `ttl_s` seconds (mutates: locks
+        the deepest node of the match once, or extends its expiry); returns the pinned length,
+        0 when nothing of `tokens` is cached. A pin holds that node whole, and its ancestors."""
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s={ttl_s!r} is out of range: allowed > 0 seconds")
+        self.unpin_expired()
+        match = self.match(namespace, tokens, record=False)
+        node = match.last_node
+        if match.cached_len == 0 or node is None or node.parent is None:
+            return 0
+        expires_at = self._now() + ttl_s
+        held = self._pins.get(node.node_id)
+        if held is None:
+            self.lock(node)
+        else:
+            expires_at = max(expires_at, held[1])
+        self._pins[node.node_id] = (node, expires_at)
+        return match.cached_len
+
+    def unpin_expired(self) -> int:
+        """Unlock the pins whose time is up (mutates); returns how many were released."""
+        now = self._now()
+        expired = [key for key, (_, until) in self._pins.items() if until <= now]
+        for key in expired:
+            self.unlock(self._pins.pop(key)[0])
+        return len(expired)
+
+    @property
+    def num_pins(self) -> int:
+        return len(self._pins)
+
     def _nodes(self) -> list[Node]:
         """Every non-root node, parents before children, in a deterministic order."""
         out: list[Node] = []
@@ -279,8 +315,10 @@ class RadixCache:
 
         A dropped leaf's parent becomes a candidate as soon as it is a leaf. Ties in the
         logical clock go to the older node. Blocks still held by a request or a neighbour
-        node lose one reference but do not count as returned.
+        node lose one reference but do not count as returned. Expired pins are released
+        first; live ones hold their nodes.
         """
+        self.unpin_expired()
         heap = [(n.last_access, n.node_id, n) for n in self._nodes() if self._evictable(n)]
         heapq.heapify(heap)
         num_freed = 0

@@ -15,6 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    parser.add_argument("--strict-request-fields", action="store_true",
+                        help="answer unknown request fields with a 400 (default: log and ignore)")
     parser.add_argument("--log-level", default="info")
 
 
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a bad flag value: say which, exit 2 like argparse
         print(f"agentkv serve: {exc}", file=sys.stderr)
         return 2
-    app = create_app(load, api_key=args.api_key, served_model_name=args.served_model_name or args.model)
+    app = create_app(load, api_key=args.api_key, served_model_name=args.served_model_name or args.model,
+                     strict_request_fields=args.strict_request_fields)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
     return 0

@@ -1,7 +1,7 @@
 """`AsyncEngine`: the engine stepping in its own thread, streaming to asyncio consumers.
 
 HTTP handlers never run the model: they queue typed messages (AddRequest, AbortRequest,
-Shutdown) that the engine thread applies between steps, and read outputs from per-request
+PinPrefix, Shutdown) that the engine thread applies between steps, and read outputs from per-request
 asyncio queues.
 
     event loop ──AddRequest/AbortRequest/Shutdown──► inbox ──► engine thread: apply, step(), ...
@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Hashable
 
 import numpy as np
 
+from agentkv.formats.generation_config import read_generation_config
 from agentkv.runtime.config import EngineConfig, engine_config
 from agentkv.runtime.engine import Engine
 from agentkv.runtime.errors import EngineDeadError
@@ -53,7 +54,19 @@ class Shutdown:
     """Stop the engine thread after the messages queued before it."""
 
 
-EngineMessage = AddRequest | AbortRequest | Shutdown
+@dataclass(frozen=True, slots=True)
+class PinPrefix:
+    """Keep the cached prefix of `token_ids` from eviction for `ttl_s`; the pinned length (or
+    the engine's ValueError) is set on `done`, a future of `loop`."""
+
+    token_ids: list[int]
+    namespace: Hashable
+    ttl_s: float
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
+
+
+EngineMessage = AddRequest | AbortRequest | PinPrefix | Shutdown
 
 
 class AsyncEngine:
@@ -68,6 +81,7 @@ class AsyncEngine:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
         self.is_embedding = engine.is_embedding
+        self.generation_config = read_generation_config(engine.source.path)  # {} for GGUF
         self._inbox: queue.SimpleQueue[EngineMessage] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -135,6 +149,14 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._send(AbortRequest(request_id))
 
+    async def pin_prefix(self, token_ids: list[int], namespace: Hashable = None,
+                         ttl_s: float = 300.0) -> int:
+        """Engine.pin_prefix, applied by the engine thread between steps."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        self._send(PinPrefix(list(token_ids), namespace, ttl_s, loop, done))
+        return await done
+
     async def embed(self, batch: list[list[int]]) -> list[list[float]]:
         if not self.is_embedding:
             raise ValueError(f"model {self.model_name!r} is not an embedding model")
@@ -181,6 +203,8 @@ class AsyncEngine:
                     out = self.engine.abort(rid)
                     if out is not None:
                         self._deliver(rid, out)
+                case PinPrefix():
+                    self._pin(message)
                 case Shutdown():
                     self._stop = True
                     return
@@ -193,6 +217,14 @@ class AsyncEngine:
                                     m.namespace, m.index)
         except ValueError as e:
             self._deliver(m.request_id, e)
+
+    def _pin(self, m: PinPrefix) -> None:
+        try:
+            pinned = self.engine.pin_prefix(m.token_ids, m.namespace, m.ttl_s)
+        except ValueError as e:
+            m.loop.call_soon_threadsafe(m.done.set_exception, e)
+        else:
+            m.loop.call_soon_threadsafe(m.done.set_result, pinned)
 
     def _loop(self) -> None:
         try:

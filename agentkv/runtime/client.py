@@ -29,6 +29,8 @@ class EngineClient(Protocol):
     vocab_size: int
     is_embedding: bool
 
+    generation_config: dict[str, Any]  # the model's sampling defaults ({} when it ships none)
+
     def start(self) -> None:
         """Begin serving (idempotent)."""
 
@@ -42,6 +44,9 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its KV; unknown ids are ignored."""
+
+    async def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
+        """Keep the cached prefix of `token_ids` from eviction for `ttl_s` seconds; -> its length."""
 
     async def embed(self, batch: list[list[int]]) -> list[list[float]]:
         """One pooled vector per token list (embedding models only)."""

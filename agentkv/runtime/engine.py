@@ -363,6 +363,11 @@ class Engine:
             backend=self.backend.name, isa=self.backend.identity.isa,
             kernel_build=self.backend.identity.kernel_build)
 
+    def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
+        """Keep the cached prefix of `token_ids` (in a request `namespace`) from eviction for
+        `ttl_s` seconds (mutates the cache); returns how many tokens are pinned."""
+        return self.cache.pin((self.model_name, namespace), list(map(int, token_ids)), ttl_s)
+
     def free_cache(self) -> int:
         """Evict every unlocked cached block (mutates); returns how many returned to the pool."""
         num_freed = self.cache.evict(self.num_blocks)

@@ -41,10 +41,12 @@ class Constraint(Protocol):
 class GrammarConstraint:
     """One request's grammar state. Not thread-safe: only the engine thread calls it."""
 
-    def __init__(self, compiled: Any, vocab_size: int) -> None:
+    def __init__(self, compiled: Any, vocab_size: int, *, ends_on_stop_token: bool = False) -> None:
         import xgrammar as xgr
 
-        self._matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        # A grammar that may go on after a complete match (one call or more) ends on EOS.
+        self._matcher = xgr.GrammarMatcher(compiled,
+                                           terminate_without_stop_token=not ends_on_stop_token)
         self._vocab_size = vocab_size
         self._bitmask = np.zeros((1, (vocab_size + 31) // 32), dtype=np.int32)
         self._mask: np.ndarray | None = None
@@ -112,14 +114,23 @@ class ConstraintFactory:
         """Output is one JSON object, any keys."""
         return self.json_schema({"type": "object"})
 
-    def tool_call(self, tools: Sequence[dict[str, Any]]) -> GrammarConstraint:
-        """Output is exactly one `<tool_call>` block calling one of `tools` (pass a single tool
-        for a named tool_choice) with arguments valid against its parameters schema."""
+    def tool_call(self, tools: Sequence[dict[str, Any]], max_calls: int = 1,
+                  or_schema: dict[str, Any] | None = None) -> GrammarConstraint:
+        """Output is 1 to `max_calls` `<tool_call>` blocks (newline-separated), each calling one
+        of `tools` (pass a single tool for a named tool_choice) with arguments valid against its
+        parameters schema -- or, given `or_schema`, one JSON value valid against it instead.
+        With max_calls > 1 or an alternative the model ends the output with EOS."""
+        if max_calls < 1:
+            raise ValueError(f"max_calls={max_calls} is out of range: allowed an int >= 1")
         schema = tool_call_schema(tools)
         check_admits_something(schema)
-        return self._make(("tool", schema), lambda: self._compile_tool_call(schema))
+        if or_schema is not None:
+            check_admits_something(or_schema)
+        return self._make(("tool", schema, max_calls, or_schema),
+                          lambda: self._compile_tool_call(schema, max_calls, or_schema),
+                          max_calls > 1 or or_schema is not None)
 
-    def _make(self, key_obj: Any, build: Any) -> GrammarConstraint:
+    def _make(self, key_obj: Any, build: Any, ends_on_stop_token: bool = False) -> GrammarConstraint:
         key = json.dumps(key_obj, sort_keys=True)
         with self._lock:
             compiled = self._cache.get(key)
@@ -132,7 +143,7 @@ class ConstraintFactory:
                 self._cache[key] = compiled
                 while len(self._cache) > _CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return GrammarConstraint(compiled, self.vocab_size)
+        return GrammarConstraint(compiled, self.vocab_size, ends_on_stop_token=ends_on_stop_token)
 
     def _compile_schema(self, schema: dict[str, Any]) -> Any:
         try:
@@ -141,15 +152,21 @@ class ConstraintFactory:
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError variants
             raise ValueError(f"JSON schema is not supported for constrained decoding: {exc}") from exc
 
-    def _compile_tool_call(self, schema: dict[str, Any]) -> Any:
+    def _compile_tool_call(self, schema: dict[str, Any], max_calls: int,
+                           or_schema: dict[str, Any] | None = None) -> Any:
         xgr = self._xgr
         try:
             body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+            alternative = [] if or_schema is None else [
+                xgr.Grammar.from_json_schema(json.dumps(or_schema), any_whitespace=False)]
         except Exception as exc:
             raise ValueError(f"tool parameters schema is not supported: {exc}") from exc
-        grammar = xgr.Grammar.concat(
-            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"), body,
-            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}"))
+        parts = [xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"), body,
+                 xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}")]
+        sep = xgr.Grammar.from_ebnf('root ::= "\\n"')
+        options = [xgr.Grammar.concat(*_repeat(parts, sep, k))
+                   for k in range(1, max_calls + 1)] + alternative
+        grammar = options[0] if len(options) == 1 else xgr.Grammar.union(*options)
         return self._compiler.compile_grammar(grammar)
 
 
@@ -199,6 +216,14 @@ def _check_first_mask(compiled: Any, vocab_size: int) -> None:
         raise ValueError("the grammar admits no output: no token can start it")
 
 
+def _repeat(parts: list[Any], sep: Any, k: int) -> list[Any]:
+    """`parts` k times, `sep` between."""
+    out: list[Any] = []
+    for i in range(k):
+        out += ([sep] if i else []) + parts
+    return out
+
+
 def _tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
     """xgrammar's view of the vocabulary. Special tokens become empty strings, which xgrammar
     never allows; the vocab type (byte-level BPE, byte-fallback SentencePiece) is detected from
@@ -215,3 +240,33 @@ def _tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
     return xgr.TokenizerInfo(vocab, meta["vocab_type"], vocab_size=vocab_size,
                              stop_token_ids=sorted(tokenizer.eos_ids),
                              add_prefix_space=meta["add_prefix_space"])
+
+
+class MinTokensConstraint:
+    """min_tokens: the ids in `banned` (EOS and stop token ids) are forbidden until
+    `min_tokens` tokens have been generated; `inner` (a grammar, or None) applies throughout.
+    Where the two leave nothing (a grammar that may only end on EOS), the grammar wins, since
+    a row with every token masked cannot be sampled. Not thread-safe: the engine thread only."""
+
+    def __init__(self, inner: Constraint | None, banned: Sequence[int], vocab_size: int,
+                 min_tokens: int) -> None:
+        self._inner, self._min_tokens, self._num_tokens = inner, min_tokens, 0
+        self._ban = np.ones(vocab_size, dtype=bool)
+        self._ban[[i for i in banned if 0 <= i < vocab_size]] = False
+
+    def allowed_mask(self) -> np.ndarray | None:
+        inner = self._inner.allowed_mask() if self._inner is not None else None
+        if self._num_tokens >= self._min_tokens:
+            return inner
+        if inner is None:
+            return self._ban
+        both = inner & self._ban
+        return both if both.any() else inner
+
+    def accept(self, token_id: int) -> None:
+        self._num_tokens += 1
+        if self._inner is not None:
+            self._inner.accept(token_id)
+
+    def is_finished(self) -> bool:
+        return self._inner is not None and self._inner.is_finished()

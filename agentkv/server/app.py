@@ -20,19 +20,26 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentkv.runtime.client import EngineClient
 from agentkv.server import responses as r
+from agentkv.server.anthropic_responses import CountTokensResponse, MessageResponse, anthropic_error_response
+from agentkv.server.anthropic_schemas import CountTokensRequest, MessagesRequest
 from agentkv.server.errors import ErrorResponse, install_handlers, unauthorized
+from agentkv.server.serving_messages import count_tokens, create_message
 from agentkv.server.schemas import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest)
 from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
-from agentkv.server.state import EngineLoader, ServerState
+from agentkv.server.lifecycle import EngineLoader, ServerState
+from agentkv.server.translate import check_fields, check_model
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 503)}
 STREAM = {200: {"content": {"text/event-stream": {}}}}
 _ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+              "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
               "/tokenize", "/detokenize", "/health", "/metrics"}
+# Each API answers errors in its own shape.
+ERROR_SHAPES = {"/v1/messages": anthropic_error_response}
 
 
 class MetricsMiddleware:
@@ -96,10 +103,13 @@ async def until_disconnect(request: Request, work: Any, stream: bool | None) -> 
 DISCONNECT_POLL_S = 0.25
 
 
-def create_app(engine: EngineClient | EngineLoader, *, api_key: str | None = None,
-               served_model_name: str | None = None) -> FastAPI:
-    """The app for `engine` (an AsyncEngine, or a callable that loads one in the background)."""
-    state = ServerState(engine, api_key=api_key, served_model_name=served_model_name)
+def create_app(engine: EngineClient | EngineLoader, *, api_key: str | None = None, served_model_name: str | None = None,
+               strict_request_fields: bool = False, chat_template: Any = None) -> FastAPI:
+    """The app for `engine` (an EngineClient, or a callable that loads one in the background).
+    `strict_request_fields`: unknown request fields are a 400 instead of a logged warning.
+    `chat_template` (a ChatTemplate) replaces the model's own for every chat request."""
+    state = ServerState(engine, api_key=api_key, served_model_name=served_model_name,
+                        strict_request_fields=strict_request_fields, chat_template=chat_template)
     owns_engine = state.engine is None
 
     @asynccontextmanager
@@ -112,7 +122,7 @@ def create_app(engine: EngineClient | EngineLoader, *, api_key: str | None = Non
     app = FastAPI(title="agentkv", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible API over an agentkv engine")
     app.state.server = state
-    install_handlers(app)
+    install_handlers(app, ERROR_SHAPES)
     app.add_middleware(MetricsMiddleware, state=state)
     app.openapi = lambda: _openapi_400s(app)  # type: ignore[method-assign]
     _add_routes(app, state)
@@ -121,14 +131,17 @@ def create_app(engine: EngineClient | EngineLoader, *, api_key: str | None = Non
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     def check_key(request: Request) -> None:
+        """`Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>` (Anthropic)."""
         if state.api_key is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), state.api_key):
-            raise unauthorized("Invalid or missing API key; send 'Authorization: Bearer <key>'")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "")
+        if not secrets.compare_digest(given.encode(), state.api_key.encode()):
+            raise unauthorized("Invalid or missing API key; send 'Authorization: Bearer <key>' "
+                               "or 'x-api-key: <key>'")
 
     auth = [Depends(check_key)]
+    _add_anthropic_routes(app, state, auth)
 
     @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
     async def health() -> Any:
@@ -148,21 +161,24 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models/{model_id}", response_model=r.ModelCard, responses=ERRORS, dependencies=auth)
     async def model(model_id: str) -> Any:
-        state.check_model(model_id)
+        check_model(state, model_id)
         return list_models(state).data[0]
 
     @app.post("/v1/chat/completions", response_model=r.ChatCompletionResponse,
               responses={**ERRORS, **STREAM}, dependencies=auth)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
+        check_fields(state, req, "/v1/chat/completions")
         return await until_disconnect(request, create_chat_completion(state, req), req.stream)
 
     @app.post("/v1/completions", response_model=r.CompletionResponse,
               responses={**ERRORS, **STREAM}, dependencies=auth)
     async def completions(req: CompletionRequest, request: Request) -> Any:
+        check_fields(state, req, "/v1/completions")
         return await until_disconnect(request, create_completion(state, req), req.stream)
 
     @app.post("/v1/embeddings", response_model=r.EmbeddingResponse, responses=ERRORS, dependencies=auth)
     async def embeddings(req: EmbeddingRequest) -> Any:
+        check_fields(state, req, "/v1/embeddings")
         return await create_embeddings(state, req)
 
     @app.post("/tokenize", response_model=r.TokenizeResponse, responses=ERRORS, dependencies=auth)
@@ -172,3 +188,17 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/detokenize", response_model=r.DetokenizeResponse, responses=ERRORS, dependencies=auth)
     async def detokenize_route(req: DetokenizeRequest) -> Any:
         return await detokenize(state, req)
+
+
+def _add_anthropic_routes(app: FastAPI, state: ServerState, auth: list[Any]) -> None:
+    @app.post("/v1/messages", response_model=MessageResponse, responses={**ERRORS, **STREAM},
+              dependencies=auth)
+    async def messages(req: MessagesRequest, request: Request) -> Any:
+        check_fields(state, req, "/v1/messages")
+        return await until_disconnect(request, create_message(state, req), req.stream)
+
+    @app.post("/v1/messages/count_tokens", response_model=CountTokensResponse, responses=ERRORS,
+              dependencies=auth)
+    async def messages_count_tokens(req: CountTokensRequest) -> Any:
+        check_fields(state, req, "/v1/messages/count_tokens")
+        return await count_tokens(state, req)

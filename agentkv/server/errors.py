@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -107,25 +107,35 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(parts), param
 
 
-def install_handlers(app: FastAPI) -> None:
-    """Every error path answers in OpenAI's shape; a bug still answers (500), shaped too."""
+ErrorShape = Callable[..., JSONResponse]  # (status, message, type=, param=, code=) -> response
+
+
+def install_handlers(app: FastAPI, shapes: dict[str, ErrorShape] | None = None) -> None:
+    """Every error path answers in OpenAI's shape, or in the shape `shapes` gives the paths
+    under a prefix (each API keeps its own); a bug still answers (500), shaped too."""
+
+    def respond(request: Request, status: int, message: str, **kw: Any) -> JSONResponse:
+        for prefix, shape in (shapes or {}).items():
+            if request.url.path.startswith(prefix):
+                return shape(status, message, **kw)
+        return error_response(status, message, **kw)
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return respond(request, exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return error_response(400, message, param=param)
+        return respond(request, 400, message, param=param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(exc.status_code, str(exc.detail), type=kind)
+        return respond(request, exc.status_code, str(exc.detail), type=kind)
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error: %s", exc)
-        return error_response(500, f"Internal server error: {type(exc).__name__}",
-                              type="internal_server_error")
+        return respond(request, 500, f"Internal server error: {type(exc).__name__}",
+                       type="internal_server_error")

@@ -11,9 +11,11 @@ from typing import Any, AsyncIterator
 
 import anyio
 
+from agentkv.runtime.client import EngineClient
 from agentkv.server.errors import APIError
+from agentkv.server.lifecycle import ServerState
 from agentkv.server.metrics import TokenTimer
-from agentkv.server.state import ServerState, engine_error
+from agentkv.server.translate import engine_error
 
 _DONE = object()
 
@@ -35,7 +37,7 @@ class ChoiceStreams:
     The first `__anext__` surfaces the engine's validation errors as APIError, so a caller can
     pull one output before committing to a 200 response."""
 
-    def __init__(self, state: ServerState, engine: Any, jobs: list[Job]) -> None:
+    def __init__(self, state: ServerState, engine: EngineClient, jobs: list[Job]) -> None:
         self._state, self._engine, self._jobs = state, engine, jobs
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -118,3 +120,10 @@ async def collect(streams: ChoiceStreams) -> dict[int, Any]:
         out.logprobs = logprobs.get(index, out.logprobs)
         out.prompt_logprobs = prompt_logprobs.get(index, out.prompt_logprobs)
     return last
+
+
+async def with_first(first: tuple[int, Any], streams: ChoiceStreams) -> AsyncIterator[tuple[int, Any]]:
+    """`first` (the output pulled before the 200 went out), then the rest of `streams`."""
+    yield first
+    async for item in streams:
+        yield item

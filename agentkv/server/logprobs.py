@@ -54,11 +54,11 @@ def completion_logprobs(entries: Sequence[Any | None], token_ids: Sequence[int],
         out.text_offset.append(offset)
         offset += len(token)
         if entry is None:
-            # The first prompt token has no context, so no logprob. Legacy OpenAI sent null,
-            # but the openai SDK types the list as floats and rejects null under strict
-            # validation; scorers (lm-eval) never read this entry, so 0.0 with no top-k.
-            out.token_logprobs.append(0.0)
-            out.top_logprobs.append({})
+            # The first prompt token has no context, so no logprob: null, as OpenAI and vLLM
+            # send it (the openai SDK parses it; only its strict validation, whose type says
+            # floats, refuses it).
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
             continue
         out.token_logprobs.append(_finite(entry.logprob))
         top: dict[str, float] = {}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 FinishReason = Literal["stop", "length", "tool_calls", "abort"]
 
@@ -58,6 +58,7 @@ class ToolCallOut(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
 
@@ -78,12 +79,21 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
-class FunctionCallDelta(BaseModel):
+class SparseDelta(BaseModel):
+    """Serialised without its unset (None) keys: clients merge deltas key by key, and a null
+    `type` or `name` in an arguments fragment would overwrite what the first delta set."""
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class FunctionCallDelta(SparseDelta):
     name: str | None = None
     arguments: str | None = None
 
 
-class ToolCallDelta(BaseModel):
+class ToolCallDelta(SparseDelta):
     index: int
     id: str | None = None
     type: Literal["function"] | None = None
@@ -93,6 +103,7 @@ class ToolCallDelta(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -114,8 +125,8 @@ class ChatCompletionChunk(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 

@@ -1,14 +1,15 @@
 """Request bodies of the OpenAI-compatible API as pydantic models: they are both the validator
 (strict types: a string is never silently an int) and the source of /openapi.json.
 
-Top-level request fields are closed (`extra="forbid"`, so a typo such as `max_token` is a 400
-naming it); OpenAI fields we accept but do not act on are listed explicitly. Messages and tool
-calls ignore unknown keys, because clients echo back assistant messages with extra fields."""
+Generation requests keep unknown top-level fields in `model_extra` (the server logs them, or
+with --strict-request-fields answers a 400 naming them); `null` for a field means its default,
+as OpenAI allows. Nested objects (tools, response_format) stay closed. Messages and tool calls
+ignore unknown keys, because clients echo back assistant messages with extra fields."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 StopField = str | list[str] | None
 Prompt = str | list[str] | list[int] | list[list[int]]
@@ -20,6 +21,20 @@ class Closed(BaseModel):
 
 class Open(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
+class Request(BaseModel):
+    """A top-level request body: unknown fields are kept (see `model_extra`), null = default."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items()
+                if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None}
 
 
 # --- messages and tools -----------------------------------------------------------------------
@@ -101,7 +116,7 @@ class StreamOptions(Closed):
 
 # --- shared sampling fields ------------------------------------------------------------------
 
-class SamplingFields(Closed):
+class SamplingFields(Request):
     """Fields shared by chat and completions; the ranges themselves are SamplingParams' job,
     so every range error names the field the same way whichever endpoint was called."""
 
@@ -124,10 +139,12 @@ class SamplingFields(Closed):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted for compatibility; no effect here.
+    min_tokens: int | None = None
+    # Accepted for compatibility; no effect here (the radix cache needs no key).
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    prompt_cache_key: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -142,6 +159,7 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # passed to the chat template, which may use it
 
 
 class CompletionRequest(SamplingFields):
@@ -155,7 +173,7 @@ class CompletionRequest(SamplingFields):
     add_special_tokens: bool = True
 
 
-class EmbeddingRequest(Closed):
+class EmbeddingRequest(Request):
     model: str
     input: Prompt
     encoding_format: Literal["float", "base64"] = "float"

@@ -3,93 +3,52 @@ grammar constraints, n engine requests -> one response, whole or streamed as SSE
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from agentkv.server.chat import render_chat
 from agentkv.server.errors import bad_request
-from agentkv.server.generation import ChoiceStreams, Job, collect
+from agentkv.server.generation import ChoiceStreams, Job, collect, with_first
+from agentkv.server.lifecycle import ServerState
 from agentkv.server.logprobs import TokenText, chat_logprobs
+from agentkv.server.output_parser import OutputEvent, OutputParser, OutputSpec, parse_output
+from agentkv.server.reasoning import prompt_opens_thinking, template_thinks
 from agentkv.server.responses import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
     ChatDelta, FunctionCallDelta, FunctionCallOut, PromptTokensDetails, ToolCallDelta, ToolCallOut,
     Usage, new_id, now)
+from agentkv.server.prologue import Ask, build_jobs, open_request
 from agentkv.server.schemas import ChatCompletionRequest
-from agentkv.server.state import ServerState
 from agentkv.server.streaming import sse_response
-from agentkv.server.tools import ToolCallStreamParser, parse_tool_calls
+from agentkv.server.tool_policy import constraint_builder, tool_policy
 
-MAX_N = 16
-
-
-def _tool_setup(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
-    """(tools as dicts, effective choice). A choice naming no given tool is a 400."""
-    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-    choice: Any = req.tool_choice or ("auto" if tools else "none")
-    if not isinstance(choice, str):
-        name = choice.function.name
-        match = [t for t in tools if t["function"]["name"] == name]
-        if not match:
-            raise bad_request(f"tool_choice names function {name!r}, which is not among tools "
-                              f"{[t['function']['name'] for t in tools]}", param="tool_choice")
-        return tools, match[0]
-    if choice == "required" and not tools:
-        raise bad_request("tool_choice 'required' needs a non-empty tools list", param="tool_choice")
-    return tools, choice
-
-
-def _constraint_builder(req: ChatCompletionRequest, tools: list[dict[str, Any]],
-                        choice: Any) -> Callable[[Any], Any] | None:
-    """A function factory -> fresh constraint (one per choice: grammar state is per request)."""
-    if isinstance(choice, dict):
-        return lambda f: f.tool_call([choice])
-    if choice == "required":
-        return lambda f: f.tool_call(tools)
-    fmt = req.response_format
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return lambda f: f.json_object()
-    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        raise bad_request("response_format json_schema needs json_schema.schema",
-                          param="response_format.json_schema")
-    schema = fmt.json_schema.schema_
-    return lambda f: f.json_schema(schema)
-
-
-async def _constraints(state: ServerState, build: Callable[[Any], Any] | None, n: int) -> list[Any]:
-    if build is None:
-        return [None] * n
-    factory = await state.constraint_factory()
-    try:
-        return await asyncio.to_thread(lambda: [build(factory) for _ in range(n)])
-    except ValueError as exc:
-        raise bad_request(str(exc), param="response_format") from exc
+def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    return kwargs
 
 
 async def _jobs(state: ServerState, req: ChatCompletionRequest, engine: Any
-                ) -> tuple[list[Job], bool]:
-    if engine.is_embedding:
-        raise bad_request("This model produces embeddings; use /v1/embeddings", param="model")
-    if not 1 <= req.n <= MAX_N:
-        raise bad_request(f"n={req.n} is out of range: allowed [1, {MAX_N}]", param="n")
+                ) -> tuple[list[Job], OutputSpec]:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
-    tools, choice = _tool_setup(req)
-    prompt = render_chat(engine.chat_template, req.messages,
-                         tools=tools if choice != "none" else None,
+    choice = req.tool_choice if isinstance(req.tool_choice, str | None) else req.tool_choice.model_dump()
+    policy = tool_policy([t.model_dump(exclude_none=True) for t in req.tools or []], choice,
+                         req.parallel_tool_calls)
+    # tool_choice "none" keeps the tools in the prompt: same prefix, same cache, no calls parsed.
+    template = state.chat_template()
+    prompt = render_chat(template, req.messages, tools=policy.tools or None,
                          add_generation_prompt=req.add_generation_prompt,
-                         template_kwargs=req.chat_template_kwargs)
+                         template_kwargs=_template_kwargs(req))
     prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = state.fit_max_tokens(len(prompt_ids), max_tokens, param)
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = [state.sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, seed_offset=i)
-              for i in range(req.n)]
-    constraints = await _constraints(state, _constraint_builder(req, tools, choice), req.n)
-    base = new_id("chatcmpl")
-    jobs = [Job(i, f"{base}-{i}", prompt_ids, params[i], constraints[i]) for i in range(req.n)]
-    return jobs, choice != "none"
+    ask = Ask([prompt_ids], max_tokens, param, (req.top_logprobs or 0) if req.logprobs else None,
+              constraint=constraint_builder(policy, req.response_format),
+              keep_special_tokens=policy.parse)
+    thinks = template_thinks(template)
+    spec = OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt))
+    return await build_jobs(state, engine, req, ask, "chatcmpl"), spec
 
 
 def _usage(outs: list[Any]) -> Usage:
@@ -102,19 +61,19 @@ def _usage(outs: list[Any]) -> Usage:
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest) -> Any:
-    engine = state.check_model(req.model)
-    jobs, parse_tools = await _jobs(state, req, engine)
+    engine = open_request(state, req)
+    jobs, spec = await _jobs(state, req, engine)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
-        return await sse_response(streams, lambda first: _chunks(state, req, streams, first, parse_tools))
+        return await sse_response(streams, lambda first: _chunks(state, req, streams, first, spec))
     async with streams:
         last = await collect(streams)
     text_of = TokenText(engine.tokenizer)
     choices = []
     for index in sorted(last):
         out = last[index]
-        content, calls = (parse_tool_calls(out.text) if parse_tools else (out.text, []))
-        message = AssistantMessage(content=content, tool_calls=[
+        reasoning, content, calls = parse_output(out.text, spec)
+        message = AssistantMessage(content=content, reasoning_content=reasoning, tool_calls=[
             ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
             for c in calls] or None)
         reason = "tool_calls" if calls else out.finish_reason
@@ -126,13 +85,13 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, streams: ChoiceStreams,
-                  first: tuple[int, Any], parse_tools: bool) -> AsyncIterator[str]:
-    """SSE payloads: a role chunk per choice, content/tool deltas, a finish chunk per choice,
-    then usage (if asked). `first` is the output already pulled to validate the request."""
+                  first: tuple[int, Any], spec: OutputSpec) -> AsyncIterator[str]:
+    """SSE payloads: a role chunk per choice, reasoning/content/tool deltas, a finish chunk
+    per choice, then usage (if asked). `first` is the output already pulled to validate the
+    request."""
     chunk_id, created, model = new_id("chatcmpl"), now(), state.model_name
     text_of = TokenText(state.require_engine().tokenizer)
-    parsers = {i: ToolCallStreamParser() for i in range(req.n)} if parse_tools else {}
-    num_calls = {i: 0 for i in range(req.n)}
+    parsers = {i: OutputParser(spec) for i in range(req.n)}
     finals: dict[int, Any] = {}
 
     def chunk(index: int, delta: ChatDelta, reason: Any = None, logprobs: Any = None) -> str:
@@ -143,41 +102,37 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, streams: Choic
     for i in range(req.n):
         yield chunk(i, ChatDelta(role="assistant", content=""))
 
-    async def outputs() -> AsyncIterator[tuple[int, Any]]:
-        yield first
-        async for item in streams:
-            yield item
-
-    async for index, out in outputs():
+    async for index, out in with_first(first, streams):
         logprobs = chat_logprobs(out.logprobs, text_of) if req.logprobs and out.logprobs else None
-        events = parsers[index].feed(out.delta_text) if parse_tools else None
-        if out.finished and parse_tools:
+        events = parsers[index].feed(out.delta_text)
+        if out.finished:
             events += parsers[index].finish()
-        for delta in _deltas(out.delta_text, events, num_calls, index):
+        for delta in _deltas(events):
             yield chunk(index, delta, logprobs=logprobs)
             logprobs = None
         if logprobs is not None:
             yield chunk(index, ChatDelta(content=""), logprobs=logprobs)
         if out.finished:
             finals[index] = out
-            reason = "tool_calls" if num_calls[index] else out.finish_reason
+            reason = "tool_calls" if parsers[index].calls else out.finish_reason
             yield chunk(index, ChatDelta(), reason=reason)
     if req.stream_options is not None and req.stream_options.include_usage:
         yield ChatCompletionChunk(id=chunk_id, created=created, model=model, choices=[],
                                   usage=_usage([finals[i] for i in sorted(finals)])).model_dump_json()
 
 
-def _deltas(text: str, events: list[Any] | None, num_calls: dict[int, int], index: int) -> list[ChatDelta]:
-    if events is None:
-        return [ChatDelta(content=text)] if text else []
+def _deltas(events: list[OutputEvent]) -> list[ChatDelta]:
     deltas = []
     for event in events:
-        if event.content:
-            deltas.append(ChatDelta(content=event.content))
-        elif event.call is not None:
-            num_calls[index] += 1
+        if event.kind == "reasoning":
+            deltas.append(ChatDelta(reasoning_content=event.text))
+        elif event.kind == "content":
+            deltas.append(ChatDelta(content=event.text))
+        elif event.kind == "call":  # the call's start: id and name (arguments may follow)
             deltas.append(ChatDelta(tool_calls=[ToolCallDelta(
                 index=event.index, id=event.call.id, type="function",
                 function=FunctionCallDelta(name=event.call.name, arguments=event.call.arguments))]))
+        else:
+            deltas.append(ChatDelta(tool_calls=[ToolCallDelta(
+                index=event.index, function=FunctionCallDelta(arguments=event.text))]))
     return deltas
-

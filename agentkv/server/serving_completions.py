@@ -3,72 +3,31 @@ prompt logprobs (what likelihood-scoring clients such as lm-evaluation-harness s
 `echo=true, logprobs=k, max_tokens=0|1`), whole or streamed."""
 from __future__ import annotations
 
-import asyncio
 from typing import Any, AsyncIterator
 
 from agentkv.server.errors import bad_request
-from agentkv.server.generation import ChoiceStreams, Job, collect
+from agentkv.server.generation import ChoiceStreams, Job, collect, with_first
+from agentkv.server.lifecycle import ServerState
 from agentkv.server.logprobs import TokenText, completion_logprobs
+from agentkv.server.prologue import Ask, build_jobs, open_request, prompt_id_lists
 from agentkv.server.responses import (
     CompletionChoice, CompletionResponse, PromptTokensDetails, Usage, new_id, now)
 from agentkv.server.schemas import CompletionRequest
-from agentkv.server.state import ServerState
 from agentkv.server.streaming import sse_response
-
-MAX_N = 16
-MAX_PROMPTS = 256
-
-
-async def prompt_id_lists(state: ServerState, prompt: Any, add_special_tokens: bool,
-                          param: str = "prompt") -> list[list[int]]:
-    """The four OpenAI prompt shapes -> one id list per prompt."""
-    engine = state.require_engine()
-    if isinstance(prompt, str):
-        prompts: list[Any] = [prompt]
-    elif prompt and all(isinstance(p, int) for p in prompt):
-        prompts = [prompt]
-    else:
-        prompts = list(prompt)
-    if not prompts or len(prompts) > MAX_PROMPTS:
-        raise bad_request(f"{param} must hold 1 to {MAX_PROMPTS} prompts, got {len(prompts)}", param=param)
-    out = []
-    for p in prompts:
-        if isinstance(p, str):
-            ids = await asyncio.to_thread(engine.tokenizer.encode, p, add_special_tokens)
-        else:
-            ids = list(p)
-            state.check_tokens(ids, param)
-        if not ids:
-            raise bad_request(f"{param} is empty after tokenization", param=param)
-        out.append(ids)
-    return out
 
 
 async def _jobs(state: ServerState, req: CompletionRequest, engine: Any) -> tuple[list[Job], list[list[int]]]:
-    if engine.is_embedding:
-        raise bad_request("This model produces embeddings; use /v1/embeddings", param="model")
-    if not 1 <= req.n <= MAX_N:
-        raise bad_request(f"n={req.n} is out of range: allowed [1, {MAX_N}]", param="n")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of={req.best_of} is not supported; only best_of == n", param="best_of")
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")
     if req.max_tokens == 0 and not req.echo:
         raise bad_request("max_tokens=0 is only meaningful with echo=true", param="max_tokens")
-    prompts = await prompt_id_lists(state, req.prompt, req.add_special_tokens)
-    base = new_id("cmpl")
-    jobs = []
-    for p_idx, ids in enumerate(prompts):
-        # max_tokens=0 (score the prompt only) runs one token and drops it.
-        max_tokens = state.fit_max_tokens(len(ids), req.max_tokens if req.max_tokens != 0 else 1,
-                                          "max_tokens")
-        prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
-        for j in range(req.n):
-            params = state.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
-                                           prompt_logprobs=prompt_logprobs, seed_offset=j)
-            index = p_idx * req.n + j
-            jobs.append(Job(index, f"{base}-{index}", ids, params))
-    return jobs, prompts
+    prompts = await prompt_id_lists(engine, req.prompt, req.add_special_tokens)
+    # max_tokens=0 (score the prompt only) runs one token and drops it.
+    ask = Ask(prompts, req.max_tokens if req.max_tokens != 0 else 1, "max_tokens", req.logprobs,
+              prompt_logprobs=req.logprobs if (req.echo and req.logprobs is not None) else None)
+    return await build_jobs(state, engine, req, ask, "cmpl"), prompts
 
 
 def _choice(req: CompletionRequest, index: int, out: Any, prompt_ids: list[int],
@@ -99,7 +58,7 @@ def _usage(outs: dict[int, Any], n: int, keep: bool) -> Usage:
 
 
 async def create_completion(state: ServerState, req: CompletionRequest) -> Any:
-    engine = state.check_model(req.model)
+    engine = open_request(state, req)
     jobs, prompts = await _jobs(state, req, engine)
     streams = ChoiceStreams(state, engine, jobs)
     text_of = TokenText(engine.tokenizer)
@@ -119,12 +78,7 @@ async def _chunks(state: ServerState, req: CompletionRequest, streams: ChoiceStr
     finals: dict[int, Any] = {}
     echoed: set[int] = set()
 
-    async def outputs() -> AsyncIterator[tuple[int, Any]]:
-        yield first
-        async for item in streams:
-            yield item
-
-    async for index, out in outputs():
+    async for index, out in with_first(first, streams):
         prompt_ids = prompts[index // req.n]
         text, logprobs = (out.delta_text, None) if keep else ("", None)
         if req.logprobs is not None and keep:

@@ -13,8 +13,9 @@ from agentkv.server.responses import (
     DetokenizeResponse, EmbeddingData, EmbeddingResponse, EmbeddingUsage, ModelCard, ModelList,
     TokenizeResponse, now)
 from agentkv.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
-from agentkv.server.serving_completions import prompt_id_lists
-from agentkv.server.state import ServerState, engine_error
+from agentkv.server.lifecycle import ServerState
+from agentkv.server.prologue import prompt_id_lists
+from agentkv.server.translate import check_model, check_tokens, engine_error
 
 _CREATED = now()
 
@@ -26,11 +27,11 @@ def list_models(state: ServerState) -> ModelList:
 
 
 async def create_embeddings(state: ServerState, req: EmbeddingRequest) -> EmbeddingResponse:
-    engine = state.check_model(req.model)
+    engine = check_model(state, req.model)
     if not engine.is_embedding:
         raise bad_request(f"The model {state.model_name!r} does not produce embeddings; "
                           f"serve an embedding model (e.g. minilm) for /v1/embeddings", param="model")
-    batch = await prompt_id_lists(state, req.input, True, param="input")
+    batch = await prompt_id_lists(engine, req.input, True, param="input")
     for ids in batch:
         if len(ids) > engine.max_model_len:
             raise bad_request(f"This model's maximum context length is {engine.max_model_len} tokens, "
@@ -55,12 +56,12 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest) -> Embedd
 
 
 async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:
-    engine = state.check_model(req.model)
+    engine = check_model(state, req.model)
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of prompt or messages", param="prompt")
     if req.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
-        text = render_chat(engine.chat_template, req.messages, tools=tools,
+        text = render_chat(state.chat_template(), req.messages, tools=tools,
                            add_generation_prompt=req.add_generation_prompt)
         add_special = False
     else:
@@ -70,6 +71,6 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
 
 
 async def detokenize(state: ServerState, req: DetokenizeRequest) -> DetokenizeResponse:
-    engine = state.check_model(req.model)
-    state.check_tokens(req.tokens, "tokens")
+    engine = check_model(state, req.model)
+    check_tokens(engine, req.tokens, "tokens")
     return DetokenizeResponse(prompt=engine.tokenizer.decode(req.tokens))

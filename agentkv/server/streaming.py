@@ -62,9 +62,30 @@ async def _events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
     yield sse("[DONE]")
 
 
-async def sse_response(streams: Any, make_chunks: Callable[[Any], AsyncIterator[str]]) -> StreamingResponse:
+async def _named_events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Anthropic framing: `chunks` are whole named events already; an error after the 200
+    is an `error` event, and there is no `[DONE]`."""
+    from agentkv.server.anthropic_responses import anthropic_error_body
+
+    try:
+        async for frame in chunks:
+            yield frame
+    except APIError as exc:
+        yield _error_event(anthropic_error_body(exc.status, exc.message))
+    except Exception as exc:  # a bug: logged with its trace, and the client told
+        log.exception("stream failed")
+        yield _error_event(anthropic_error_body(500, f"Internal server error: {type(exc).__name__}"))
+
+
+def _error_event(body: dict[str, Any]) -> str:
+    return f"event: error\ndata: {json.dumps(body)}\n\n"
+
+
+async def sse_response(streams: Any, make_chunks: Callable[[Any], AsyncIterator[str]],
+                       *, named_events: bool = False) -> StreamingResponse:
     """Start `streams` (a ChoiceStreams), pull its first output — engine validation errors
-    surface here as APIError, before any byte is sent — then stream `make_chunks(first)`."""
+    surface here as APIError, before any byte is sent — then stream `make_chunks(first)`:
+    JSON payloads framed as `data:` events, or (`named_events`) whole named events."""
     await streams.__aenter__()
     try:
         first = await streams.__anext__()
@@ -72,4 +93,5 @@ async def sse_response(streams: Any, make_chunks: Callable[[Any], AsyncIterator[
         with anyio.CancelScope(shield=True):
             await streams.close()
         raise
-    return AbortingStreamingResponse(_events(make_chunks(first)), streams.close)
+    frames = _named_events if named_events else _events
+    return AbortingStreamingResponse(frames(make_chunks(first)), streams.close)

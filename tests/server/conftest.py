@@ -72,6 +72,12 @@ def keyed_server(smollm2_engine) -> Iterator[LiveServer]:
 
 
 @pytest.fixture(scope="session")
+def strict_server(smollm2_engine) -> Iterator[LiveServer]:
+    yield from serve(create_app(smollm2_engine, served_model_name="smollm2",
+                                strict_request_fields=True), smollm2_engine)
+
+
+@pytest.fixture(scope="session")
 def minilm_server() -> Iterator[LiveServer]:
     engine = AsyncEngine.from_model("minilm")
     yield from serve(create_app(engine, served_model_name="minilm"), engine)

@@ -1,0 +1,96 @@
+"""What one app holds for its life: the engine (or the thread still loading it), the names it
+answers to, the API key, the request-field policy, metrics and the grammar factory."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Callable
+
+from agentkv.runtime.client import EngineClient
+from agentkv.server.errors import APIError, not_ready
+from agentkv.server.metrics import ServerMetrics
+
+log = logging.getLogger("agentkv.server")
+
+EngineLoader = Callable[[], EngineClient]
+
+
+class ServerState:
+    """Mutable only while loading (engine/error set once by the loader thread)."""
+
+    def __init__(self, engine_or_loader: Any, *, api_key: str | None = None,
+                 served_model_name: str | None = None, strict_request_fields: bool = False,
+                 chat_template: Any = None) -> None:
+        self.api_key = api_key
+        self.chat_template_override = chat_template
+        self.strict_request_fields = strict_request_fields
+        self.served_model_name = served_model_name
+        self.engine: EngineClient | None = None
+        self.load_error: str | None = None
+        self.metrics = ServerMetrics(lambda: self.engine)
+        self._factory: Any | None = None
+        self._factory_lock = threading.Lock()
+        if callable(engine_or_loader) and not hasattr(engine_or_loader, "generate"):
+            self._loader: EngineLoader | None = engine_or_loader
+        else:
+            self._loader = None
+            self._set_engine(engine_or_loader)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start_loading(self) -> threading.Thread | None:
+        """Load the engine in a background thread so /health can answer 503 meanwhile."""
+        if self._loader is None:
+            return None
+        thread = threading.Thread(target=self._load, name="agentkv-load", daemon=True)
+        thread.start()
+        return thread
+
+    def _load(self) -> None:
+        try:
+            self._set_engine(self._loader())
+        except Exception as exc:  # reported by /health and every request; never swallowed
+            log.exception("model failed to load")
+            self.load_error = f"{type(exc).__name__}: {exc}"
+
+    def _set_engine(self, engine: EngineClient) -> None:
+        engine.start()
+        self.engine = engine
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return self.engine.model_name if self.engine is not None else "loading"
+
+    def chat_template(self) -> Any:
+        """The template chats render with: the server's override, else the model's own."""
+        if self.chat_template_override is not None:
+            return self.chat_template_override
+        return self.require_engine().chat_template
+
+    def require_engine(self) -> EngineClient:
+        if self.engine is None:
+            if self.load_error is not None:
+                raise APIError(503, f"The model failed to load: {self.load_error}",
+                               type="service_unavailable", code="model_load_failed")
+            raise not_ready("The model is still loading; retry when /health answers 200")
+        return self.engine
+
+    async def constraint_factory(self) -> Any:
+        """The grammar factory, built on first use in a worker thread (it costs a second)."""
+        if self._factory is None:
+            engine = self.require_engine()
+
+            def build() -> Any:
+                from agentkv.runtime.structured import ConstraintFactory
+
+                with self._factory_lock:
+                    if self._factory is None:
+                        self._factory = ConstraintFactory(engine.tokenizer, engine.vocab_size)
+                return self._factory
+
+            return await asyncio.to_thread(build)
+        return self._factory
+

@@ -1,0 +1,186 @@
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic): the request becomes chat
+messages and a ToolPolicy, then runs the shared path (prologue, engine jobs, the one output
+reader); the answer is content blocks, whole or as Anthropic's event stream. After a request
+the prefix up to each cache_control breakpoint is pinned in the radix cache for its TTL."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, AsyncIterator, NamedTuple
+
+from agentkv.cache.radix import common_prefix_len
+from agentkv.server.anthropic_responses import (
+    CountTokensResponse, MessageResponse, event, usage_of)
+from agentkv.server.anthropic_schemas import CountTokensRequest, MessagesRequest
+from agentkv.server.anthropic_translate import (
+    conversation, policy_of, sampling_fields, stop_reason)
+from agentkv.server.chat import render_chat
+from agentkv.server.errors import APIError
+from agentkv.server.generation import ChoiceStreams, Job, collect, with_first
+from agentkv.server.lifecycle import ServerState
+from agentkv.server.output_parser import OutputParser, OutputSpec, parse_output
+from agentkv.server.prologue import Ask, build_jobs, open_request
+from agentkv.server.reasoning import prompt_opens_thinking, template_thinks
+from agentkv.server.responses import new_id
+from agentkv.server.streaming import sse_response
+from agentkv.server.tool_policy import constraint_builder
+from agentkv.server.translate import check_model
+
+log = logging.getLogger("agentkv.server")
+
+
+class Prepared(NamedTuple):
+    engine: Any
+    prompt_ids: list[int]
+    spec: OutputSpec
+    pins: list[tuple[int, float]]  # (prefix length, ttl_s) per cache_control breakpoint
+
+
+async def _prepare(state: ServerState, req: MessagesRequest | CountTokensRequest, engine: Any) -> Prepared:
+    conv, policy = conversation(req), policy_of(req)
+    template = state.chat_template()
+    tools = policy.tools or None
+    prompt = render_chat(template, conv.messages, tools=tools)
+    ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
+    pins = []
+    for bp in conv.breakpoints:
+        try:
+            head = render_chat(template, conv.messages[:bp.num_messages], tools=tools,
+                               add_generation_prompt=False)
+        except APIError as exc:  # a template that refuses a partial conversation
+            log.info("cache_control breakpoint not pinned: %s", exc.message)
+            continue
+        head_ids = await asyncio.to_thread(engine.tokenizer.encode, head, False)
+        pins.append((common_prefix_len(head_ids, ids), bp.ttl_s))
+    thinks = template_thinks(template)
+    return Prepared(engine, ids, OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt)), pins)
+
+
+async def count_tokens(state: ServerState, req: CountTokensRequest) -> CountTokensResponse:
+    engine = check_model(state, req.model)
+    return CountTokensResponse(input_tokens=len((await _prepare(state, req, engine)).prompt_ids))
+
+
+async def _pin(prep: Prepared) -> int:
+    """Pin each breakpoint's prefix (it is in the cache now that the request ran)."""
+    pinned = 0
+    for length, ttl_s in prep.pins:
+        if length:
+            pinned = max(pinned, await prep.engine.pin_prefix(prep.prompt_ids[:length], None, ttl_s))
+    return pinned
+
+
+async def create_message(state: ServerState, req: MessagesRequest) -> Any:
+    fields = sampling_fields(req)
+    engine = open_request(state, fields)
+    prep = await _prepare(state, req, engine)
+    policy = prep.spec.policy
+    ask = Ask([prep.prompt_ids], req.max_tokens, "max_tokens", None,
+              constraint=constraint_builder(policy, None), keep_special_tokens=policy.parse)
+    jobs = await build_jobs(state, engine, fields, ask, "msg")
+    streams = ChoiceStreams(state, engine, jobs)
+    if req.stream:
+        return await sse_response(streams, lambda first: _events(state, req, streams, first, prep, jobs),
+                                  named_events=True)
+    async with streams:
+        out = (await collect(streams))[0]
+    pinned = await _pin(prep)
+    parsed = parse_output(out.text, prep.spec)
+    content: list[dict[str, Any]] = []
+    if parsed.reasoning:
+        content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
+    if parsed.content:
+        content.append({"type": "text", "text": parsed.content})
+    content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+                for c in parsed.calls]
+    reason, sequence = stop_reason(out, len(parsed.calls), req.stop_sequences)
+    return MessageResponse(id=_message_id(jobs), model=state.model_name, content=content,
+                           stop_reason=reason, stop_sequence=sequence,
+                           usage=usage_of(out.prompt_len, out.cached_len, pinned, len(out.token_ids)))
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    """A call's input object; a call cut off by max_tokens has no whole JSON: empty input."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        log.info("tool_use input cut off: %r", arguments[:80])
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _message_id(jobs: list[Job]) -> str:
+    return jobs[0].request_id.rsplit("-", 1)[0]
+
+
+class _Blocks:
+    """The open content block of a stream (mutates): text, thinking or tool_use, one at a
+    time, each started and stopped with its own events. Leading whitespace of a text block is
+    held until real text follows, so a tool call's preamble newline makes no empty block."""
+
+    def __init__(self) -> None:
+        self.index, self.kind, self.held = -1, "", ""
+
+    def _open(self, kind: str, block: dict[str, Any]) -> list[str]:
+        frames = self.close()
+        self.index, self.kind = self.index + 1, kind
+        return frames + [event("content_block_start", {"index": self.index, "content_block": block})]
+
+    def close(self) -> list[str]:
+        if not self.kind:
+            return []
+        self.kind = ""
+        return [event("content_block_stop", {"index": self.index})]
+
+    def feed(self, ev: Any) -> list[str]:
+        frames: list[str] = []
+        if ev.kind == "content":
+            text = self.held + ev.text
+            if self.kind != "text" and not text.strip():
+                self.held = text
+                return []
+            self.held = ""
+            if self.kind != "text":
+                frames += self._open("text", {"type": "text", "text": ""})
+            return frames + [self._delta({"type": "text_delta", "text": text})]
+        if ev.kind == "reasoning":
+            if self.kind != "thinking":
+                frames += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            return frames + [self._delta({"type": "thinking_delta", "thinking": ev.text})]
+        if ev.kind == "call":
+            self.held = ""
+            frames += self._open("tool_use", {"type": "tool_use", "id": ev.call.id,
+                                              "name": ev.call.name, "input": {}})
+            text = ev.call.arguments
+        else:
+            text = ev.text
+        return frames + ([self._delta({"type": "input_json_delta", "partial_json": text})] if text else [])
+
+    def _delta(self, delta: dict[str, Any]) -> str:
+        return event("content_block_delta", {"index": self.index, "delta": delta})
+
+
+async def _events(state: ServerState, req: MessagesRequest, streams: ChoiceStreams,
+                  first: tuple[int, Any], prep: Prepared, jobs: list[Job]) -> AsyncIterator[str]:
+    """message_start, ping, the content blocks, message_delta (stop reason, usage), message_stop."""
+    out = first[1]
+    start = usage_of(out.prompt_len, out.cached_len, 0, 0).model_dump()
+    yield event("message_start", {"message": {
+        "id": _message_id(jobs), "type": "message", "role": "assistant", "model": state.model_name,
+        "content": [], "stop_reason": None, "stop_sequence": None, "usage": start}})
+    yield event("ping", {})
+    parser, blocks = OutputParser(prep.spec), _Blocks()
+    async for _, out in with_first(first, streams):
+        events = parser.feed(out.delta_text) + (parser.finish() if out.finished else [])
+        for ev in events:
+            for frame in blocks.feed(ev):
+                yield frame
+    for frame in blocks.close():
+        yield frame
+    pinned = await _pin(prep)
+    reason, sequence = stop_reason(out, len(parser.calls), req.stop_sequences)
+    usage = usage_of(out.prompt_len, out.cached_len, pinned, len(out.token_ids)).model_dump()
+    yield event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                  "usage": usage})
+    yield event("message_stop", {})

@@ -1,0 +1,78 @@
+"""What a request's tools, tool_choice, parallel_tool_calls and response_format mean for one
+generation: the tools the prompt shows, the grammar (if any) decoding is held to, and which
+calls the parser may return. Shared by every API that speaks tools."""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from agentkv.server.errors import bad_request
+
+# A grammar for "one or more calls" is a union of 1..N call sequences; N bounds its size.
+MAX_PARALLEL_CALLS = 4
+
+
+class ToolPolicy(NamedTuple):
+    tools: list[dict[str, Any]]  # OpenAI function-tool dicts, rendered into the prompt
+    choice: str | dict[str, Any]  # "none" | "auto" | "required" | the named tool's dict
+    parallel: bool
+
+    @property
+    def parse(self) -> bool:
+        """Whether calls are parsed out of the output ("none" keeps the tools, parses none)."""
+        return bool(self.tools) and self.choice != "none"
+
+    @property
+    def names(self) -> frozenset[str]:
+        if isinstance(self.choice, dict):
+            return frozenset({self.choice["function"]["name"]})
+        return frozenset(t["function"]["name"] for t in self.tools)
+
+    @property
+    def max_calls(self) -> int | None:
+        return None if self.parallel else 1
+
+    def grammar_calls(self) -> int:
+        return MAX_PARALLEL_CALLS if self.parallel else 1
+
+
+def tool_policy(tools: list[dict[str, Any]], choice: Any, parallel: bool | None) -> ToolPolicy:
+    """Check the choice against the tools. A choice naming no given tool is a 400."""
+    choice = choice or ("auto" if tools else "none")
+    parallel = True if parallel is None else parallel
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+        match = [t for t in tools if t["function"]["name"] == name]
+        if not match:
+            raise bad_request(f"tool_choice names function {name!r}, which is not among tools "
+                              f"{[t['function']['name'] for t in tools]}", param="tool_choice")
+        return ToolPolicy(tools, match[0], parallel)
+    if choice == "required" and not tools:
+        raise bad_request("tool_choice 'required' needs a non-empty tools list", param="tool_choice")
+    return ToolPolicy(tools, choice, parallel)
+
+
+def constraint_builder(policy: ToolPolicy, fmt: Any) -> Callable[[Any], Any] | None:
+    """ConstraintFactory -> a fresh constraint, or None for free decoding. `fmt` is a
+    response_format-like object (type, json_schema.schema_) or None.
+
+    Under "auto" with tools and a JSON format the output is held to the union: tool calls, or
+    the format's JSON (vLLM imposes the format alone, and no agent can then call a tool)."""
+    if isinstance(policy.choice, dict):
+        chosen, calls = [policy.choice], policy.grammar_calls()
+        return lambda f: f.tool_call(chosen, calls)
+    if policy.choice == "required":
+        tools, calls = policy.tools, policy.grammar_calls()
+        return lambda f: f.tool_call(tools, calls)
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        schema: dict[str, Any] = {"type": "object"}
+    elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise bad_request("response_format json_schema needs json_schema.schema",
+                          param="response_format.json_schema")
+    else:
+        schema = fmt.json_schema.schema_
+    if policy.parse:
+        tools, calls = policy.tools, policy.grammar_calls()
+        return lambda f: f.tool_call(tools, calls, or_schema=schema)
+    return lambda f: f.json_schema(schema)
