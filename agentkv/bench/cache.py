@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         png = bar_plot(out / "cache.png", "agentkv prefix cache on vs off (same run)", groups, "tokens")
         md.append(f"\n![cache]({png.name})" if png else "")
     paths = write_outputs(out, "cache", payload, md)
+    if not bad and png:
+        paths["png"] = png
     print_paths(paths)
     if bad:
         print(f"FAILED: {bad}", file=sys.stderr)
