@@ -22,12 +22,14 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
-# The default suite (see bench/README.md). The bench extra's llama-cpp-python compiles from
-# source the first time: about 11 minutes on 2 cores; a ticker shows it is still going.
+# The default agent suite (docs/benchmarks.md). The bench extra's llama-cpp-python compiles
+# from source the first time (about 10 minutes on 2 cores; a ticker shows it is still going),
+# with the SIMD flags this CPU lists and never AMX (bench/llama_cmake_args.sh says why).
 BENCH_ARGS ?=
 bench: setup
 	@$(PY) -c "import llama_cpp, matplotlib" 2>/dev/null || { \
-	  echo "bench: installing '.[bench]' (matplotlib, llama-cpp-python: compiles ~11 min on 2 cores) ..."; \
+	  export CMAKE_ARGS="$$(sh bench/llama_cmake_args.sh)"; \
+	  echo "bench: installing '.[bench]' with CMAKE_ARGS=$$CMAKE_ARGS (compiles ~10 min on 2 cores) ..."; \
 	  start=$$(date +%s); $(PIP) -e '.[bench]' & pid=$$!; \
 	  while kill -0 $$pid 2>/dev/null; do sleep 30; \
 	    kill -0 $$pid 2>/dev/null && echo "  ... still installing ($$(( $$(date +%s) - start )) s)"; done; \

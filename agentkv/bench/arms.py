@@ -13,9 +13,13 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-THREADS = 2
+from agentkv.bench import peers
+from agentkv.bench.engine import build_engine
+
+THREADS = peers.THREADS
 
 
 class Result(NamedTuple):
@@ -59,15 +63,12 @@ class AgentkvArm(Arm):
     def __init__(self, model: str, prefix_cache: bool, kv_blocks: int, weights: str = "resident"):
         import torch
 
-        from agentkv.runtime.config import CacheConfig, EngineConfig
-        from agentkv.runtime.engine import Engine
-
         torch.set_num_threads(THREADS)
         self.name = "agentkv" if prefix_cache else "agentkv-nocache"
         self.notes = (f"in-process Engine ({weights} weights), turn submitted as one batch, "
                       f"prefix cache {'on' if prefix_cache else 'off'}")
-        cache = CacheConfig(num_blocks=kv_blocks, enable_prefix_cache=prefix_cache)
-        self.engine = Engine(EngineConfig(model=model, weights=weights, cache=cache))
+        flags = SimpleNamespace(model=model, weights=weights)
+        self.engine = build_engine(flags, prefix_cache=prefix_cache, num_blocks=kv_blocks)
         self._n = 0
         self._base = None
 
@@ -190,10 +191,9 @@ class LlamaCppArm(Arm):
     notes = "llama-cpp-python, LlamaRAMCache (2 GiB), sequential agents, n_batch 512, 2 threads"
 
     def __init__(self, model_path: str, n_ctx: int):
-        from llama_cpp import Llama, LlamaRAMCache
+        from llama_cpp import LlamaRAMCache
 
-        self.llm = Llama(model_path=model_path, n_threads=THREADS, n_threads_batch=THREADS,
-                         n_ctx=n_ctx, n_batch=512, verbose=False)
+        self.llm = peers.load_llamacpp(model_path, n_ctx)
         self.cache = LlamaRAMCache(capacity_bytes=2 << 30)
 
     def warm_up(self, vocab_ids: list[int]) -> None:
@@ -242,19 +242,9 @@ class TransformersArm(Arm):
 
     def __init__(self, model_path: str):
         import torch
-        from pathlib import Path
 
-        from transformers import AutoModelForCausalLM
-
-        torch.set_num_threads(THREADS)
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        path = Path(model_path)
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                          dtype=torch.float32).eval()
-        # Never stop early and never mask EOS: the same greedy choice as ignore_eos.
-        self.model.generation_config.eos_token_id = None
-        self.model.generation_config.pad_token_id = 0
+        self.model = peers.load_transformers(model_path)
 
     def _one(self, prompt: list[int], max_tokens: int) -> Result:
         from transformers.generation.streamers import BaseStreamer

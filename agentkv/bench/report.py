@@ -1,72 +1,12 @@
-"""Benchmark output: machine and version facts, the JSON file, a Markdown table, PNG plots."""
+"""`agentkv bench agents` output: the per-workload Markdown table and the three-panel PNG."""
 from __future__ import annotations
 
 import json
-import os
-import platform
-import subprocess
-import sys
-import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PEER_PACKAGES = ("agentkv", "torch", "numpy", "transformers", "llama_cpp_python", "matplotlib")
-
-
-def machine() -> dict[str, Any]:
-    import psutil
-
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg": os.getloadavg(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": sys.version.split()[0], "platform": platform.platform()}
-
-
-def versions() -> dict[str, str | None]:
-    out = {}
-    for name in PEER_PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def envelope(**fields: Any) -> dict[str, Any]:
-    """The facts every output file starts with."""
-    return {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": git_commit(),
-            "machine": machine(), "versions": versions(), **fields}
-
-
-def write_json(path: Path, payload: dict) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    return path
-
-
-def _fmt(value: Any, spec: str = ".2f") -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return format(value, spec)
-    return str(value)
-
+from agentkv.bench.common import envelope, fmt as _fmt, header, save_figure, write_json
+from agentkv.bench.isolate import failed, why
 
 def markdown(summary: dict) -> str:
     """One workload's table: an arm a row, plus accounting, exactness and targets."""
@@ -77,9 +17,8 @@ def markdown(summary: dict) -> str:
              "| decode tok/s | peak RSS MiB | how it runs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in arms.items():
-        if "error" in r:
-            lines.append(f"| {name} | error: {r['error'][-120:].splitlines()[-1] if r['error'] else ''} "
-                         "| | | | | | | | |")
+        if failed(r):
+            lines.append(f"| {name} | {why(r)} | | | | | | | | |")
             continue
         rel = r["wall_s"] / base if base else None
         lines.append(f"| {name} | {_fmt(r['wall_s'], '.1f')} | {_fmt(rel)} | {_fmt(r['prefill_computed'])} "
@@ -121,7 +60,7 @@ def plot(summary: dict, path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = {k: v for k, v in summary["arms"].items() if "error" not in v}
+    arms = {k: v for k, v in summary["arms"].items() if not failed(v)}
     if not arms:
         return None
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -145,20 +84,14 @@ def plot(summary: dict, path: Path) -> Path | None:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.suptitle(f"{summary['workload']} {json.dumps(summary['params'])}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_all(summaries: list[dict], out_dir: Path, stem: str, **fields: Any) -> dict[str, Path]:
     """JSON with every figure, a Markdown report and one PNG per workload."""
-    payload = envelope(**fields, workloads=summaries)
+    payload = envelope("agents", **fields, workloads=summaries)
     paths = {"json": write_json(out_dir / f"{stem}.json", payload)}
-    md = [f"# agentkv bench ({payload['date']}, commit {payload['commit']})", "",
-          f"machine: {payload['machine']['cpu']}, {payload['machine']['cores']} cores, load "
-          f"{payload['machine']['load_avg'][0]:.1f}; versions: {json.dumps(payload['versions'])}", ""]
+    md = header(payload)
     for s in summaries:
         md.append(markdown(s))
         png = plot(s, out_dir / f"{stem}-{s['workload']}.png")

@@ -163,20 +163,52 @@ def fak_agents(vocab: int = 49152, agents: int = 5, turns: int = 6, prefix: int 
                     notes="radixbench lcg tokens; prompt-only (max_tokens=1, answers dropped)")
 
 
-def session(name: str = "session", agents: int = 8, turns: int = 10, prefix: int = 1024,
-            user: int = 64, answer: int = 64, tool: int = 256, seed: int = 7000,
-            vocab: int = 49152) -> Workload:
-    """lcg tokens in the session shape: turn 0 = shared prefix + a per-agent task; each later
-    turn = the agent's previous answer (kept) + a tool result of `tool` tokens."""
-    shared = lcg(prefix, seed, vocab)
-    segments = [[shared + lcg(user, seed + 1000 + a, vocab) for a in range(agents)]]
-    segments += [[lcg(tool, seed + 10000 + 97 * a + t, vocab) for a in range(agents)]
-                 for t in range(1, turns)]
-    params = dict(agents=agents, turns=turns, prefix=prefix, user=user, answer=answer,
-                  tool=tool, seed=seed, vocab=vocab)
-    formulas = session_formulas(prefix, turns, agents, answer, tool, user)
-    formulas["agentkv_exact"] = agentkv_session_prefill(prefix, turns, agents, answer, tool, user)
-    return Workload(name, params, segments, max_tokens=answer, keep_answers=True,
+@dataclass(frozen=True, slots=True)
+class SessionShape:
+    """The session workload's sizes: `agents` contexts of `turns` turns; turn 0 = a shared
+    prefix (`prefix` tokens) + a per-agent task (`user`); each later turn = the previous
+    answer (`answer` greedy tokens, kept) + a tool result (`tool` tokens)."""
+
+    agents: int = 8
+    turns: int = 10
+    prefix: int = 1024
+    user: int = 64
+    answer: int = 64
+    tool: int = 256
+    seed: int = 7000
+    vocab: int = 49152
+
+    def __post_init__(self) -> None:
+        for name in ("agents", "turns", "answer", "vocab"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"session {name}={getattr(self, name)}: must be >= 1")
+        for name in ("prefix", "user", "tool", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"session {name}={getattr(self, name)}: must be >= 0")
+
+
+def session(name: str = "session", **sizes: int) -> Workload:
+    """lcg tokens in the session shape (`sizes` are SessionShape's fields)."""
+    known = SessionShape.__dataclass_fields__
+    for key in sizes:
+        if key not in known:
+            raise ValueError(f"{name}: unknown size {key!r}; choose from {', '.join(known)}")
+    return session_workload(SessionShape(**sizes), name)
+
+
+def session_workload(shape: SessionShape, name: str = "session") -> Workload:
+    """The session workload of `shape` (see SessionShape)."""
+    s = shape
+    shared = lcg(s.prefix, s.seed, s.vocab)
+    segments = [[shared + lcg(s.user, s.seed + 1000 + a, s.vocab) for a in range(s.agents)]]
+    segments += [[lcg(s.tool, s.seed + 10000 + 97 * a + t, s.vocab) for a in range(s.agents)]
+                 for t in range(1, s.turns)]
+    params = dict(agents=s.agents, turns=s.turns, prefix=s.prefix, user=s.user, answer=s.answer,
+                  tool=s.tool, seed=s.seed, vocab=s.vocab)
+    formulas = session_formulas(s.prefix, s.turns, s.agents, s.answer, s.tool, s.user)
+    formulas["agentkv_exact"] = agentkv_session_prefill(s.prefix, s.turns, s.agents, s.answer,
+                                                        s.tool, s.user)
+    return Workload(name, params, segments, max_tokens=s.answer, keep_answers=True,
                     notes="lcg tokens; greedy answers kept in the context", formulas=formulas)
 
 
@@ -184,7 +216,8 @@ def multi_turn(conversations: int = 3, turns: int = 4, prefix: int = 128, user: 
                answer: int = 16, seed: int = 8000, vocab: int = 49152) -> Workload:
     """vLLM's multi-turn shape (benchmark_serving_multi_turn), scaled down: conversations
     share a common prefix; each turn adds a user message and the model's answer."""
-    wl = session("multi-turn", conversations, turns, prefix, user, answer, user, seed, vocab)
+    wl = session_workload(SessionShape(conversations, turns, prefix, user, answer, user, seed, vocab),
+                          "multi-turn")
     params = dict(conversations=conversations, turns=turns, prefix=prefix, user=user,
                   answer=answer, seed=seed, vocab=vocab)
     return Workload("multi-turn", params, wl.segments, wl.max_tokens, True,

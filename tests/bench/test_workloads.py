@@ -107,3 +107,12 @@ def _messages(text: str) -> list[dict]:
         role, _, content = block[:-len("<|im_end|>\n")].partition("\n")
         out.append({"role": role, "content": content})
     return out
+
+
+def test_session_shape_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="agents=0"):
+        wl.build("session", agents=0)
+    with pytest.raises(ValueError, match="'turnz'"):
+        wl.build("session", turnz=3)
+    # Control: the same call with valid sizes builds the workload.
+    assert wl.build("session", agents=1, turns=2).num_agents == 1
