@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from agentkv.hal.registry import register
-from agentkv.hal.torch_backend import TorchBackend
+from agentkv.hal.cpu import CpuBackend
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
 from agentkv.runtime.errors import KVCapacityError, NotAGeneratorError, PromptTooLongError
@@ -20,10 +20,11 @@ GREEDY8 = SamplingParams(max_tokens=8, temperature=0.0)
 HEALTHY = {"ok1": tokens(20, 5, 256), "ok2": tokens(27, 8, 256)}
 
 
-class PoisonedTorch(TorchBackend):
-    """The torch backend, except that logits read-back number `poison_read` (1-based) gets
+class PoisonedCpu(CpuBackend):
+    """The cpu backend, except that logits read-back number `poison_read` (1-based) gets
     NaN in row 0: a stand-in for a model bug hitting one request's row."""
 
+    name = "cpu-poisoned"
     poison_read: int | None = None
 
     def read(self, x):
@@ -34,7 +35,7 @@ class PoisonedTorch(TorchBackend):
         return out
 
 
-register("torch-poisoned", PoisonedTorch, "approx")
+register(PoisonedCpu.name, PoisonedCpu, "approx")
 
 
 class DeadEndConstraint:
@@ -94,7 +95,7 @@ def assert_consistent_and_alive(engine: Engine, alone: dict) -> None:
 
 @pytest.mark.parametrize("poison_read", [1, 3])  # in the prefill step; mid-decode
 def test_nan_row_fails_that_request_alone(qwen2_dir, alone, poison_read):  # noqa: F811
-    engine = make_engine(qwen2_dir, backend="torch-poisoned")
+    engine = make_engine(qwen2_dir, backend="cpu-poisoned")
     engine.backend.poison_read = poison_read
     add_bad_then_healthy(engine)
     outs = drain(engine)
@@ -108,7 +109,7 @@ def test_nan_row_fails_that_request_alone(qwen2_dir, alone, poison_read):  # noq
 def test_poisoned_backend_control(qwen2_dir, alone):  # noqa: F811
     """Control: with no poisoned read the same batch has no failure, so the test above sees
     the poison and not some other difference of the backend."""
-    engine = make_engine(qwen2_dir, backend="torch-poisoned")
+    engine = make_engine(qwen2_dir, backend="cpu-poisoned")
     add_bad_then_healthy(engine)
     outs = drain(engine)
     assert outs["bad"].error is None and len(outs["bad"].token_ids) == 8
