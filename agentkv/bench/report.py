@@ -39,7 +39,7 @@ def _facts(summary: dict) -> list[str]:
                    f"agentkv expected hits {acc['agentkv_expected_hits']}, measured "
                    f"{acc.get('agentkv_measured_hits')}, per-request match: {acc.get('agentkv_hits_match')}")
     if summary.get("formulas"):
-        out.append(f"- DESIGN.md formulas: {json.dumps(summary['formulas'])}")
+        out.append(f"- docs/design.md formulas: {json.dumps(summary['formulas'])}")
     ex = summary.get("exactness") or {}
     exact = {True: "true", False: "FALSE", None: "not checked (run agentkv-nocache)"}[ex.get("exact")]
     out.append(f"- exactness (agentkv cache on == off, greedy tokens): {exact}; "

@@ -133,7 +133,7 @@ def agentkv_expected_hits(prompts: list[list[list[int]]],
 
 
 def session_formulas(P: int, T: int, C: int, D: int, R: int, U: int = 0) -> dict[str, int]:
-    """DESIGN.md's session-workload prefill counts (C agents, T turns, shared prefix P, answer
+    """docs/design.md's session-workload prefill counts (C agents, T turns, shared prefix P, answer
     D, tool result R), with U per-agent tokens after the prefix at turn 0 (DESIGN has U = 0):
     naive = C·Σ_{t<T}(P + U + t(D+R)); warm per-agent cache = C(P + U + (T−1)R);
     shared prefix + per-agent reuse = P + C·U + C(T−1)R."""

@@ -3,7 +3,7 @@
 A model only ever calls whole operations on a `Backend`; it never sees the array type
 behind a handle. Host reads are explicit fences (`read`, `argmax`): nothing else syncs.
 
-Batch invariance is part of the contract (DESIGN.md, "exactness"): for every op, the bits
+Batch invariance is part of the contract (docs/design.md, "exactness"): for every op, the bits
 of one row's result depend only on that row's inputs, never on how many rows share the
 call, where a chunk starts, or what else is in the batch.
 """

@@ -1,4 +1,4 @@
-"""Workload generators: deterministic, and the reuse accounting of DESIGN.md reproduced exactly."""
+"""Workload generators: deterministic, and the reuse accounting of docs/design.md reproduced exactly."""
 from __future__ import annotations
 
 import pytest

@@ -1,7 +1,7 @@
 """Shared model-test helpers: tiny random HF models saved as safetensors, the same weights as a
 GGUF written the way llama.cpp's converter writes it, and running both sides on one prompt.
 
-The oracle is always HF transformers in float32 with eager attention (STYLE.md: oracles come
+The oracle is always HF transformers in float32 with eager attention (docs/design.md, house style: oracles come
 from outside). Imported as `tests.models.helpers` (the Makefile runs `python -m pytest` from
 the repository root, where `tests` is a namespace package)."""
 from __future__ import annotations

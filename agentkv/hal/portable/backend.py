@@ -25,7 +25,7 @@ from agentkv.hal.portable.steps import kernel_meta, slots_tensor, step_rows
 from agentkv.hal.rope import rope_tables
 
 F32 = 0
-MIN_ROWS = 16  # MKL sgemm: rows are bit-identical for any M >= 16 (MEASUREMENTS.md)
+MIN_ROWS = 16  # MKL sgemm: rows are bit-identical for any M >= 16 (measured on the first development machine)
 F32_ONLY = frozenset({Layout.ROW_MAJOR_F32})
 
 
