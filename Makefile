@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 MODEL ?= smollm2
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,6 +21,15 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Lint, format, the house's size rules, and no near-copies inside server/ or the benchmarks.
+LINT_PATHS := agentkv bench tests tools
+lint: setup
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(PY) tools/style_check.py
+	$(PY) -m pylint --disable=all --enable=duplicate-code agentkv/server
+	$(PY) -m pylint --disable=all --enable=duplicate-code agentkv/bench bench
 
 # The default agent suite (docs/benchmarks.md). The bench extra's llama-cpp-python compiles
 # from source the first time (about 10 minutes on 2 cores; a ticker shows it is still going),
