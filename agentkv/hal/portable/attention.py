@@ -23,20 +23,22 @@ def paged_attention_portable(q: torch.Tensor, kv, layer: int, meta: AttnMeta, sc
             group = (pos0 + r) // GROUP
             take = min(qlen - r, (group + 1) * GROUP - (pos0 + r))
             rows = slice(start + r, start + r + take)
-            out[rows] = _attend_group(q[rows], kv, layer, table, pos0 + r, group, scale, window, softcap)
+            out[rows] = _attend_group(q[rows], kv, layer, table, pos0 + r, scale, window, softcap)
             r += take
     return out
 
 
-def _attend_group(q: torch.Tensor, kv, layer: int, table, first_pos: int, group: int,
-                  scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
-    """Queries at positions [first_pos, first_pos + m) inside group g = [16g, 16g + 16).
+def _attend_group(q: torch.Tensor, kv, layer: int, table, first_pos: int, scale: float,
+                  window: int | None, softcap: float | None) -> torch.Tensor:
+    """Queries at positions [first_pos, first_pos + m) inside group g = first_pos // 16, the
+    positions [16g, 16g + 16).
 
     Every such query is computed in a tile of exactly 16 rows at row `pos % 16` against keys
     [0, 16g + 16), so its shapes (and so its bits) are the same in decode and in any prefill
     chunk. Keys past a query's position are masked to -inf; their V rows get weight 0."""
     m, h, hd = q.shape
     kvh, bs = kv.spec.num_kv_heads, kv.spec.block_size
+    group = first_pos // GROUP
     num_keys = (group + 1) * GROUP
     slots = _slots(table, num_keys, bs, q.device)
     keys = kv.k[layer].index_select(0, slots)  # [L, kvh, hd]
