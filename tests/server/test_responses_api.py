@@ -136,3 +136,12 @@ def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError) as exc:
         client.responses.create(model="gpt-x", input="hi")
     assert exc.value.code == "model_not_found"
+
+
+def test_openapi_documents_responses(http):
+    schema = http.get("/openapi.json").json()
+    post = schema["paths"]["/v1/responses"]["post"]
+    assert "422" not in post["responses"] and "400" in post["responses"]
+    props = schema["components"]["schemas"]["ResponsesRequest"]["properties"]
+    assert {"input", "instructions", "tools", "tool_choice", "text", "previous_response_id"} <= set(props)
+    assert "/v1/responses/{response_id}" in schema["paths"]

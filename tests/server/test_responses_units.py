@@ -62,10 +62,12 @@ def test_schema_catch_alls_keep_the_type_for_a_400():
 
 def test_items_become_chat_messages():
     req = ResponsesRequest.model_validate({"model": "m", "input": [
-        {"role": "user", "content": [{"type": "input_text", "text": "Weather in "}, {"type": "input_text", "text": "Paris?"}]},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
-        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
-        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in "},
+                                     {"type": "input_text", "text": "Paris?"}]},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
         {"type": "reasoning", "id": "rs_1", "summary": []},
         {"type": "function_call_output", "call_id": "c1", "output": "18 C"}]})
     messages = input_messages(req, [])
@@ -81,8 +83,9 @@ def test_function_call_output_must_answer_a_call():
     with pytest.raises(APIError, match="nope") as exc:
         input_messages(req, [])
     assert exc.value.param == "input.0.call_id"
-    with_history = input_messages(req, input_messages(ResponsesRequest.model_validate({"model": "m", "input": [
-        {"type": "function_call", "call_id": "nope", "name": "f", "arguments": "{}"}]}), []))
+    earlier = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"type": "function_call", "call_id": "nope", "name": "f", "arguments": "{}"}]})
+    with_history = input_messages(req, input_messages(earlier, []))
     assert with_history[0].role == "tool"  # control: a call made in an earlier turn counts
 
 
