@@ -24,6 +24,10 @@ from agentkv.server.anthropic_responses import CountTokensResponse, MessageRespo
 from agentkv.server.anthropic_schemas import CountTokensRequest, MessagesRequest
 from agentkv.server.errors import ErrorResponse, install_handlers, unauthorized
 from agentkv.server.serving_messages import count_tokens, create_message
+from agentkv.server.responses_objects import DeletedResponse, ResponseObject
+from agentkv.server.responses_schemas import ResponsesRequest
+from agentkv.server.responses_store import ResponseStore
+from agentkv.server.serving_responses import create_response
 from agentkv.server.schemas import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest)
 from agentkv.server.serving_chat import create_chat_completion
@@ -142,6 +146,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     auth = [Depends(check_key)]
     _add_anthropic_routes(app, state, auth)
+    _add_responses_routes(app, state, auth)
 
     @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
     async def health() -> Any:
@@ -202,3 +207,25 @@ def _add_anthropic_routes(app: FastAPI, state: ServerState, auth: list[Any]) -> 
     async def messages_count_tokens(req: CountTokensRequest) -> Any:
         check_fields(state, req, "/v1/messages/count_tokens")
         return await count_tokens(state, req)
+
+
+def _add_responses_routes(app: FastAPI, state: ServerState, auth: list[Any]) -> None:
+    store = ResponseStore()  # per app: what previous_response_id can continue
+
+    @app.post("/v1/responses", response_model=ResponseObject, responses={**ERRORS, **STREAM},
+              dependencies=auth)
+    async def responses(req: ResponsesRequest, request: Request) -> Any:
+        check_fields(state, req, "/v1/responses")
+        return await until_disconnect(request, create_response(state, store, req), req.stream)
+
+    @app.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=ERRORS,
+             dependencies=auth)
+    async def get_response(response_id: str) -> Any:
+        return store.require(response_id).body
+
+    @app.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=ERRORS,
+                dependencies=auth)
+    async def delete_response(response_id: str) -> Any:
+        store.require(response_id)
+        store.delete(response_id)
+        return DeletedResponse(id=response_id)
