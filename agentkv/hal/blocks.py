@@ -239,7 +239,8 @@ class Experts:
 @dataclass(frozen=True, slots=True)
 class SharedExpert:
     """The expert every token runs (qwen2moe): a dense gated FFN whose output is scaled by
-    `sigmoid(x @ gate.T)` when `gate` `[1, d]` is present."""
+    `sigmoid(x @ gate[0])` when `gate` is present. `gate` is `[r, d]`, r copies of the gate
+    row (`tiled_gate`): a one-column GEMM is not row-invariant in MKL, a 16-column one is."""
 
     gate_up: Projection
     down: Weight
@@ -319,10 +320,22 @@ def _moe_ffn(weights: MoEFFN, backend: Backend, x: Tensor, spec: MoEFFNSpec) -> 
     return backend.moe_ffn(x, weights, spec)
 
 
+GATE_COPIES = 16  # rows of a tiled one-row gate (MKL sgemm is row-invariant from 16 columns)
+
+
+def tiled_gate(backend: Backend, gate: Weight) -> Weight:
+    """A `[1, d]` gate as GATE_COPIES identical rows where the backend stacks rows, else itself."""
+    return backend.fuse_rows([gate] * GATE_COPIES, gate.name) or gate
+
+
 def shared_expert(backend: Backend, x: Tensor, shared: SharedExpert, act: str) -> tuple[Tensor, Tensor | None]:
     """The shared expert's output `[n, d]` and its gate's logit `[n, 1]` (None: ungated)."""
     out = backend.matmul(backend.glu(project(backend, x, shared.gate_up), act), shared.down)
-    return out, None if shared.gate is None else backend.matmul(x, shared.gate)
+    if shared.gate is None:
+        return out, None
+    logits = backend.matmul(x, shared.gate)
+    rows = shared.gate.shape[0]
+    return out, logits if rows == 1 else backend.split(logits, [1, rows - 1])[0]
 
 
 def project(backend: Backend, x: Tensor, proj: Projection) -> Tensor | list[Tensor]:

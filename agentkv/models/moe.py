@@ -155,7 +155,7 @@ class MoEModel(Model):
         w = self.backend.upload_weight(name, np.asarray(info.data).reshape(1, -1), info.qtype, (1, info.shape[-1]),
                                        resident=self.options.weights == "resident")
         self.weight_formats[name] = w.qtype
-        return w
+        return tiled_gate(self.backend, w)
 
     def _experts(self, i: int) -> Experts:
         """Layer i's experts, one resident Weight per expert viewing the file's tensors."""
