@@ -30,6 +30,7 @@ from agentkv.hal.blocks import (
     Projection,
     SharedExpert,
     project,
+    tiled_gate,
 )
 from agentkv.models.base import LoadOptions, Model, attention_weights, dense_ffn
 from agentkv.models.config import SourceKeys

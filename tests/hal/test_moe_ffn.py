@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentkv.hal.blocks import Experts, MoEFFN, MoEFFNSpec, Projection, SharedExpert, ffn_op, tiled_gate
+from agentkv.hal.blocks import (
+    Experts,
+    MoEFFN,
+    MoEFFNSpec,
+    Projection,
+    SharedExpert,
+    ffn_op,
+    tiled_gate,
+)
 from agentkv.hal.registry import lookup
 from agentkv.witness.ops import COSINE_FLOOR_F32, cosine
 

@@ -31,7 +31,7 @@ FAMILIES = {
     "qwen2moe": dict(model_type="qwen2_moe", num_experts=8, moe_intermediate_size=32,
                      shared_expert_intermediate_size=96, norm_topk_prob=False),
     "qwen3moe": dict(model_type="qwen3_moe", num_experts=8, moe_intermediate_size=32, norm_topk_prob=True),
-    "mixtral": dict(model_type="mixtral", num_local_experts=8, intermediate_size=48),
+    "mixtral": dict(model_type="mixtral", num_local_experts=8, intermediate_size=64),
     "olmoe": dict(model_type="olmoe", num_experts=8, intermediate_size=32, norm_topk_prob=False),
 }
 SEEDS = {"qwen2moe": 0, "qwen3moe": 1, "mixtral": 5, "olmoe": 0}  # seeds whose routers clear the margin
