@@ -21,7 +21,7 @@ _GGUF_SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unkn
 KEY_HPARAMS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                "head_dim", "norm_eps", "rope_theta", "rope_scaling", "rope_theta_local",
                "sliding_window", "tie_embeddings", "attn_logit_softcap", "final_logit_softcap",
-               "query_pre_attn_scalar", "pooling")
+               "query_pre_attn_scalar", "pooling", "expert_count", "experts_per_token", "shared_experts")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

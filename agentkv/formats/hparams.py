@@ -20,6 +20,10 @@ HF_ARCH = {
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
     "bert": "bert",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+    "mixtral": "llama",  # llama.cpp converts mixtral to arch `llama` with expert_count > 0
+    "olmoe": "olmoe",
 }
 
 

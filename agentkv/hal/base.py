@@ -304,6 +304,13 @@ class Backend(ABC):
 
         return ffn_op(weights, self, x, spec)
 
+    def moe_ffn(self, x: Tensor, weights: Any, spec: Any) -> Tensor:
+        """A mixture-of-experts FFN (`hal.blocks.MoEFFN`, `MoEFFNSpec`) on its normed input
+        `x` `[n, d]` -> `[n, d]`: route each token to its top-k experts, run them, sum their
+        outputs weighted by the router in the token's own top-k order, add the shared expert.
+        A token's bits never depend on which other tokens share the call."""
+        raise NotImplementedError(f"{self.name}: moe_ffn")
+
     def decoder_block(self, h: Tensor, x: Tensor, layer: DecoderLayer, spec: BlockSpec, meta: AttnMeta,
                       kv: Any, index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
         """One decoder block on the residual `h` `[n, d]` and its normed input `x` `[n, d]`:

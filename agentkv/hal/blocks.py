@@ -7,10 +7,11 @@ plus one `@ffn_op.register` function, and attention never changes.
 
     DecoderLayer
       attention: AttentionWeights   norm, qkv (fused or parts, biases), q/k norms, o, post norm
-      ffn:       DenseFFN | ...     norm, gate|up (fused or parts), down, post norm
+      ffn:       DenseFFN | MoEFFN  norm, gate|up (fused or parts), down, post norm
+                                    | norm, router, per-expert gate/up/down, shared expert
     BlockSpec
       attention: AttentionSpec      heads, kv heads, head dim, rope, scale, window, eps, offset
-      ffn:       DenseFFNSpec | ... activation
+      ffn:       DenseFFNSpec | MoEFFNSpec   activation | experts, top-k, renormalisation
 """
 from __future__ import annotations
 
@@ -88,6 +89,29 @@ class DenseFFNSpec:
     def __post_init__(self):
         if self.act not in GATED_ACTS:
             raise ValueError(f"DenseFFNSpec.act must be one of {GATED_ACTS}, got {self.act!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class MoEFFNSpec:
+    """A routed mixture of gated experts: `top_k` of `num_experts` per token, chosen on the
+    router's softmax. `softmax_after_topk` takes the top-k logits first and softmaxes only
+    those; `norm_topk` rescales the chosen probabilities to sum to 1; `weights_scale`
+    multiplies them last. The shared expert, where the weights have one, is always added."""
+
+    num_experts: int
+    top_k: int
+    norm_topk: bool
+    act: str = "silu"
+    softmax_after_topk: bool = False
+    weights_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.num_experts <= 0:
+            raise ValueError(f"MoEFFNSpec.num_experts must be > 0, got {self.num_experts}")
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"MoEFFNSpec.top_k must be in 1..num_experts={self.num_experts}, got {self.top_k}")
+        if self.act not in GATED_ACTS:
+            raise ValueError(f"MoEFFNSpec.act must be one of {GATED_ACTS}, got {self.act!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +211,68 @@ class DenseFFN:
 
 
 @dataclass(frozen=True, slots=True)
+class Experts:
+    """The routed experts of one layer, one Weight per expert and projection: `gate[e]`,
+    `up[e]` `[f, d]` and `down[e]` `[d, f]`. Each is a view of the file's 3-D expert tensor
+    (a GGUF's quant blocks stay as they are) or the expert's own safetensors tensor."""
+
+    gate: tuple[Weight, ...]
+    up: tuple[Weight, ...]
+    down: tuple[Weight, ...]
+
+    def __post_init__(self):
+        for name in ("gate", "up", "down"):
+            ws = tuple(getattr(self, name))
+            object.__setattr__(self, name, ws)
+            for e, w in enumerate(ws):
+                if not isinstance(w, Weight):
+                    raise MissingWeight(f"Experts.{name}[{e}]: a required weight is missing (got {w!r})")
+        if not len(self.gate) == len(self.up) == len(self.down) > 0:
+            raise ValueError(f"Experts: {len(self.gate)} gate, {len(self.up)} up and {len(self.down)} "
+                             "down weights; each expert needs all three")
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.gate)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedExpert:
+    """The expert every token runs (qwen2moe): a dense gated FFN whose output is scaled by
+    `sigmoid(x @ gate[0])` when `gate` is present. `gate` is `[r, d]`, r copies of the gate
+    row (`tiled_gate`): a one-column GEMM is not row-invariant in MKL, a 16-column one is."""
+
+    gate_up: Projection
+    down: Weight
+    gate: Weight | None = None
+
+    def __post_init__(self):
+        _require(self, "down")
+        if not isinstance(self.gate_up, Projection) or len(self.gate_up.weights) not in (1, 2):
+            raise MissingWeight(f"SharedExpert.gate_up: fused gate+up or its 2 parts, got {self.gate_up!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class MoEFFN:
+    """A mixture-of-experts FFN: `norm` its input RMSNorm, `router` `[num_experts, d]`,
+    the routed `experts`, an optional `shared` expert, optional `post_norm` on its output."""
+
+    norm: Weight
+    router: Weight
+    experts: Experts
+    shared: SharedExpert | None = None
+    post_norm: Weight | None = None
+
+    def __post_init__(self):
+        _require(self, "norm", "router")
+        if not isinstance(self.experts, Experts):
+            raise MissingWeight(f"MoEFFN.experts: expected Experts, got {self.experts!r}")
+        if self.router.shape[0] != self.experts.num_experts:
+            raise ValueError(f"MoEFFN.router has {self.router.shape[0]} rows for "
+                             f"{self.experts.num_experts} experts")
+
+
+@dataclass(frozen=True, slots=True)
 class DecoderLayer:
     """A decoder layer: attention, then an FFN of any registered kind. Every FFN kind has a
     `norm` (its input RMSNorm) and an optional `post_norm`, which the block's add_norms use."""
@@ -222,6 +308,34 @@ def _dense_ffn(weights: DenseFFN, backend: Backend, x: Tensor, spec: DenseFFNSpe
         raise TypeError(f"a DenseFFN needs a DenseFFNSpec, got {spec!r}")
     act = backend.glu(project(backend, x, weights.gate_up), spec.act)
     return backend.matmul(act, weights.down)
+
+
+@ffn_op.register(MoEFFN)
+def _moe_ffn(weights: MoEFFN, backend: Backend, x: Tensor, spec: MoEFFNSpec) -> Tensor:
+    if not isinstance(spec, MoEFFNSpec):
+        raise TypeError(f"a MoEFFN needs a MoEFFNSpec, got {spec!r}")
+    if spec.num_experts != weights.experts.num_experts:
+        raise ValueError(f"MoEFFNSpec.num_experts={spec.num_experts} but the layer has "
+                         f"{weights.experts.num_experts} experts")
+    return backend.moe_ffn(x, weights, spec)
+
+
+GATE_COPIES = 16  # rows of a tiled one-row gate (MKL sgemm is row-invariant from 16 columns)
+
+
+def tiled_gate(backend: Backend, gate: Weight) -> Weight:
+    """A `[1, d]` gate as GATE_COPIES identical rows where the backend stacks rows, else itself."""
+    return backend.fuse_rows([gate] * GATE_COPIES, gate.name) or gate
+
+
+def shared_expert(backend: Backend, x: Tensor, shared: SharedExpert, act: str) -> tuple[Tensor, Tensor | None]:
+    """The shared expert's output `[n, d]` and its gate's logit `[n, 1]` (None: ungated)."""
+    out = backend.matmul(backend.glu(project(backend, x, shared.gate_up), act), shared.down)
+    if shared.gate is None:
+        return out, None
+    logits = backend.matmul(x, shared.gate)
+    rows = shared.gate.shape[0]
+    return out, logits if rows == 1 else backend.split(logits, [1, rows - 1])[0]
 
 
 def project(backend: Backend, x: Tensor, proj: Projection) -> Tensor | list[Tensor]:

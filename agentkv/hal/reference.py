@@ -4,7 +4,8 @@ Fixed orders, so that a row's bits never depend on the batch:
 - matmul: one row at a time (`W @ x_row`, a BLAS GEMV of the same shape for every row);
 - reductions over the last axis (norms, softmax sums) use numpy's per-row pairwise sum,
   which runs the same inner loop for each row whatever the number of rows;
-- attention: one query row at a time over exactly its own keys 0..pos, in position order.
+- attention: one query row at a time over exactly its own keys 0..pos, in position order;
+- mixture of experts: one token at a time, its chosen experts in its own top-k order.
 Readable first, fast second.
 """
 from __future__ import annotations
@@ -129,6 +130,26 @@ class ReferenceBackend(Backend):
     def act(self, x: Tensor, kind: str) -> Tensor:
         return Tensor(ACTIVATIONS[kind](x.raw))
 
+    def moe_ffn(self, x: Tensor, weights, spec) -> Tensor:
+        """The plain loop: for each token, for each of its top-k experts in rank order, the
+        expert's gated FFN as GEMVs, weighted and summed in that order; then the shared expert."""
+        xs = np.ascontiguousarray(x.raw)
+        logits = self.matmul(x, weights.router).raw  # [n, num_experts]
+        act, ex = ACTIVATIONS[spec.act], weights.experts
+        out = np.zeros_like(xs)
+        for t in range(xs.shape[0]):
+            chosen, probs = route_row(logits[t], spec)
+            for e, p in zip(chosen, probs):
+                hidden = act(ex.gate[e].raw @ xs[t]) * (ex.up[e].raw @ xs[t])
+                out[t] += p * (ex.down[e].raw @ hidden)
+        if weights.shared is not None:
+            from agentkv.hal.blocks import shared_expert
+
+            shared, gate = shared_expert(self, x, weights.shared, spec.act)
+            scale = np.float32(1.0) if gate is None else np.float32(1.0) / (np.float32(1.0) + np.exp(-gate.raw))
+            out = out + scale * shared.raw
+        return Tensor(out)
+
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return Tensor(a.raw + b.raw)
 
@@ -185,6 +206,27 @@ class ReferenceBackend(Backend):
                 out[r] = _attend_row(qr, keys, vals, scale, None).reshape(h, hd)
             start += length
         return Tensor(out)
+
+
+def route_row(logits: np.ndarray, spec) -> tuple[np.ndarray, np.ndarray]:
+    """One token's router logits `[num_experts]` -> (its top-k experts by falling probability,
+    lowest index first on a tie; their weights, float32 `[top_k]`), as `spec` routes."""
+    k = spec.top_k
+    if spec.softmax_after_topk:
+        chosen = np.argsort(-logits, kind="stable")[:k]
+        probs = _softmax(logits[chosen])
+    else:
+        probs_all = _softmax(logits)
+        chosen = np.argsort(-probs_all, kind="stable")[:k]
+        probs = probs_all[chosen]
+        if spec.norm_topk:
+            probs = probs / probs.sum(dtype=np.float32)
+    return chosen, (probs * np.float32(spec.weights_scale)).astype(np.float32)
+
+
+def _softmax(v: np.ndarray) -> np.ndarray:
+    e = np.exp(v - v.max())
+    return e / e.sum(dtype=np.float32)
 
 
 def _attend_row(qr: np.ndarray, keys: np.ndarray, vals: np.ndarray, scale: float,

@@ -20,6 +20,10 @@ _FAMILIES: dict[str, str] = {
     "qwen3": "agentkv.models.llama:LlamaModel",
     "gemma3": "agentkv.models.gemma3:Gemma3Model",
     "bert": "agentkv.models.bert:BertModel",
+    "qwen2moe": "agentkv.models.moe:MoEModel",
+    "qwen3moe": "agentkv.models.moe:MoEModel",
+    "olmoe": "agentkv.models.moe:MoEModel",
+    "mixtral": "agentkv.models.moe:MoEModel",  # arch `llama` with experts (see family_of)
 }
 
 
@@ -35,11 +39,20 @@ def model_class(arch: str) -> type[Model]:
     return getattr(importlib.import_module(module_name), attr)
 
 
+def family_of(source: ModelSource) -> str:
+    """The family key of a source: its architecture, except that a `llama` with experts (a
+    GGUF's `llama.expert_count` > 0, or a HF mixtral folder) is `mixtral`."""
+    hp = source.hparams
+    if hp.arch == "llama" and ((hp.raw.get("llama.expert_count") or 0) > 0 or hp.raw.get("model_type") == "mixtral"):
+        return "mixtral"
+    return hp.arch
+
+
 def family_config(source: ModelSource) -> Any:
     """The source's family config (`LlamaConfig`, `Gemma3Config`, ...): the family's own keys
     read from the file with its defaults applied. Raises UnsupportedArchitecture."""
-    return model_class(source.hparams.arch).config_type.from_source(source)
+    return model_class(family_of(source)).config_type.from_source(source)
 
 
 def load_model(source: ModelSource, backend: Backend, options: LoadOptions = LoadOptions()) -> Model:
-    return model_class(source.hparams.arch)(source, backend, options)
+    return model_class(family_of(source))(source, backend, options)

@@ -128,7 +128,7 @@ def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, b
             return _attention_case(be, 5, h, kvh, hd, lens, window, cap)
         label = "attention" + (f"/window={window}" if window else "") + (f"/softcap={cap}" if cap else "")
         cases.append((label, f"h={h},kvh={kvh},hd={hd},lens={lens}", att, COSINE_FLOOR_F32, False))
-    cases += _fused_cases() + _quant_cases() + _kquant_cases()
+    cases += _fused_cases() + _quant_cases() + _kquant_cases() + _moe_cases()
     return cases
 
 
@@ -209,6 +209,43 @@ def _kquant_cases():
         table = quantize((_rng(4).standard_normal((50, 64)) / 8).astype(np.float32), Q8_0)
         return be.read(be.embedding(be.upload_weight("e", table, Q8_0, (50, 64)), np.array([3, 0, 49, 3])))
     cases.append(("embedding/Q8_0", "[50,64][4]", qemb, COSINE_FLOOR_QUANT, False))
+    return cases
+
+
+def _moe_layer(be: Backend, seed: int, qtype: int, shared: bool, d: int = 64, f: int = 64, num: int = 8):
+    """A random MoE FFN; the experts in `qtype` (F32 or Q8_0), the router scaled so that top-k
+    choices are far from ties (every backend must pick the same experts)."""
+    from agentkv.formats.quants import quantize
+    from agentkv.hal.blocks import Experts, MoEFFN, Projection, SharedExpert, tiled_gate
+
+    r = _rng(seed)
+    def ex(shape, name):
+        w = (r.standard_normal(shape) / math.sqrt(shape[1])).astype(np.float32)
+        return be.upload_weight(name, quantize(w, qtype) if qtype else w, qtype, shape)
+    experts = Experts(*(tuple(ex(shape, f"{p}{e}") for e in range(num))
+                        for p, shape in (("g", (f, d)), ("u", (f, d)), ("d", (d, f)))))
+    sh = (SharedExpert(Projection((_w(be, r.standard_normal((f, d)) / 8), _w(be, r.standard_normal((f, d)) / 8))),
+                       _w(be, r.standard_normal((d, f)) / 8), tiled_gate(be, _w(be, r.standard_normal((1, d)) / 8)))
+          if shared else None)
+    return MoEFFN(_w(be, np.ones(d)), _w(be, 3.0 * r.standard_normal((num, d))), experts, sh)
+
+
+def _moe_cases():
+    """The expert-dispatch op: qwen2moe-like (shared expert, no renormalisation), qwen3moe/mixtral
+    -like (renormalised top-k), top-k-then-softmax, and Q8_0 experts kept quantized."""
+    from agentkv.hal.blocks import MoEFFNSpec, ffn_op
+
+    cases = []
+    for label, spec, qtype, shared in [("moe_ffn/shared", MoEFFNSpec(8, 2, False), 0, True),
+                                       ("moe_ffn/norm_topk", MoEFFNSpec(8, 2, True), 0, False),
+                                       ("moe_ffn/softmax_after_topk", MoEFFNSpec(8, 3, False, softmax_after_topk=True),
+                                        0, False),
+                                       ("moe_ffn/Q8_0", MoEFFNSpec(8, 2, True), Q8_0, True)]:
+        def moe(be, spec=spec, qtype=qtype, shared=shared):
+            x = be.upload(_rng(23).standard_normal((21, 64)))
+            return be.read(ffn_op(_moe_layer(be, 29, qtype, shared), be, x, spec))
+        floor = COSINE_FLOOR_QUANT if qtype else COSINE_FLOOR_F32
+        cases.append((label, "n=21,d=64,f=64,experts=8", moe, floor, False))
     return cases
 
 

@@ -254,6 +254,12 @@ class TorchBackend(Backend):
             self._rope_full[spec] = memo
         return memo[1], memo[2]
 
+    def moe_ffn(self, x: Tensor, weights, spec) -> Tensor:
+        """Tokens grouped by expert, one matmul per active expert (hal/portable/moe.py)."""
+        from agentkv.hal.portable.moe import grouped_moe
+
+        return grouped_moe(self, x, weights, spec)
+
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return Tensor(a.raw + b.raw)
 

@@ -1,0 +1,71 @@
+"""Expert dispatch for the torch-tensor backends (`torch`, `cpu`): tokens grouped by expert.
+
+One router matmul, then for each expert that some token chose (in expert order) one gate, one
+up and one down matmul over exactly the rows routed to it, with the backend's own matmul, whose
+row bits never depend on the row count (compiled kernels by construction, the portable path by
+padding). The expert outputs land in one slot per (token, rank):
+
+    slots:  | token 0: rank 0 .. rank k-1 | token 1: rank 0 .. rank k-1 | ...
+
+and each token's output is summed over its slots in rank order, elementwise across tokens. So a
+token's bits depend only on its own row: never on which tokens share its batch or chunk.
+"""
+from __future__ import annotations
+
+import torch
+
+from agentkv.hal.base import Backend, Tensor
+from agentkv.hal.blocks import MoEFFN, MoEFFNSpec, shared_expert
+
+
+def route(logits: torch.Tensor, spec: MoEFFNSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits `[n, num_experts]` -> (chosen experts int64 `[n, k]` by falling weight,
+    their weights f32 `[n, k]`). Softmax and top-k run per row (torch's last-dim kernels treat
+    each row alone); the renormalising sum is written out rank by rank, so it is elementwise."""
+    k = spec.top_k
+    if spec.softmax_after_topk:
+        top, chosen = torch.topk(logits, k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+    else:
+        weights, chosen = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+        if spec.norm_topk:
+            weights = weights / _rank_sum(weights)
+    if spec.weights_scale != 1.0:
+        weights = weights * spec.weights_scale
+    return chosen, weights
+
+
+def _rank_sum(w: torch.Tensor) -> torch.Tensor:
+    """`w.sum(-1, keepdim=True)` of `[n, k]` in rank order, as k elementwise adds."""
+    total = w[:, :1]
+    for j in range(1, w.shape[1]):
+        total = total + w[:, j:j + 1]
+    return total
+
+
+def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec) -> Tensor:
+    """`Backend.moe_ffn` for torch tensors: see the module docstring. x `[n, d]` -> `[n, d]`."""
+    xs = x.raw
+    n, k = xs.shape[0], spec.top_k
+    chosen, probs = route(backend.matmul(x, weights.router).raw, spec)
+    flat = chosen.reshape(-1)  # slot s = token * k + rank
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=spec.num_experts).tolist()
+    slots_out = xs.new_empty((n * k, xs.shape[1]))
+    ex, start = weights.experts, 0
+    for e, count in enumerate(counts):
+        if not count:
+            continue
+        slots = order[start:start + count]
+        start += count
+        rows = Tensor(xs.index_select(0, slots // k))
+        hidden = backend.glu([backend.matmul(rows, ex.gate[e]), backend.matmul(rows, ex.up[e])], spec.act)
+        slots_out.index_copy_(0, slots, backend.matmul(hidden, ex.down[e]).raw)
+    per_rank = slots_out.view(n, k, -1)
+    out = probs[:, :1] * per_rank[:, 0]
+    for j in range(1, k):
+        out = out + probs[:, j:j + 1] * per_rank[:, j]
+    if weights.shared is not None:
+        shared, gate = shared_expert(backend, x, weights.shared, spec.act)
+        out = out + (shared.raw if gate is None else shared.raw / (1.0 + torch.exp(-gate.raw)))
+    return Tensor(out)
