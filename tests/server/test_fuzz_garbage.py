@@ -126,13 +126,13 @@ def test_valid_bodies_succeed_after_the_garbage(http):
 @pytest.mark.parametrize("endpoint, body, where", [
     ("/tokenize", '{"prompt": "a\\ud800b"}', "prompt"),
     ("/v1/completions", '{"model": "smollm2", "prompt": "\\udfff", "max_tokens": 2}', "prompt"),
-    ("/v1/chat/completions", '{"model": "smollm2", "max_tokens": 2, "messages": '
-                             '[{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
+    ("/v1/chat/completions", ('{"model": "smollm2", "max_tokens": 2, "messages": '
+                             '[{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}'),
      "messages.0.content.0.text"),
-    ("/v1/messages", '{"model": "smollm2", "max_tokens": 2, "messages": '
-                     '[{"role": "user", "content": "hi"}], "system": "\\udc00"}', "system"),
-    ("/v1/chat/completions", '{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], '
-                             '"logit_bias": {"\\ud800": 1}}', "logit_bias.\\ud800"),
+    ("/v1/messages", ('{"model": "smollm2", "max_tokens": 2, "messages": '
+                     '[{"role": "user", "content": "hi"}], "system": "\\udc00"}'), "system"),
+    ("/v1/chat/completions", ('{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], '
+                             '"logit_bias": {"\\ud800": 1}}'), "logit_bias.\\ud800"),
 ])
 def test_lone_surrogate_is_a_400_naming_where(http, endpoint, body, where):
     """Was a 500 (the tokenizer's TypeError); now the body's validation refuses it, in the
@@ -160,3 +160,23 @@ def test_lone_surrogate_search_is_iterative():
     assert lone_surrogate_at(deep) == ".".join(["0"] * 50_000)
     assert lone_surrogate_at({"a": ["ok", {"b": "\U0001f600"}]}) is None
     assert utf8_safe("x\ud800y") == "x\\ud800y"
+
+
+@pytest.mark.parametrize("extra", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"anyOf": []}}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
+    {"repetition_penalty": 1e-40},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+     "tool_choice": "required"},
+    {"max_tokens": 10**30}, {"seed": 2**70}, {"logit_bias": {"99999999999999999999": 1}},
+    {"stop": ["x" * 10000]}, {"n": 16, "max_tokens": 8},
+], ids=["empty-anyOf", "not-anything", "tiny-repetition-penalty", "bad-tool-schema", "huge-max-tokens",
+        "huge-seed", "huge-logit-bias-key", "long-stop", "max-fan-out"])
+def test_one_bad_request_does_not_take_the_server_down(http, extra):
+    """Bodies that once killed the engine for every client: each is refused or served, and
+    the next normal request still generates."""
+    r = http.post("/v1/chat/completions", json={**VALID["/v1/chat/completions"], **extra})
+    assert r.status_code < 500, r.text[:300]
+    after = http.post("/v1/chat/completions", json=VALID["/v1/chat/completions"])
+    assert after.status_code == 200, after.text[:300]
+    assert after.json()["usage"]["completion_tokens"] >= 1
