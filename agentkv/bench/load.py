@@ -1,194 +1,203 @@
-"""`agentkv bench load`: N concurrent streaming chat clients for a bounded time against a
-local server (or --url). Its own server runs with the prefix cache off unless --prefix-cache,
-so "every KV block is free afterwards" is an exact check. Passes (exit 0) when no request
-failed, every stream was well-formed (role chunk first, JSON chunks, one finish_reason, usage,
-[DONE]) and, for its own server, all KV blocks are free at the end. Reports throughput and
-TTFT/ITL percentiles."""
+"""`agentkv bench load`: does the server hold under load? Three phases against `agentkv serve`
+in a child process (or, for the first two, an already running --url):
+
+  load   N concurrent streaming chat clients at once (default 256; the server gets
+         --max-queued-requests 32 where it has that flag, and any --serve-arg): every
+         response must be a complete, well-formed SSE stream or a 429. Zero 5xx.
+  storm  N clients again; a quarter leave while queued (after a random delay under half a
+         second), a quarter leave after their first token. Afterwards the KV pool must be
+         back to idle (no block held by a request; read from /metrics) within a second.
+  kill   N/4 clients; the server gets SIGKILL once tokens flow, is restarted on the same
+         port, and must serve a normal stream again.
+
+Prints requests completed / rejected / failed, leaked blocks and TTFT p50/p99; writes
+JSON, Markdown and a plot. Exits 0 only when every check passed."""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import socket
-import statistics
-import threading
+import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentkv.bench.common import bar_plot, envelope, print_paths, table, write_outputs
-from agentkv.bench.engine import add_engine_flags, build_engine
+from agentkv.bench.common import (
+    bar_plot,
+    envelope,
+    log,
+    print_paths,
+    table,
+    write_outputs,
+)
+from agentkv.bench.load_clients import Tally, pct, run_clients
+from agentkv.bench.load_server import (
+    QUEUE_FLAG,
+    ServerProcess,
+    pool_state,
+    serve_has_flag,
+    wait_idle,
+)
+
+IDLE_LIMIT_S = 1.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=30.0, metavar="S")
+    parser.add_argument("--clients", type=int, default=256)
+    parser.add_argument("--turns", type=int, default=1, help="requests per client in the load phase")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--url", default=None, help="an already running server (default: start one)")
-    add_engine_flags(parser)
-    parser.add_argument("--prefix-cache", action="store_true")
-    parser.add_argument("--kv-cache-blocks", type=int, default=1024)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--max-queued-requests", type=int, default=32,
+                        help=f"passed to the server as {QUEUE_FLAG} where serve has that flag")
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--serve-arg", action="append", default=[], metavar="FLAG",
+                        help="one more flag for `agentkv serve` (repeatable), e.g. --serve-arg=--max-num-seqs=32")
+    parser.add_argument("--url", default=None,
+                        help="an already running server: the load and storm phases only")
+    parser.add_argument("--no-kill", action="store_true", help="skip the kill -9 phase")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/out")
 
 
-@dataclass
-class Tally:
-    ok: int = 0
-    failed: int = 0
-    malformed: int = 0
-    tokens: int = 0
-    ttft: list[float] = field(default_factory=list)
-    itl: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+def server_flags(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """The flags our server starts with, and whether the admission-control flag is among them."""
+    flags = ["--max-model-len", str(args.max_model_len)]
+    has_queue = serve_has_flag(QUEUE_FLAG)
+    if has_queue:
+        flags += [QUEUE_FLAG, str(args.max_queued_requests)]
+    return flags + list(args.serve_arg), has_queue
 
 
-def check_stream(events: list[str]) -> tuple[int, str | None]:
-    """(completion tokens, problem or None) for one SSE stream's data payloads."""
-    if not events or events[-1] != "[DONE]":
-        return 0, "stream did not end with [DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    with_choices = [c for c in chunks if c["choices"]]
-    if not with_choices or with_choices[0]["choices"][0]["delta"].get("role") != "assistant":
-        return 0, "first chunk has no assistant role"
-    reasons = [c["choices"][0]["finish_reason"] for c in with_choices if c["choices"][0]["finish_reason"]]
-    if len(reasons) != 1 or with_choices[-1]["choices"][0]["finish_reason"] is None:
-        return 0, f"finish reasons {reasons}"
-    usage = chunks[-1].get("usage")
-    if not usage:
-        return 0, "no usage chunk"
-    return usage["completion_tokens"], None
+def storm_plan(clients: int, rng: random.Random) -> list[tuple[str | None, float]]:
+    """Per client: (how it leaves, delay). A quarter 'queued', a quarter 'mid-stream'."""
+    plan = []
+    for i in range(clients):
+        leave = {0: "queued", 1: "mid-stream"}.get(i % 4)
+        plan.append((leave, rng.uniform(0.0, 0.5) if leave == "queued" else 0.0))
+    return plan
 
 
-async def one_request(client, body: dict, tally: Tally) -> None:
-    import httpx
+def storm(base: str, args: argparse.Namespace, rng: random.Random) -> tuple[Tally, dict]:
+    tally = asyncio.run(run_clients(base, args.model, args.max_tokens, storm_plan(args.clients, rng)))
+    seconds, state = wait_idle(base, timeout_s=10 * IDLE_LIMIT_S)
+    at_limit = state if seconds is not None else pool_state(base)
+    return tally, {"idle_after_s": None if seconds is None else round(seconds, 3),
+                   "leaked_blocks": at_limit.held if seconds is None or seconds > IDLE_LIMIT_S else 0,
+                   "pool_after": at_limit._asdict()}
 
-    start = time.perf_counter()
-    events, stamps = [], []
+
+async def _kill_when_flowing(server: ServerProcess, args: argparse.Namespace, tally_box: list) -> int:
+    clients = max(2, args.clients // 4)
+    # Long enough streams that the kill lands mid-stream even on a fast machine.
+    max_tokens = max(args.max_tokens, min(64, args.max_model_len // 4))
+    task = asyncio.ensure_future(run_clients(server.base, args.model, max_tokens,
+                                             [(None, 0.0)] * clients, killed=True))
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 60 and not task.done():
+        if pool_state(server.base).running:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    code = await asyncio.to_thread(server.kill)
+    tally_box.append(await task)
+    return code
+
+
+def kill_and_restart(server: ServerProcess, args: argparse.Namespace) -> dict:
+    """SIGKILL mid-load, restart on the same port, one normal stream must succeed."""
+    box: list[Tally] = []
+    code = asyncio.run(_kill_when_flowing(server, args, box))
+    restart_s = server.start()
+    after = asyncio.run(run_clients(server.base, args.model, args.max_tokens, [(None, 0.0)]))
+    return {"exit_code": code, "streams_cut": box[0].cut, "completed_before_kill": box[0].completed,
+            "restart_s": round(restart_s, 2), "served_after_restart": after.completed == 1,
+            "after_restart_errors": after.errors[:3]}
+
+
+def figures(load: Tally, storm_tally: Tally, storm_pool: dict, killed: dict | None) -> dict:
+    both = [load, storm_tally]
+    return {
+        "requests_completed": sum(t.completed for t in both),
+        "requests_rejected_429": sum(t.rejected for t in both),
+        "requests_failed": sum(t.failed for t in both),
+        "responses_5xx": sum(t.server_errors for t in both),
+        "streams_malformed": sum(t.malformed for t in both),
+        "clients_left_on_purpose": storm_tally.left,
+        "leaked_blocks": storm_pool["leaked_blocks"],
+        "ttft_ms": {f"p{q}": round(1000 * pct(load.ttft, q), 1) for q in (50, 90, 99)},
+        "itl_ms": {f"p{q}": round(1000 * pct(load.itl, q), 1) for q in (50, 90, 99)},
+        "tokens_per_s": round(load.tokens / load.seconds, 1) if load.seconds else None,
+        "load": load.summary(), "storm": {**storm_tally.summary(), **storm_pool},
+        "kill": killed if killed is not None else "skipped",
+        "errors": (load.errors + storm_tally.errors)[:10]}
+
+
+def verdict(result: dict) -> bool:
+    killed = result["kill"]
+    return bool(result["requests_completed"] and not result["requests_failed"]
+                and not result["responses_5xx"] and not result["streams_malformed"]
+                and result["leaked_blocks"] == 0 and result["storm"]["idle_after_s"] is not None
+                and (killed == "skipped" or killed["served_after_restart"]))
+
+
+def drive(args: argparse.Namespace) -> tuple[dict, dict]:
+    """All phases: (result, facts about the server)."""
+    rng = random.Random(args.seed)
+    server, facts = None, {"url": args.url}
+    if args.url is None:
+        flags, has_queue = server_flags(args)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        server = ServerProcess(args.model, flags, log_path=str(out / "load-server.log"))
+        facts = {"serve_flags": flags, "admission_flag": has_queue, "load_s": round(server.start(), 1)}
+    base = args.url or server.base
     try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                tally.failed += 1
-                tally.errors.append(f"{r.status_code}: {(await r.aread())[:200]!r}")
-                return
-            async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    stamps.append(time.perf_counter())
-    except httpx.HTTPError as exc:
-        tally.failed += 1
-        tally.errors.append(repr(exc))
-        return
-    num_tokens, problem = check_stream(events)
-    if problem:
-        tally.malformed += 1
-        tally.errors.append(problem)
-        return
-    tally.ok += 1
-    tally.tokens += num_tokens
-    content = [t for t, e in zip(stamps, events) if '"content":"' in e and '"content":""' not in e]
-    if content:
-        tally.ttft.append(content[0] - start)
-        tally.itl.extend(b - a for a, b in zip(content, content[1:]))
+        log(f"load: {args.clients} clients x {args.turns} turns")
+        load = asyncio.run(run_clients(base, args.model, args.max_tokens,
+                                       [(None, 0.0)] * args.clients, turns=args.turns))
+        log(f"storm: {args.clients} clients, half of them leave")
+        storm_tally, storm_pool = storm(base, args, rng)
+        killed = None
+        if server is not None and not args.no_kill:
+            log("kill -9 mid-load, then restart")
+            killed = kill_and_restart(server, args)
+        return figures(load, storm_tally, storm_pool, killed), facts
+    finally:
+        if server is not None:
+            server.stop()
 
 
-async def client_loop(i: int, base: str, model: str, deadline: float, max_tokens: int,
-                      tally: Tally) -> None:
-    import httpx
-
-    async with httpx.AsyncClient(base_url=base, timeout=300) as client:
-        turn = 0
-        while time.perf_counter() < deadline:
-            body = {"model": model, "max_tokens": max_tokens, "temperature": 0.7, "seed": i * 1000 + turn,
-                    "stream": True, "stream_options": {"include_usage": True},
-                    "messages": [{"role": "system", "content": "You are a helpful agent."},
-                                 {"role": "user", "content": f"Client {i}, turn {turn}: name a fruit."}]}
-            await one_request(client, body, tally)
-            turn += 1
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
-
-
-def start_local(args: argparse.Namespace):
-    """Our own server on a free port of 127.0.0.1: (base URL, AsyncEngine)."""
-    import httpx
-    import uvicorn
-
-    from agentkv.runtime.async_engine import AsyncEngine
-    from agentkv.server.app import create_app
-
-    engine = AsyncEngine(build_engine(args, prefix_cache=args.prefix_cache,
-                                      num_blocks=args.kv_cache_blocks, max_model_len=1024))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, served_model_name=args.model),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    base = f"http://127.0.0.1:{port}"
-    while True:
-        try:
-            if httpx.get(f"{base}/health").status_code == 200:
-                return base, engine
-        except httpx.TransportError:
-            time.sleep(0.1)
-
-
-def figures(tally: Tally, elapsed: float, blocks: dict | None) -> dict:
-    return {"requests_ok": tally.ok, "requests_failed": tally.failed, "streams_malformed": tally.malformed,
-            "seconds": round(elapsed, 2), "requests_per_s": round(tally.ok / elapsed, 2),
-            "tokens_per_s": round(tally.tokens / elapsed, 1),
-            "ttft_ms": {f"p{q}": round(1000 * pct(tally.ttft, q), 1) for q in (50, 90, 99)},
-            "itl_ms": {f"p{q}": round(1000 * pct(tally.itl, q), 1) for q in (50, 90, 99)},
-            "kv_blocks_after": blocks, "errors": tally.errors[:10]}
-
-
-def drive(args: argparse.Namespace, base: str) -> tuple[Tally, float]:
-    """Every client in a loop until the deadline: (tally, seconds)."""
-    tally = Tally()
-    start = time.perf_counter()
-    deadline = start + args.duration
-
-    async def run_all() -> None:
-        await asyncio.gather(*(client_loop(i, base, args.model, deadline, args.max_tokens, tally)
-                               for i in range(args.clients)))
-
-    asyncio.run(run_all())
-    return tally, time.perf_counter() - start
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.clients < 1 or args.duration <= 0:
-        raise ValueError(f"--clients {args.clients} must be >= 1 and --duration {args.duration} > 0")
-    engine, base = None, args.url
-    if base is None:
-        base, engine = start_local(args)
-    tally, elapsed = drive(args, base)
-    blocks = None
-    if engine is not None:
-        time.sleep(0.5)
-        stats = engine.stats()
-        blocks = {"used": stats.kv_blocks_used, "free": stats.kv_blocks_free, "running": stats.num_running}
-    result = figures(tally, elapsed, blocks)
-    leaked = blocks is not None and not args.prefix_cache and bool(blocks["used"] or blocks["running"])
-    passed = not (tally.failed or tally.malformed or leaked or not tally.ok)
-    payload = envelope("load", clients=args.clients, duration_s=args.duration, max_tokens=args.max_tokens,
-                       url=args.url, model=args.model, prefix_cache=args.prefix_cache, passed=passed,
-                       result=result)
+def report(args: argparse.Namespace, result: dict, facts: dict, passed: bool) -> None:
+    payload = envelope("load", clients=args.clients, turns=args.turns, max_tokens=args.max_tokens,
+                       max_queued_requests=args.max_queued_requests, model=args.model,
+                       server=facts, passed=passed, result=result)
     out = Path(args.out)
-    md = table(["requests ok / failed / malformed", "req/s", "tok/s", "TTFT p50 / p90 / p99 ms",
-                "ITL p50 / p90 / p99 ms", "KV blocks after (used / free)", "passed"],
-               [[f"{tally.ok} / {tally.failed} / {tally.malformed}", result["requests_per_s"],
-                 result["tokens_per_s"], " / ".join(map(str, result["ttft_ms"].values())),
-                 " / ".join(map(str, result["itl_ms"].values())),
-                 f"{blocks['used']} / {blocks['free']}" if blocks else "—", passed]])
-    png = bar_plot(out / "load.png", f"{args.clients} streaming clients, {args.duration:g} s",
-                   {"TTFT": result["ttft_ms"], "inter-token latency": result["itl_ms"]}, "ms")
+    killed = result["kill"]
+    md = table(["completed", "rejected (429)", "failed", "5xx", "malformed", "leaked blocks",
+                "idle after storm s", "TTFT p50 / p99 ms", "restart after kill -9 s", "passed"],
+               [[result["requests_completed"], result["requests_rejected_429"], result["requests_failed"],
+                 result["responses_5xx"], result["streams_malformed"], result["leaked_blocks"],
+                 result["storm"]["idle_after_s"],
+                 f"{result['ttft_ms']['p50']} / {result['ttft_ms']['p99']}",
+                 killed if killed == "skipped" else killed["restart_s"], passed]])
+    counts = {k: result[f"requests_{k}"] for k in ("completed", "rejected_429", "failed")}
+    png = bar_plot(out / "load.png", f"{args.clients} streaming clients, max_tokens {args.max_tokens}",
+                   {"requests (load + storm)": {**counts, "left on purpose": result["clients_left_on_purpose"]},
+                    "TTFT (load phase)": result["ttft_ms"], "inter-token latency": result["itl_ms"]},
+                   "count / ms")
     md.append(f"\n![load]({png.name})" if png else "")
     paths = write_outputs(out, "load", payload, md)
     print_paths({**paths, **({"png": png} if png else {})})
-    print(json.dumps(result))
+    print(f"requests completed {result['requests_completed']}, rejected {result['requests_rejected_429']}, "
+          f"failed {result['requests_failed']}, leaked blocks {result['leaked_blocks']}, "
+          f"TTFT p50 {result['ttft_ms']['p50']} ms p99 {result['ttft_ms']['p99']} ms")
+    print(json.dumps({k: v for k, v in result.items() if k != "errors"}))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.clients < 1 or args.turns < 1 or args.max_tokens < 1:
+        raise ValueError(f"--clients {args.clients}, --turns {args.turns} and --max-tokens "
+                         f"{args.max_tokens} must be >= 1")
+    result, facts = drive(args)
+    passed = verdict(result)
+    report(args, result, facts, passed)
     return 0 if passed else 1

@@ -45,7 +45,14 @@ class APIError(Exception):
 
 def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return {"error": {"message": utf8_safe(message), "type": type,
+                      "param": None if param is None else utf8_safe(param), "code": code}}
+
+
+def utf8_safe(text: str) -> str:
+    """`text` with any lone surrogate written as its escape: an error that quotes a client's
+    bad string must still encode as UTF-8 JSON."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(status: int, message: str, **kw: Any) -> JSONResponse:
@@ -115,6 +122,7 @@ def install_handlers(app: FastAPI, shapes: dict[str, ErrorShape] | None = None) 
     under a prefix (each API keeps its own); a bug still answers (500), shaped too."""
 
     def respond(request: Request, status: int, message: str, **kw: Any) -> JSONResponse:
+        message = utf8_safe(message)
         for prefix, shape in (shapes or {}).items():
             if request.url.path.startswith(prefix):
                 return shape(status, message, **kw)

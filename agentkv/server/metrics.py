@@ -36,6 +36,7 @@ class EngineCollector(Collector):
         gauges = {
             "kv_blocks_used": ("kv_blocks_used", "KV blocks in use"),
             "kv_blocks_free": ("kv_blocks_free", "KV blocks free"),
+            "kv_blocks_cached": ("kv_blocks_cached", "KV blocks held only by the prefix cache (evictable)"),
             "num_requests_running": ("num_running", "Requests being stepped"),
             "num_requests_waiting": ("num_waiting", "Requests queued for admission"),
         }

@@ -7,12 +7,50 @@ as OpenAI allows. Nested objects (tools, response_format) stay closed. Messages 
 ignore unknown keys, because clients echo back assistant messages with extra fields."""
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 StopField = str | list[str] | None
 Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_at(value: Any) -> str | None:
+    """The path of the first string (or key) in a JSON value that holds a lone UTF-16
+    surrogate, or None. JSON's `"\\ud800"` escape decodes to one, but it is not Unicode text:
+    no tokenizer or UTF-8 encoder takes it. Iterative, because a body can nest deeply."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return ".".join(map(str, path)) or "body"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return ".".join(map(str, (*path, key)))
+                stack.append(((*path, key), child))
+        elif isinstance(item, list):
+            stack.extend(((*path, i), child) for i, child in enumerate(item))
+    return None
+
+
+class TextOnly(BaseModel):
+    """A top-level body whose strings must be Unicode text (see `lone_surrogate_at`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        where = lone_surrogate_at(data)
+        if where is not None:  # the path itself may quote the surrogate: escape it
+            where = where.encode("utf-8", "backslashreplace").decode("utf-8")
+            raise ValueError(f"{where} holds a lone UTF-16 surrogate (e.g. an unpaired \\ud800 "
+                             f"escape), which is not valid Unicode text")
+        return data
 
 
 class Closed(BaseModel):
@@ -23,7 +61,7 @@ class Open(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
 
-class Request(BaseModel):
+class Request(TextOnly):
     """A top-level request body: unknown fields are kept (see `model_extra`), null = default."""
 
     model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
@@ -181,7 +219,7 @@ class EmbeddingRequest(Request):
     user: str | None = None
 
 
-class TokenizeRequest(Closed):
+class TokenizeRequest(Closed, TextOnly):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -190,6 +228,6 @@ class TokenizeRequest(Closed):
     tools: list[ToolDef] | None = None
 
 
-class DetokenizeRequest(Closed):
+class DetokenizeRequest(Closed, TextOnly):
     model: str | None = None
     tokens: list[int]

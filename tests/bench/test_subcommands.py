@@ -68,16 +68,6 @@ def test_kernels_tiny(tmp_path):
     assert all(r["speedup"] > 0 for r in payload["shapes"])
 
 
-def test_load_tiny(tmp_path):
-    rc = main(["bench", "load", "--clients", "2", "--duration", "2", "--max-tokens", "2",
-               "--kv-cache-blocks", "64", "--out", str(tmp_path)])
-    payload = _payload(tmp_path / "load.json", "load")
-    assert rc == 0, payload["result"]["errors"]
-    assert payload["passed"] is True
-    assert payload["result"]["requests_ok"] >= 2
-    assert payload["result"]["kv_blocks_after"]["used"] == 0
-
-
 def test_missing_peer_is_skipped_not_passed(tmp_path, monkeypatch):
     monkeypatch.setitem(peers.PEERS, "nosuchpeer", "agentkv_no_such_module")
     monkeypatch.setitem(peers.INSTALL, "nosuchpeer", "nowhere")
