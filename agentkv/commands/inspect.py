@@ -46,7 +46,7 @@ def summarize(source: ModelSource) -> dict[str, Any]:
     formats: dict[str, dict[str, int]] = {}
     for name in source.tensor_names():
         info = source.tensor(name)
-        row = formats.setdefault(GGMLQuantizationType(info.qtype).name,
+        row = formats.setdefault(_format_name(source, name, info.qtype),
                                  {"num_tensors": 0, "num_bytes": 0, "num_params": 0})
         row["num_tensors"] += 1
         row["num_bytes"] += info.num_bytes
@@ -71,6 +71,16 @@ def summarize(source: ModelSource) -> dict[str, Any]:
     }
 
 
+def _format_name(source: ModelSource, name: str, qtype: int) -> str:
+    """The resident format, with the checkpoint's own (`gptq int4 g128 sym -> Q4_0`) where it
+    is a quantized safetensors module."""
+    from agentkv.formats.quants import QUANT_NAMES
+
+    resident = QUANT_NAMES.get(qtype) or GGMLQuantizationType(qtype).name
+    stored = getattr(source, "checkpoint_format", lambda _: None)(name)
+    return f"{stored} -> {resident}" if stored else resident
+
+
 def _family_summary(source: ModelSource) -> dict[str, Any]:
     """The hparams only the model's family knows (window pattern, pooling, ...), with its
     defaults applied; none for an architecture no family here implements."""
@@ -88,7 +98,7 @@ def _cpu_residency(qtype: int) -> str:
 
     if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
         return "f32"
-    return "resident" if qtype in SUPPORTED_QTYPES else "f32 (fallback)"
+    return "resident" if qtype in SUPPORTED_QTYPES else "f32 (fallback)"  # I4G32/I8G32/F8G32: no kernel yet
 
 
 def _gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:

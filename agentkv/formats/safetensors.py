@@ -23,6 +23,7 @@ from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, get_tensor_name_map
 
 from agentkv.formats.errors import SafetensorsError
 from agentkv.formats.hparams import HF_ARCH, hparams_from_config
+from agentkv.formats.quant_ckpt import QuantModule, describe, find_modules, load_module, parse_scheme
 from agentkv.formats.source import HParams, ModelSource, TensorInfo
 
 # safetensors dtype -> (numpy dtype as stored, ggml type of TensorInfo.qtype)
@@ -35,6 +36,8 @@ DTYPES: dict[str, tuple[np.dtype, GGMLQuantizationType]] = {
     "I16": (np.dtype("<i2"), GGMLQuantizationType.I16),
     "I32": (np.dtype("<i4"), GGMLQuantizationType.I32),
     "I64": (np.dtype("<i8"), GGMLQuantizationType.I64),
+    # float8 e4m3fn codes, read only as a part of a quantized module (quant_ckpt)
+    "F8_E4M3": (np.dtype("u1"), GGMLQuantizationType.I8),
 }
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -100,6 +103,21 @@ def _entry(file: Path, name: str, spec: Any, data_start: int, size: int) -> _Ent
     return _Entry(file, name, spec["dtype"], shape, data_start + begin)
 
 
+def _file_entries(file: Path) -> dict[str, _Entry]:
+    header, data_start = read_header(file)
+    size = file.stat().st_size
+    return {name: _entry(file, name, spec, data_start, size) for name, spec in header.items()}
+
+
+def _array(entry: _Entry) -> np.ndarray:
+    """The tensor's bytes as a read-only memmap of its dtype (zeros for an empty tensor)."""
+    dtype = DTYPES[entry.dtype][0]
+    if 0 in entry.shape:
+        return np.zeros(entry.shape, dtype=dtype)  # np.memmap cannot map zero bytes
+    return np.memmap(entry.file, dtype=dtype, mode="r", offset=entry.start,
+                     shape=entry.shape or (1,)).reshape(entry.shape)
+
+
 class SafetensorsSource(ModelSource):
     """A HF folder. `metadata` is config.json, plus tokenizer_config.json under
     "tokenizer_config" when present. Tensor names are GGUF names where gguf-py's TensorNameMap
@@ -114,9 +132,26 @@ class SafetensorsSource(ModelSource):
         if tok_config.is_file():
             self.metadata["tokenizer_config"] = _read_json(tok_config, "tokenizer_config.json")
         self._entries: dict[str, _Entry] = {}
+        raw: dict[str, _Entry] = {}
         for file in self._shard_files():
-            self._add_file(file)
+            raw.update(_file_entries(file))
+        self.scheme = parse_scheme(self.metadata, f"{self.path / 'config.json'}")
+        self._modules: dict[str, QuantModule] = {}
+        self._parts: dict[str, _Entry] = {}
+        if self.scheme is not None:
+            self._split_quant_parts(raw)
+        self._add_names(raw)
         self._hparams: HParams | None = None
+
+    def _split_quant_parts(self, raw: dict[str, _Entry]) -> None:
+        """Move each quantized module's parts out of `raw`; its logical weight takes their place."""
+        where = str(self.path / "config.json")
+        for logical, module in find_modules(self.scheme, list(raw), where).items():
+            for part in module.parts.values():
+                self._parts[part] = raw.pop(part)
+            first = self._parts[next(iter(module.parts.values()))]
+            raw[logical] = first._replace(hf_name=logical)
+            self._modules[logical] = module
 
     def _shard_files(self) -> list[Path]:
         index = self.path / INDEX_FILE
@@ -134,12 +169,10 @@ class SafetensorsSource(ModelSource):
             raise SafetensorsError(f"{self.path}: neither {SINGLE_FILE} nor {INDEX_FILE}")
         return [single]
 
-    def _add_file(self, file: Path) -> None:
-        header, data_start = read_header(file)
-        size = file.stat().st_size
+    def _add_names(self, raw: dict[str, _Entry]) -> None:
         name_map = self._name_map()
-        for hf_name, spec in header.items():
-            entry = _entry(file, hf_name, spec, data_start, size)
+        for hf_name, entry in raw.items():
+            file = entry.file
             name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias")) if name_map else None
             name = name or hf_name
             if name in self._entries:
@@ -175,14 +208,28 @@ class SafetensorsSource(ModelSource):
         return self._lookup(name).hf_name
 
     def tensor(self, name: str) -> TensorInfo:
+        """A plain tensor is memory-mapped; a quantized module's weight is unpacked from its
+        parts and repacked into its resident blocks (a new array, about the parts' size)."""
         entry = self._lookup(name)
-        dtype, qtype = DTYPES[entry.dtype]
-        if 0 in entry.shape:
-            data = np.zeros(entry.shape, dtype=dtype)  # np.memmap cannot map zero bytes
-        else:
-            data = np.memmap(entry.file, dtype=dtype, mode="r", offset=entry.start,
-                             shape=entry.shape or (1,)).reshape(entry.shape)
-        return TensorInfo(name, entry.shape, int(qtype), data)
+        module = self._modules.get(entry.hf_name)
+        if module is not None:
+            resident, shape = load_module(self.scheme, module, lambda part: _array(self._parts[part]))
+            return TensorInfo(name, shape, resident.qtype, resident.data)
+        return TensorInfo(name, entry.shape, int(DTYPES[entry.dtype][1]), _array(entry))
+
+    def checkpoint_format(self, name: str) -> str | None:
+        """How the checkpoint stores this tensor (`gptq int4 g128 sym`, ...); None when plain."""
+        entry = self._lookup(name)
+        return describe(self.scheme) if entry.hf_name in self._modules else None
+
+    def fallback_reason(self, name: str) -> str | None:
+        """Why a quantized module's weight is f32 already in the source, None when it is not."""
+        entry = self._lookup(name)
+        module = self._modules.get(entry.hf_name)
+        if module is None:
+            return None
+        resident, _ = load_module(self.scheme, module, lambda part: _array(self._parts[part]))
+        return resident.fallback
 
     def _lookup(self, name: str) -> _Entry:
         try:

@@ -209,6 +209,7 @@ def test_quant_names_and_quantizable_exact():
     assert dict(QUANT_NAMES) == {
         0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
         10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16",
+        1004: "I4G32", 1008: "I8G32", 1016: "F8G32",  # agentkv's own group-32 blocks (quant checkpoints)
     }
     assert QUANTIZABLE == {0, 1, 2, 3, 6, 7, 8, 30}
 

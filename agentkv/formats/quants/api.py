@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from agentkv.formats.quants import floats, kquants, legacy  # noqa: F401  (registration)
+from agentkv.formats.quants import floats, group32, kquants, legacy  # noqa: F401  (registration)
 from agentkv.formats.quants.base import get_codec, registered
 
 # gguf type number -> format name, for every type this package can dequantize.

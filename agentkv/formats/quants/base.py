@@ -32,6 +32,9 @@ _CODECS: dict[int, type[Codec]] = {}
 
 def qtype_label(qtype: int) -> str:
     """`"Q4_K (12)"` for a known gguf type, `"unknown (99)"` otherwise; for error messages."""
+    codec = _CODECS.get(qtype) if isinstance(qtype, int) else None
+    if codec is not None:
+        return f"{codec.qtype.name} ({int(qtype)})"
     try:
         return f"{GGMLQuantizationType(int(qtype)).name} ({int(qtype)})"
     except ValueError:
@@ -61,6 +64,9 @@ def registered() -> dict[int, type[Codec]]:
 
 def block_info(qtype: int) -> tuple[int, int]:
     """(block_size, type_size) of any gguf-known type: elements and bytes per block."""
+    codec = _CODECS.get(qtype) if isinstance(qtype, int) else None
+    if codec is not None:
+        return codec.block_size, codec.type_size
     try:
         return GGML_QUANT_SIZES[GGMLQuantizationType(int(qtype))]
     except (KeyError, TypeError, ValueError):
@@ -92,12 +98,13 @@ class Codec:
     type_size: ClassVar[int]  # bytes per block
     can_quantize: ClassVar[bool] = False
 
-    def __init_subclass__(cls, qtype: int | None = None, **kwargs) -> None:
+    def __init_subclass__(cls, qtype: int | None = None, block: tuple[int, int] | None = None, **kwargs) -> None:
+        """`block` (elements, bytes) registers a type gguf does not know (agentkv's own)."""
         super().__init_subclass__(**kwargs)
         if qtype is None:
             return
-        cls.qtype = GGMLQuantizationType(qtype)
-        cls.block_size, cls.type_size = GGML_QUANT_SIZES[cls.qtype]
+        cls.qtype = GGMLQuantizationType(qtype) if block is None else qtype
+        cls.block_size, cls.type_size = GGML_QUANT_SIZES[cls.qtype] if block is None else block
         overrides = cls.quantize_blocks.__func__ is not Codec.quantize_blocks.__func__
         cls.can_quantize = cls.__dict__.get("can_quantize", False) or overrides
         if int(qtype) in _CODECS:
