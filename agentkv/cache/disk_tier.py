@@ -79,6 +79,7 @@ class DiskTier:
         self._stats = dict(DiskStats()._asdict())
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
+        self.wait_when_full = False  # offer drops a block when the queue is full (steps never wait)
         self._rebuild_index()
         self._writer = threading.Thread(target=self._write_loop, name="agentkv-kv-disk", daemon=True)
         self._writer.start()
@@ -122,7 +123,9 @@ class DiskTier:
         return BlockHeader(LAYOUT_VERSION, self.fp_hex, key, namespace, tuple(int(t) for t in token_ids),
                            self.shape, self.fingerprint.kv_dtype, self.block_bytes)
 
-    def _keys(self, namespace: str, token_ids: Sequence[int], num_blocks: int) -> list[str]:
+    def keys(self, namespace: str, token_ids: Sequence[int], num_blocks: int) -> list[str]:
+        """Hex keys (file stems) of the first `num_blocks` blocks of `token_ids` in `namespace`
+        (its JSON text, `namespace_text`)."""
         root = root_hash(self.fp_hex, namespace)
         return [h.hex() for h in block_hashes(root, token_ids, self.block_size, num_blocks)]
 
@@ -136,16 +139,19 @@ class DiskTier:
         full = [j for j in sorted(blocks) if (j + 1) * self.block_size <= len(token_ids)]
         if ns is None or not full or self._closed:
             return 0
-        keys = self._keys(ns, token_ids, full[-1] + 1)
+        keys = self.keys(ns, token_ids, full[-1] + 1)
         num_queued = 0
         for j in full:
             key = keys[j]
             with self._lock:
                 if key in self._index or key in self._pending:
                     continue
-                if self._stats["read_only"] or self._pending_bytes + self.block_bytes > MAX_PENDING_BYTES:
+                full_queue = self._pending_bytes + self.block_bytes > MAX_PENDING_BYTES
+                if self._stats["read_only"] or (full_queue and not self.wait_when_full):
                     self._stats["dropped_writes"] += 1
                     continue
+            if full_queue:
+                self.flush()  # shutting down: waiting is allowed, losing the block is not
             payload = self._read_block(blocks[j])
             header = self._header(key, ns, token_ids[j * self.block_size:(j + 1) * self.block_size])
             with self._lock:
@@ -218,7 +224,7 @@ class DiskTier:
         ns = namespace_text(namespace)
         if ns is None or max_blocks <= 0:
             return []
-        keys = self._keys(ns, token_ids, first_block + max_blocks)
+        keys = self.keys(ns, token_ids, first_block + max_blocks)
         payloads: list[bytes] = []
         for j in range(first_block, first_block + max_blocks):
             payload = self._read(keys[j], ns, token_ids[j * self.block_size:(j + 1) * self.block_size])

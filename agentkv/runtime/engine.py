@@ -387,7 +387,12 @@ class Engine:
             self.backend.write_block(self.runner.kv, block, payload)
 
     def close(self) -> None:
-        """Flush the disk tier's pending writes and stop its writer (idempotent; called by
-        the engine thread when it stops, or by the owner of a synchronous engine)."""
-        if self.disk is not None:
-            self.disk.close()
+        """Write back what the RAM cache holds (unlocked entries; write-through has them
+        already), flush the disk tier and stop its writer. Idempotent; called by the engine
+        thread when it stops (SIGTERM: the server's shutdown), or by a synchronous owner."""
+        if self.disk is None:
+            return
+        if not self.config.cache.write_through:
+            self.disk.wait_when_full = True
+            self.cache.evict(self.num_blocks)
+        self.disk.close()

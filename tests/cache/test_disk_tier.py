@@ -101,7 +101,7 @@ def test_a_bad_file_is_counted_deleted_and_never_served(tmp_path, damage):
     tokens = list(range(12))
     t = written(tier(tmp_path, kv), tokens, {0: 1, 1: 2, 2: 3})
     t.close()
-    victim = t.dir / f"{t._keys(namespace_text(NS), tokens, 2)[1]}.kvb"
+    victim = t.dir / f"{t.keys(namespace_text(NS), tokens, 2)[1]}.kvb"
     data = victim.read_bytes()
     if damage == "flip":
         victim.write_bytes(data[:-40] + bytes([data[-40] ^ 1]) + data[-39:])
@@ -109,7 +109,7 @@ def test_a_bad_file_is_counted_deleted_and_never_served(tmp_path, damage):
         victim.write_bytes(data[:len(data) // 2])
     else:  # a file of another fingerprint put under this block's name
         other = written(tier(tmp_path / "other", kv, fp=fingerprint(isa="avx2")), tokens, {0: 1, 1: 4})
-        other_key = other._keys(namespace_text(NS), tokens, 2)[1]
+        other_key = other.keys(namespace_text(NS), tokens, 2)[1]
         shutil.copy(other.dir / f"{other_key}.kvb", victim)
     again = tier(tmp_path, kv)
     assert again.fetch(NS, tokens, 0, 3) == [kv[1]]
