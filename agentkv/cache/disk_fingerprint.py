@@ -109,7 +109,7 @@ def fingerprint_for(model_path: Path, cache_dir: Path, backend: object, block_si
     running the model at `model_path` with a KV store shaped like `kv_spec` (a hal KVSpec).
     Duck-typed so that cache/ imports no backend. Reads the model's bytes unless
     `cache_dir` already holds their digest for the same path, size and mtime."""
-    identity = tuple(getattr(backend, "identity"))
+    identity = tuple(backend.identity)  # type: ignore[attr-defined]
     shape = (kv_spec.num_layers, kv_spec.num_kv_heads, kv_spec.head_dim)  # type: ignore[attr-defined]
-    return Fingerprint(weights_digest(model_path, cache_dir), identity, getattr(backend, "fingerprint"),
-                       block_size, shape, getattr(backend, "kv_dtype"))
+    return Fingerprint(weights_digest(model_path, cache_dir), identity,
+                       backend.fingerprint, block_size, shape, backend.kv_dtype)  # type: ignore[attr-defined]

@@ -29,11 +29,18 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agentkv.cache.block_pool import BlockId
-from agentkv.cache.radix import Node, RadixCache
 from agentkv.cache.disk_fingerprint import LAYOUT_VERSION, Fingerprint
 from agentkv.cache.disk_format import (
-    SUFFIX, BadBlockFile, BlockHeader, block_hashes, decode_block, encode_block, namespace_text,
-    root_hash)
+    SUFFIX,
+    BadBlockFile,
+    BlockHeader,
+    block_hashes,
+    decode_block,
+    encode_block,
+    namespace_text,
+    root_hash,
+)
+from agentkv.cache.radix import Node, RadixCache
 
 log = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 256 << 20  # queued and not yet written; past it an offer is dropped

@@ -11,11 +11,11 @@ import struct
 
 import pytest
 
+from agentkv.cache.block_pool import BlockPool
 from agentkv.cache.disk_fingerprint import Fingerprint
 from agentkv.cache.disk_format import block_hashes, namespace_text, root_hash
 from agentkv.cache.disk_tier import DiskTier
 from agentkv.cache.radix import RadixCache
-from agentkv.cache.block_pool import BlockPool
 
 BS = 4
 SHAPE = (2, 1, 3)  # layers, kv heads, head dim
