@@ -95,6 +95,9 @@ class RadixCache:
         self.queried_tokens = 0
         self.hit_tokens = 0
         self.evicted_blocks = 0
+        # Called with each node about to be dropped by `evict`, its blocks still intact (the
+        # disk tier's write-back); `path_of` tells the listener what the node holds.
+        self.on_evict: Callable[[Node], None] | None = None
 
     def root(self, namespace: Hashable) -> Node:
         """The root of `namespace` (created empty on first use)."""
@@ -326,6 +329,8 @@ class RadixCache:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
             assert parent is not None
+            if self.on_evict is not None:
+                self.on_evict(node)
             del parent.children[node.tokens[0]]
             node.parent = None
             num_freed += self.pool.free(node.blocks)
@@ -338,6 +343,15 @@ class RadixCache:
             if not root.children and not root.lock_ref:
                 del self._roots[namespace]
         return num_freed
+
+    def path_of(self, node: Node) -> tuple[Hashable, list[int]]:
+        """The namespace of a node in the tree and the tokens from its root to `node.end`."""
+        edges, root = [], node
+        while root.parent is not None:
+            edges.append(root.tokens)
+            root = root.parent
+        namespace = next(ns for ns, r in self._roots.items() if r is root)
+        return namespace, [t for edge in reversed(edges) for t in edge]
 
     def block_refs(self) -> Counter[BlockId]:
         """How many references the tree holds on each block."""

@@ -11,7 +11,7 @@ import argparse
 from typing import Any, Callable, NamedTuple, Sequence
 
 from agentkv.runtime.config import (
-    DEFAULT_KV_MEMORY, WEIGHTS_MODES, EngineConfig, engine_config, knob_default, knob_type,
+    DEFAULT_KV_DISK, DEFAULT_KV_MEMORY, WEIGHTS_MODES, EngineConfig, engine_config, knob_default, knob_type,
     parse_size)
 
 MODEL_HELP = "alias (smollm2, gemma3-270m, minilm), a .gguf file or a HF folder"
@@ -46,6 +46,10 @@ FLAGS: dict[str, Flag] = {f.knob: f for f in (
     Flag("kv_cache_blocks", "KV cache size in blocks", exclusive="kv"),
     Flag("kv_cache_memory", f"KV cache size, e.g. 512MiB, 2GiB (default: {DEFAULT_KV_MEMORY >> 30}GiB)",
          parse=parse_size, exclusive="kv"),
+    Flag("kv_cache_dir", "keep full KV blocks in files under DIR too: hits across evictions and restarts"),
+    Flag("kv_disk_size", f"the KV disk tier's budget, e.g. 50GiB (default: {DEFAULT_KV_DISK >> 30}GiB)",
+         parse=parse_size),
+    Flag("kv_write_through", "write KV blocks to disk when they are cached, not when evicted from RAM"),
     Flag("max_num_seqs", "sequences running at once"),
     Flag("max_num_batched_tokens", "tokens computed per step, decodes and prefills together"),
     Flag("chunk_size", "longest prefill chunk of one sequence (default: the step's token budget)"),

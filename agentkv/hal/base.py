@@ -355,6 +355,16 @@ class Backend(ABC):
     def copy_blocks(self, kv: Any, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: copy each (src, dst) block across every layer (mutates kv)."""
 
+    def read_block(self, kv: Any, block: int) -> bytes:
+        """A copy of one KV block across every layer, for the disk tier: little-endian f32
+        `[num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]` (a fence: it waits)."""
+        raise NotImplementedError(f"{self.name}: read_block")
+
+    def write_block(self, kv: Any, block: int, data: bytes) -> None:
+        """Overwrite one KV block with bytes laid out as `read_block` returns them (mutates
+        kv); `write_block(kv, b, read_block(kv, b))` leaves every bit as it was."""
+        raise NotImplementedError(f"{self.name}: write_block")
+
     @abstractmethod
     def attention(self, q: Tensor, kv: Any, layer: int, meta: AttnMeta, scale: float,
                   window: int | None = None, softcap: float | None = None) -> Tensor:

@@ -174,6 +174,14 @@ class ReferenceBackend(Backend):
             kv.k[:, dst] = kv.k[:, src]
             kv.v[:, dst] = kv.v[:, src]
 
+    def read_block(self, kv: RefKV, block: int) -> bytes:
+        return np.ascontiguousarray(np.stack([kv.k[:, block], kv.v[:, block]], axis=1), "<f4").tobytes()
+
+    def write_block(self, kv: RefKV, block: int, data: bytes) -> None:
+        s = kv.spec
+        arr = np.frombuffer(data, "<f4").reshape(s.num_layers, 2, s.block_size, s.num_kv_heads, s.head_dim)
+        kv.k[:, block], kv.v[:, block] = arr[:, 0], arr[:, 1]
+
     def attention(self, q: Tensor, kv: RefKV, layer: int, meta: AttnMeta, scale: float,
                   window: int | None = None, softcap: float | None = None) -> Tensor:
         qs = q.raw

@@ -231,6 +231,7 @@ class AsyncEngine:
             while True:
                 self._apply()
                 if self._stop:
+                    self.engine.close()  # flush the KV disk tier's pending writes
                     return
                 if not self.engine.has_unfinished():
                     self._wake.wait(0.5)

@@ -11,6 +11,7 @@ from agentkv.sched import CacheView, SchedulerConfig
 
 DEFAULT_BACKEND = "cpu"  # the one place the default compute backend is named
 DEFAULT_KV_MEMORY = 1 << 30  # 1 GiB of KV unless told otherwise
+DEFAULT_KV_DISK = 16 << 30  # the disk tier's budget unless told otherwise
 WEIGHTS_MODES = ("resident", "f32")
 MAX_BLOCK_SIZE = 1024
 
@@ -36,13 +37,22 @@ class CacheConfig:
     num_blocks: int | None = None
     memory_bytes: int | None = None
     enable_prefix_cache: bool = True
+    disk_dir: str | None = None  # full blocks also kept in files here, across restarts
+    disk_bytes: int = DEFAULT_KV_DISK  # the disk tier's budget (LRU within it)
+    write_through: bool = False  # write blocks to disk at insert time instead of at eviction
 
     def __post_init__(self) -> None:
         _check_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         _check_int("num_blocks", self.num_blocks, 1, optional=True)
         _check_int("memory_bytes", self.memory_bytes, 1, optional=True)
-        if not isinstance(self.enable_prefix_cache, bool):
-            raise ValueError(f"enable_prefix_cache={self.enable_prefix_cache!r} must be True or False")
+        _check_int("disk_bytes", self.disk_bytes, 1)
+        for name in ("enable_prefix_cache", "write_through"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.disk_dir is not None and (not isinstance(self.disk_dir, str) or not self.disk_dir):
+            raise ValueError(f"disk_dir={self.disk_dir!r} must be a directory path or None")
+        if self.disk_dir is not None and not self.enable_prefix_cache:
+            raise ValueError("disk_dir needs enable_prefix_cache=True: the disk tier serves prefix hits")
 
     @property
     def view(self) -> CacheView:
@@ -93,6 +103,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("enable_prefix_cache", "cache", "enable_prefix_cache"),
     Knob("kv_cache_blocks", "cache", "num_blocks"),
     Knob("kv_cache_memory", "cache", "memory_bytes"),
+    Knob("kv_cache_dir", "cache", "disk_dir"),
+    Knob("kv_disk_size", "cache", "disk_bytes"),
+    Knob("kv_write_through", "cache", "write_through"),
     Knob("max_num_seqs", "scheduler", "max_num_seqs"),
     Knob("max_num_batched_tokens", "scheduler", "max_num_batched_tokens"),
     Knob("chunk_size", "scheduler", "chunk_size"),

@@ -25,6 +25,7 @@ from agentkv.models.registry import load_model
 from agentkv.runtime.config import DEFAULT_KV_MEMORY, EngineConfig
 from agentkv.runtime.errors import (
     InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError)
+from agentkv.runtime.kv_disk import open_disk, write_through
 from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
 from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.runner import Chunk, ModelRunner
@@ -87,8 +88,9 @@ class Engine:
         self._check_pool_fits()
         self.pool = BlockPool(self.num_blocks)
         self.cache = RadixCache(self.pool, self.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view)
         self.runner = None if self.is_embedding else ModelRunner(self.model, self.num_blocks, self.block_size)
+        self.disk = open_disk(self)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, self.disk)
         self.counters = Counters()
         # Tests of the exactness contract read the sampled logits rows: request id -> rows.
         self.record_logits = False
@@ -211,6 +213,7 @@ class Engine:
             return []  # an embedding model: add_request refused every generation
         plan = self.scheduler.schedule()
         self.runner.copy_blocks(list(plan.copies))
+        self._apply_loads(plan.loads)
         if not plan.chunks:
             self._publish_stats()
             return []
@@ -224,6 +227,8 @@ class Engine:
         logits = self.runner.run(chunks)
         self.counters.steps += 1
         self.counters.computed_tokens += sum(len(c.token_ids) for c in chunks)
+        if self.disk is not None and self.config.cache.write_through:
+            write_through(self.disk, plan.chunks, self.block_size)
         outputs = self._consume(plan.chunks, chunks, logits)
         self._publish_stats()
         return outputs
@@ -361,7 +366,8 @@ class Engine:
             computed_tokens=self.counters.computed_tokens,
             kv_blocks_cached=sum(1 for b, n in c.block_refs().items() if self.pool.refcount(b) == n),
             backend=self.backend.name, isa=self.backend.identity.isa,
-            kernel_build=self.backend.identity.kernel_build)
+            kernel_build=self.backend.identity.kernel_build,
+            disk=self.disk.stats() if self.disk is not None else None)
 
     def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
         """Keep the cached prefix of `token_ids` (in a request `namespace`) from eviction for
@@ -373,3 +379,20 @@ class Engine:
         num_freed = self.cache.evict(self.num_blocks)
         self._publish_stats()
         return num_freed
+
+    # -- the disk tier (runtime/kv_disk.py) ---------------------------------------------
+    def _apply_loads(self, loads) -> None:
+        """Write the disk payloads the scheduler planned into their fresh blocks (before the step)."""
+        for block, payload in loads:
+            self.backend.write_block(self.runner.kv, block, payload)
+
+    def close(self) -> None:
+        """Write back what the RAM cache holds (unlocked entries; write-through has them
+        already), flush the disk tier and stop its writer. Idempotent; called by the engine
+        thread when it stops (SIGTERM: the server's shutdown), or by a synchronous owner."""
+        if self.disk is None:
+            return
+        if not self.config.cache.write_through:
+            self.disk.wait_when_full = True
+            self.cache.evict(self.num_blocks)
+        self.disk.close()

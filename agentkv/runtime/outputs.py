@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from agentkv.cache.disk_tier import DiskStats
+
 
 class TokenLogprob(NamedTuple):
     token_id: int
@@ -50,6 +52,7 @@ class EngineStats(NamedTuple):
     backend: str = ""  # what computes the bits: registry name, kernel ISA and build (None without kernels)
     isa: str | None = None
     kernel_build: str | None = None
+    disk: DiskStats | None = None  # the KV disk tier's counters, when it is on
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from agentkv.cache import BlockId, BlockPool, MatchResult, Node, RadixCache, common_prefix_len
+from agentkv.cache.disk_tier import DiskTier
 from agentkv.sched.config import CacheView, SchedulerConfig
 from agentkv.sched.sequence import SeqId, SeqStatus, Sequence
 
@@ -25,6 +26,7 @@ class SchedulerOutput(NamedTuple):
     chunks: list[ScheduledChunk]
     copies: list[tuple[BlockId, BlockId]]  # run backend.copy_blocks(kv, copies) first
     preempted: list[SeqId]  # lost their blocks this step; they will recompute
+    loads: list[tuple[BlockId, bytes]] = []  # disk-tier payloads: backend.write_block first
 
     @property
     def num_batched_tokens(self) -> int:
@@ -37,6 +39,7 @@ class _Step:
     chunks: dict[SeqId, ScheduledChunk] = field(default_factory=dict)
     copies: list[tuple[BlockId, BlockId]] = field(default_factory=list)
     preempted: list[SeqId] = field(default_factory=list)
+    loads: list[tuple[BlockId, bytes]] = field(default_factory=list)
 
     @property
     def budget_left(self) -> int:
@@ -56,7 +59,7 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool,
-                 cache: RadixCache | None, view: CacheView) -> None:
+                 cache: RadixCache | None, view: CacheView, disk: DiskTier | None = None) -> None:
         if cache is not None and cache.block_size != view.block_size:
             raise ValueError(f"cache block_size={cache.block_size} differs from "
                              f"the view's block_size={view.block_size}")
@@ -66,6 +69,7 @@ class Scheduler:
         self.block_size = view.block_size
         self.pool = pool
         self.cache = cache if view.enable_prefix_cache else None
+        self.disk = disk if self.cache is not None else None  # serves full blocks past a RAM hit
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in arrival order
         self._seqs: dict[SeqId, Sequence] = {}
@@ -123,7 +127,8 @@ class Scheduler:
             if seq.status is SeqStatus.RUNNING and not seq.is_decoding:
                 self._extend(seq, num_tokens, step)
         self._admit(step)
-        self._last = SchedulerOutput(list(step.chunks.values()), step.copies, step.preempted)
+        self._last = SchedulerOutput(list(step.chunks.values()), step.copies, step.preempted,
+                                     step.loads)
         return self._last
 
     def _extend(self, seq: Sequence, num_tokens: int, step: _Step) -> None:
@@ -228,25 +233,38 @@ class Scheduler:
         copied partial one) and schedule its first chunk. False, with nothing taken, when
         the blocks cannot be had even after evicting unlocked entries."""
         match = self._lock_prefix(seq)
-        num_tokens = min(seq.num_tokens - match.cached_len, step.budget_left,
-                         self.config.max_chunk_len)
+        loads = self._disk_loads(seq, match)
         num_full = match.cached_len // self.block_size
-        num_new = self._num_blocks(match.cached_len + num_tokens) - num_full
+        cached_len = (num_full + len(loads)) * self.block_size if loads else match.cached_len
+        num_tokens = min(seq.num_tokens - cached_len, step.budget_left, self.config.max_chunk_len)
+        num_new = self._num_blocks(cached_len + num_tokens) - num_full
         if self.pool.num_free < num_new and self.cache is not None:
             self.cache.evict(num_new - self.pool.num_free)
         if self.pool.num_free < num_new:
             if self.cache is not None and match.last_node is not None:
                 self.cache.unlock(match.last_node)
             return False
-        table, copies = self._share(seq, match)
+        ram = match._replace(cached_len=num_full * self.block_size) if loads else match
+        table, copies = self._share(seq, ram)
         rest = self.pool.allocate(num_new - len(copies))
         assert rest is not None
         if self.cache is not None:
             self.cache.record_hit(match, seq.num_tokens - 1)  # admitted: count the hit once
         step.copies.extend(copies)
-        self._begin(seq, table + rest, match.cached_len)
+        step.loads.extend(zip(rest, loads))  # the first fresh blocks continue the RAM hit
+        self._begin(seq, table + rest, cached_len)
         step.add(seq, num_tokens)
         return True
+
+    def _disk_loads(self, seq: Sequence, match: MatchResult) -> list[bytes]:
+        """Verified payloads of the full blocks the disk tier holds right after the RAM hit
+        (the block a RAM hit ends inside included), leaving one token to compute; [] when
+        there is no disk tier or it holds none of them. Reads files: only at admission."""
+        if self.disk is None:
+            return []
+        first = match.cached_len // self.block_size
+        max_blocks = (seq.num_tokens - 1) // self.block_size - first
+        return self.disk.fetch(seq.namespace, seq.all_ids, first, max_blocks)
 
     def _lock_prefix(self, seq: Sequence) -> MatchResult:
         """Match the longest cached prefix leaving one token to compute, and lock it. A peek:

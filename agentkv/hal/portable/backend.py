@@ -284,6 +284,19 @@ class TorchBackend(Backend):
             kv.k[:, dst * bs:(dst + 1) * bs] = kv.k[:, src * bs:(src + 1) * bs]
             kv.v[:, dst * bs:(dst + 1) * bs] = kv.v[:, src * bs:(src + 1) * bs]
 
+    def read_block(self, kv: TorchKV, block: int) -> bytes:
+        bs = kv.spec.block_size
+        rows = slice(block * bs, (block + 1) * bs)
+        both = torch.stack([kv.k[:, rows], kv.v[:, rows]], dim=1)  # [layers, 2, bs, kvh, hd]
+        return both.cpu().numpy().astype("<f4", copy=False).tobytes()
+
+    def write_block(self, kv: TorchKV, block: int, data: bytes) -> None:
+        s, bs = kv.spec, kv.spec.block_size
+        arr = np.frombuffer(data, "<f4").reshape(s.num_layers, 2, bs, s.num_kv_heads, s.head_dim)
+        both = torch.from_numpy(arr.copy()).to(kv.k.device)
+        kv.k[:, block * bs:(block + 1) * bs] = both[:, 0]
+        kv.v[:, block * bs:(block + 1) * bs] = both[:, 1]
+
     def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale: float,
                   window: int | None = None, softcap: float | None = None) -> Tensor:
         return Tensor(paged_attention_portable(q.raw, kv, layer, meta, scale, window, softcap))

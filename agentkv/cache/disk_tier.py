@@ -1,0 +1,300 @@
+"""The disk tier: full KV blocks kept in files beyond the RAM pool and beyond the process.
+
+    RAM pool --evict (write-back) or insert (write-through)--> offer(): copy the block's bytes,
+        queue them --writer thread--> temp file, rename to <key>.kvb   (never blocks a step)
+    scheduler miss --> fetch(): keys of the next full blocks --> pending bytes or the file,
+        verified (checksum, every header field) --> payloads the engine writes into fresh blocks
+
+Files live in `DIR/kv-v<layout>-<fingerprint[:16]>/`; the index is rebuilt at start from the
+file names and mtimes alone (no file is read), oldest first. LRU: a hit bumps the file's
+mtime, so the order survives a restart; the oldest files go when a write would pass the
+budget. A bad file (corrupt, truncated, another fingerprint or layout, other tokens) is
+counted, deleted and never served. A write error (full disk, read-only directory) logs one
+warning and leaves the tier read-only: the engine runs on with RAM only.
+
+Thread use: `offer`, `fetch`, `flush`, `close` from the engine thread; the writer thread
+only writes files and updates the index under the lock. Pure Python: the block bytes come
+from the `read_block` hook the engine passes (backend.read_block on its KV store).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from agentkv.cache.block_pool import BlockId
+from agentkv.cache.disk_fingerprint import LAYOUT_VERSION, Fingerprint
+from agentkv.cache.disk_format import (
+    SUFFIX,
+    BadBlockFile,
+    BlockHeader,
+    block_hashes,
+    decode_block,
+    encode_block,
+    namespace_text,
+    root_hash,
+)
+from agentkv.cache.radix import Node, RadixCache
+
+log = logging.getLogger(__name__)
+MAX_PENDING_BYTES = 256 << 20  # queued and not yet written; past it an offer is dropped
+_STOP = object()
+
+
+class DiskStats(NamedTuple):
+    hit_blocks: int = 0  # blocks served from disk (or from the write queue)
+    loads: int = 0  # fetches that served at least one block
+    written_blocks: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    ignored_files: int = 0  # bad files found (never served) and stale temporary files
+    write_errors: int = 0
+    dropped_writes: int = 0  # offers refused because the write queue was full or read-only
+    num_files: int = 0
+    used_bytes: int = 0
+    read_only: bool = False
+
+
+class DiskTier:
+    """KV blocks on disk under one fingerprint, LRU within `capacity_bytes`."""
+
+    def __init__(self, directory: Path, fingerprint: Fingerprint, capacity_bytes: int,
+                 read_block: Callable[[BlockId], bytes]) -> None:
+        if capacity_bytes < 1:
+            raise ValueError(f"capacity_bytes={capacity_bytes} must be >= 1")
+        self.fingerprint = fingerprint
+        self.fp_hex = fingerprint.digest
+        self.block_size = fingerprint.block_size
+        num_layers, kvh, hd = fingerprint.kv_shape
+        self.shape = (num_layers, 2, self.block_size, kvh, hd)
+        self.block_bytes = 4 * num_layers * 2 * self.block_size * kvh * hd
+        self.capacity_bytes = capacity_bytes
+        self.dir = Path(directory) / f"kv-v{LAYOUT_VERSION}-{self.fp_hex[:16]}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._read_block = read_block
+        self._lock = threading.Lock()
+        self._index: OrderedDict[str, int] = OrderedDict()  # key hex -> file bytes, oldest first
+        self._pending: dict[str, tuple[BlockHeader, bytes]] = {}
+        self._pending_bytes = 0
+        self._used = 0
+        self._stats = dict(DiskStats()._asdict())
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = False
+        self.wait_when_full = False  # offer drops a block when the queue is full (steps never wait)
+        self._rebuild_index()
+        self._writer = threading.Thread(target=self._write_loop, name="agentkv-kv-disk", daemon=True)
+        self._writer.start()
+        atexit.register(self.close)  # a normal exit flushes too (LLM, generate), not only SIGTERM
+
+    # -- the index --------------------------------------------------------------------------
+    def _rebuild_index(self) -> None:
+        """From names and mtimes only; temporary files left by a killed writer are removed."""
+        found = []
+        with os.scandir(self.dir) as entries:
+            for entry in entries:
+                stem, suffix = os.path.splitext(entry.name)
+                if suffix == SUFFIX and len(stem) == 64 and entry.is_file():
+                    st = entry.stat()
+                    found.append((st.st_mtime_ns, stem, st.st_size))
+                elif entry.name.endswith(".tmp"):
+                    self._stats["ignored_files"] += 1
+                    self._unlink(Path(entry.path))
+        for _, stem, size in sorted(found):
+            self._index[stem] = size
+            self._used += size
+
+    def _path(self, key: str) -> Path:
+        return self.dir / f"{key}{SUFFIX}"
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot remove %s: %s", path, exc)
+
+    def _drop(self, key: str) -> None:
+        """Forget and delete one file (caller holds the lock)."""
+        size = self._index.pop(key, None)
+        if size is not None:
+            self._used -= size
+        self._unlink(self._path(key))
+
+    def _header(self, key: str, namespace: str, token_ids: Sequence[int]) -> BlockHeader:
+        return BlockHeader(LAYOUT_VERSION, self.fp_hex, key, namespace, tuple(int(t) for t in token_ids),
+                           self.shape, self.fingerprint.kv_dtype, self.block_bytes)
+
+    def keys(self, namespace: str, token_ids: Sequence[int], num_blocks: int) -> list[str]:
+        """Hex keys (file stems) of the first `num_blocks` blocks of `token_ids` in `namespace`
+        (its JSON text, `namespace_text`)."""
+        root = root_hash(self.fp_hex, namespace)
+        return [h.hex() for h in block_hashes(root, token_ids, self.block_size, num_blocks)]
+
+    # -- writing ------------------------------------------------------------------------------
+    def offer(self, namespace: Hashable, token_ids: Sequence[int], blocks: Mapping[int, BlockId]) -> int:
+        """Queue for writing each full block `j -> block id` of `blocks` whose KV holds the
+        prefix `token_ids[:(j+1)*bs]` and that the disk does not have yet; the bytes are
+        copied now (the block may be reused right after). Never waits for the disk. Returns
+        how many blocks were queued."""
+        ns = namespace_text(namespace)
+        full = [j for j in sorted(blocks) if (j + 1) * self.block_size <= len(token_ids)]
+        if ns is None or not full or self._closed:
+            return 0
+        keys = self.keys(ns, token_ids, full[-1] + 1)
+        num_queued = 0
+        for j in full:
+            key = keys[j]
+            with self._lock:
+                if key in self._index or key in self._pending:
+                    continue
+                full_queue = self._pending_bytes + self.block_bytes > MAX_PENDING_BYTES
+                if self._stats["read_only"] or (full_queue and not self.wait_when_full):
+                    self._stats["dropped_writes"] += 1
+                    continue
+            if full_queue:
+                self.flush()  # shutting down: waiting is allowed, losing the block is not
+            payload = self._read_block(blocks[j])
+            header = self._header(key, ns, token_ids[j * self.block_size:(j + 1) * self.block_size])
+            with self._lock:
+                self._pending[key] = (header, payload)
+                self._pending_bytes += len(payload)
+            self._queue.put(key)
+            num_queued += 1
+        return num_queued
+
+    def _write_loop(self) -> None:
+        while True:
+            key = self._queue.get()
+            try:
+                if key is _STOP:
+                    return
+                self._write_one(key)
+            finally:
+                self._queue.task_done()
+
+    def _write_one(self, key: str) -> None:
+        with self._lock:
+            item = self._pending.get(key)
+            read_only = self._stats["read_only"]
+        if item is None:
+            return
+        data = encode_block(*item)
+        ok = not read_only and self._make_room(len(data)) and self._write_file(key, data)
+        with self._lock:
+            self._pending.pop(key, None)
+            self._pending_bytes -= len(item[1])
+            if ok:
+                self._index[key] = len(data)
+                self._used += len(data)
+                self._stats["written_blocks"] += 1
+                self._stats["bytes_written"] += len(data)
+
+    def _make_room(self, num_bytes: int) -> bool:
+        """Delete the least recently used files until `num_bytes` more fit the budget."""
+        if num_bytes > self.capacity_bytes:
+            return False
+        with self._lock:
+            while self._index and self._used + num_bytes > self.capacity_bytes:
+                self._drop(next(iter(self._index)))
+        return True
+
+    def _write_file(self, key: str, data: bytes) -> bool:
+        """Temporary file, then rename: a reader (or a restart after kill -9) sees the whole
+        file or none of it. An OSError turns the tier read-only, with one warning."""
+        final = self._path(key)
+        tmp = final.with_name(f".{key}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, final)
+            return True
+        except OSError as exc:
+            self._unlink(tmp)
+            with self._lock:
+                self._stats["write_errors"] += 1
+                self._stats["read_only"] = True
+            log.warning("KV disk tier %s: write failed (%s); continuing with RAM only", self.dir, exc)
+            return False
+
+    # -- reading ------------------------------------------------------------------------------
+    def fetch(self, namespace: Hashable, token_ids: Sequence[int], first_block: int,
+              max_blocks: int) -> list[bytes]:
+        """Payloads of blocks first_block, first_block+1, ... of the prefix `token_ids` as far
+        as the disk (or the write queue) has them, verified, at most `max_blocks`. A bad file
+        ends the run there: it is counted and deleted, and the caller computes the rest."""
+        ns = namespace_text(namespace)
+        if ns is None or max_blocks <= 0:
+            return []
+        keys = self.keys(ns, token_ids, first_block + max_blocks)
+        payloads: list[bytes] = []
+        for j in range(first_block, first_block + max_blocks):
+            payload = self._read(keys[j], ns, token_ids[j * self.block_size:(j + 1) * self.block_size])
+            if payload is None:
+                break
+            payloads.append(payload)
+        with self._lock:
+            self._stats["hit_blocks"] += len(payloads)
+            self._stats["loads"] += bool(payloads)
+        return payloads
+
+    def _read(self, key: str, ns: str, token_ids: Sequence[int]) -> bytes | None:
+        with self._lock:
+            item = self._pending.get(key)
+            on_disk = key in self._index
+            if on_disk:
+                self._index.move_to_end(key)
+        if item is not None:
+            return item[1]
+        if not on_disk:
+            return None
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+            payload = decode_block(data, self._header(key, ns, token_ids))
+            os.utime(path)  # the LRU order of the next start
+        except (OSError, BadBlockFile) as exc:
+            log.warning("KV disk tier: ignoring %s: %s", path.name, exc)
+            with self._lock:
+                self._stats["ignored_files"] += 1
+                self._drop(key)
+            return None
+        with self._lock:
+            self._stats["bytes_read"] += len(data)
+        return payload
+
+    def evict_listener(self, cache: RadixCache) -> Callable[[Node], None]:
+        """Write-back: `cache.on_evict` that offers the full blocks ending inside each node
+        the cache drops (a block ending in its parent belongs to the parent)."""
+        bs = self.block_size
+
+        def on_evict(node: Node) -> None:
+            namespace, token_ids = cache.path_of(node)
+            first = node.start // bs
+            ends = range(first, node.end // bs)
+            self.offer(namespace, token_ids, {j: node.blocks[j - first] for j in ends
+                                              if (j + 1) * bs > node.start})
+
+        return on_evict
+
+    # -- life -----------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Wait until every queued block is written (or given up)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Flush, then stop the writer (idempotent)."""
+        self._closed = True
+        atexit.unregister(self.close)
+        if self._writer.is_alive():
+            self._queue.put(_STOP)
+            self._writer.join()
+
+    def stats(self) -> DiskStats:
+        with self._lock:
+            return DiskStats(**{**self._stats, "num_files": len(self._index), "used_bytes": self._used})

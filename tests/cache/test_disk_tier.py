@@ -1,0 +1,174 @@
+"""The disk tier without a model: chained keys over explicit bytes, self-describing files,
+an index rebuilt from names, LRU within the budget, bad files counted and never served, and a
+write error that leaves the tier read-only. The KV store is a dict of block id -> bytes, the
+shape of the `read_block` hook the engine passes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import struct
+
+import pytest
+
+from agentkv.cache.block_pool import BlockPool
+from agentkv.cache.disk_fingerprint import Fingerprint
+from agentkv.cache.disk_format import block_hashes, namespace_text, root_hash
+from agentkv.cache.disk_tier import DiskTier
+from agentkv.cache.radix import RadixCache
+
+BS = 4
+SHAPE = (2, 1, 3)  # layers, kv heads, head dim
+BLOCK_BYTES = 4 * 2 * 2 * BS * 1 * 3
+NS = ("model", None)
+
+
+def fingerprint(weights: str = "w" * 64, isa: str = "avx512") -> Fingerprint:
+    return Fingerprint(weights, ("cpu", "cpu", isa, "build1"), "fp", BS, SHAPE, "f32")
+
+
+def store(num_blocks: int) -> dict[int, bytes]:
+    return {b: bytes([b % 251]) * BLOCK_BYTES for b in range(num_blocks)}
+
+
+def tier(path, kv, capacity=1 << 20, fp=None) -> DiskTier:
+    return DiskTier(path, fp or fingerprint(), capacity, kv.__getitem__)
+
+
+def written(t: DiskTier, tokens, blocks) -> DiskTier:
+    t.offer(NS, tokens, blocks)
+    t.flush()
+    return t
+
+
+def test_keys_are_a_sha256_chain_over_explicit_bytes():
+    fp = fingerprint().digest
+    root = root_hash(fp, namespace_text(NS))
+    assert root == hashlib.sha256(b"agentkv-kv\0" + bytes.fromhex(fp) + b'["model", null]').digest()
+    tokens = list(range(10, 22))
+    h0 = hashlib.sha256(root + struct.pack("<4i", 10, 11, 12, 13)).digest()
+    h1 = hashlib.sha256(h0 + struct.pack("<4i", 14, 15, 16, 17)).digest()
+    assert block_hashes(root, tokens, BS, 2) == [h0, h1]
+    other_ns = root_hash(fp, namespace_text(("model", "tenant-b")))
+    other_fp = root_hash(fingerprint(isa="avx2").digest, namespace_text(NS))
+    assert len({root, other_ns, other_fp}) == 3
+    assert namespace_text(("m", "prompt-logprobs", "r1")) is None
+    assert namespace_text(("m", object())) is None
+
+
+def test_fingerprint_digest_changes_with_every_field():
+    base = fingerprint()
+    variants = [base._replace(**{name: value}) for name, value in (
+        ("weights_digest", "x" * 64), ("backend_identity", ("cpu", "cpu", "avx2", "build1")),
+        ("backend_fingerprint", "fp2"), ("block_size", 8), ("kv_shape", (2, 1, 4)),
+        ("kv_dtype", "bf16"), ("layout_version", 2))]
+    assert len({v.digest for v in [base, *variants]}) == len(variants) + 1
+
+
+def test_written_blocks_survive_a_restart_from_the_index_alone(tmp_path):
+    kv = store(8)
+    tokens = list(range(100, 114))  # 3 full blocks and 2 tokens
+    t = written(tier(tmp_path, kv), tokens, {0: 5, 1: 6, 2: 7})
+    t.close()
+    assert t.stats().written_blocks == 3
+    again = tier(tmp_path, kv)
+    assert again.stats().num_files == 3 and again.stats().bytes_read == 0
+    assert again.fetch(NS, tokens, 0, 3) == [kv[5], kv[6], kv[7]]
+    assert again.fetch(NS, tokens, 1, 2) == [kv[6], kv[7]]
+    assert again.fetch(("model", "other"), tokens, 0, 3) == []
+    changed = tokens[:5] + [999] + tokens[6:]  # block 1 differs: blocks 1 and 2 are other keys
+    assert again.fetch(NS, changed, 0, 3) == [kv[5]]
+    assert again.stats().hit_blocks == 6
+
+
+def test_file_is_self_describing(tmp_path):
+    kv = store(2)
+    t = written(tier(tmp_path, kv), [1, 2, 3, 4], {0: 1})
+    (path,) = t.dir.glob("*.kvb")
+    data = path.read_bytes()
+    assert data[:4] == b"AKVB"
+    (text_len,) = struct.unpack_from("<I", data, 4)
+    header = json.loads(data[8:8 + text_len])
+    assert header["token_ids"] == [1, 2, 3, 4] and header["shape"] == [2, 2, BS, 1, 3]
+    assert header["dtype"] == "f32" and header["layout_version"] == 1
+    assert header["fingerprint"] == fingerprint().digest and path.stem == header["key"]
+    assert data[-32:] == hashlib.sha256(data[:-32]).digest()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
+def test_a_bad_file_is_counted_deleted_and_never_served(tmp_path, damage):
+    kv = store(8)
+    tokens = list(range(12))
+    t = written(tier(tmp_path, kv), tokens, {0: 1, 1: 2, 2: 3})
+    t.close()
+    victim = t.dir / f"{t.keys(namespace_text(NS), tokens, 2)[1]}.kvb"
+    data = victim.read_bytes()
+    if damage == "flip":
+        victim.write_bytes(data[:-40] + bytes([data[-40] ^ 1]) + data[-39:])
+    elif damage == "truncate":
+        victim.write_bytes(data[:len(data) // 2])
+    else:  # a file of another fingerprint put under this block's name
+        other = written(tier(tmp_path / "other", kv, fp=fingerprint(isa="avx2")), tokens, {0: 1, 1: 4})
+        other_key = other.keys(namespace_text(NS), tokens, 2)[1]
+        shutil.copy(other.dir / f"{other_key}.kvb", victim)
+    again = tier(tmp_path, kv)
+    assert again.fetch(NS, tokens, 0, 3) == [kv[1]]
+    assert again.stats().ignored_files == 1 and not victim.exists()
+    assert again.fetch(NS, tokens, 0, 3) == [kv[1]]  # gone from the index: not counted twice
+    assert again.stats().ignored_files == 1
+
+
+def test_lru_within_the_budget_and_a_hit_bumps(tmp_path):
+    kv = store(8)
+    probe = written(tier(tmp_path / "probe", kv), [0] * BS, {0: 0})
+    file_bytes = probe.stats().used_bytes
+    t = tier(tmp_path / "lru", kv, capacity=3 * file_bytes)
+    prompts = [[p] * BS for p in range(5)]
+    for p in prompts[:3]:
+        written(t, p, {0: p[0]})
+    assert t.fetch(NS, prompts[0], 0, 1) == [kv[0]]  # 0 is now the most recent
+    for p in prompts[3:]:
+        written(t, p, {0: p[0]})
+    stats = t.stats()
+    assert stats.num_files == 3 and stats.used_bytes <= 3 * file_bytes
+    assert [bool(t.fetch(NS, p, 0, 1)) for p in prompts] == [True, False, False, True, True]
+
+
+def test_stale_temporary_files_are_removed_at_start(tmp_path):
+    kv = store(2)
+    t = written(tier(tmp_path, kv), [1, 2, 3, 4], {0: 1})
+    t.close()
+    (t.dir / ".deadbeef.123.tmp").write_bytes(b"half a block")
+    again = tier(tmp_path, kv)
+    assert again.stats().ignored_files == 1 and again.stats().num_files == 1
+    assert not list(again.dir.glob("*.tmp"))
+
+
+def test_a_write_error_leaves_the_tier_read_only(tmp_path, caplog):
+    kv = store(4)
+    t = tier(tmp_path, kv)
+    shutil.rmtree(t.dir)
+    t.dir.write_bytes(b"not a directory")  # every write now fails, as on a full disk
+    assert t.offer(NS, [1, 2, 3, 4], {0: 1}) == 1
+    t.flush()
+    assert t.stats().write_errors == 1 and t.stats().read_only
+    assert "RAM only" in caplog.text
+    assert t.offer(NS, [5, 6, 7, 8], {0: 2}) == 0 and t.stats().dropped_writes == 1
+    assert t.fetch(NS, [1, 2, 3, 4], 0, 1) == []
+
+
+def test_write_back_offers_the_full_blocks_of_each_evicted_node(tmp_path):
+    kv = store(8)
+    pool = BlockPool(8)
+    cache = RadixCache(pool, BS)
+    t = tier(tmp_path, kv)
+    cache.on_evict = t.evict_listener(cache)
+    tokens = list(range(10))  # blocks 0, 1 full, block 2 partial (never written)
+    table = pool.allocate(3)
+    cache.insert(NS, tokens, table)
+    cache.insert(NS, tokens[:6] + [77, 78, 79], table[:1] + pool.allocate(2))  # a sibling
+    pool.free(table)
+    assert cache.evict(8) > 0
+    t.flush()
+    assert t.stats().written_blocks == 3  # [0..4), [4..8) and the sibling's [4..8)
+    assert t.fetch(NS, tokens, 0, 2) == [kv[table[0]], kv[table[1]]]
