@@ -1,10 +1,10 @@
 """Drafters: prompt lookup, the suffix index, and the adaptive draft length, on exact state."""
+
 from __future__ import annotations
 
 import pytest
 
-from agentkv.sched.draft import (
-    DraftLength, GlobalIndex, NgramDrafter, NgramIndex, SuffixDrafter, make_drafter)
+from agentkv.sched.draft import DraftLength, GlobalIndex, NgramDrafter, NgramIndex, SuffixDrafter, make_drafter
 
 
 def test_index_holds_only_ngrams_with_a_continuation():

@@ -1,5 +1,6 @@
 """What every drafter is: a proposer of the next tokens of a sequence from text it has seen,
 and the per-request draft length that adapts to how often its drafts are accepted."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -22,6 +23,7 @@ class Drafter(ABC):
     def propose(self, key: Hashable, context: Sequence[int], num_tokens: int) -> list[int]:
         """Up to `num_tokens` draft tokens to follow `context` (mutates the request's index)."""
 
+    @abstractmethod
     def end(self, key: Hashable, context: Sequence[int]) -> None:
         """The request `key` finished or was aborted with `context`; drop its state."""
 

@@ -1,5 +1,6 @@
 """Prompt lookup: draft the tokens that followed the latest earlier occurrence of the
 context's longest suffix n-gram, in the request's own context."""
+
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
@@ -31,7 +32,7 @@ class NgramIndex:
         for token in tokens:
             end = len(own)  # n-grams ending here are followed by `token`
             for n in range(self.min_n, min(self.max_n, end) + 1):
-                self.ends[tuple(own[end - n:end])] = end
+                self.ends[tuple(own[end - n : end])] = end
             own.append(int(token))
 
     def sync(self, context: Sequence[int]) -> None:
@@ -46,7 +47,7 @@ class NgramIndex:
         """(n, end) of the longest n-gram ending `suffix` found here (latest occurrence);
         (0, -1) when none of length >= min_n is."""
         for n in range(min(self.max_n, len(suffix)), self.min_n - 1, -1):
-            end = self.ends.get(tuple(suffix[len(suffix) - n:]))
+            end = self.ends.get(tuple(suffix[len(suffix) - n :]))
             if end is not None:
                 return n, end
         return 0, -1
@@ -74,7 +75,7 @@ class NgramDrafter(Drafter):
         if num_tokens <= 0:
             return []
         n, end = index.match(context)
-        return index.tokens[end:end + num_tokens] if n else []
+        return index.tokens[end : end + num_tokens] if n else []
 
     def end(self, key: Hashable, context: Sequence[int]) -> None:
         self._own.pop(key, None)

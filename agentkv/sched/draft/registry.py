@@ -1,4 +1,5 @@
 """Drafters by name: the values of the `speculative` knob."""
+
 from __future__ import annotations
 
 from agentkv.sched.draft.base import Drafter

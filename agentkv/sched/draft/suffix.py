@@ -1,6 +1,7 @@
 """The suffix drafter: the longest match of the context's suffix in the request's own
 context or in a bounded global index of recently finished requests (prompts and outputs),
 the idea of SuffixDecoding with match lengths capped at `max_n`."""
+
 from __future__ import annotations
 
 import itertools
@@ -28,11 +29,11 @@ class GlobalIndex:
     def _ngrams(self, doc: tuple[int, ...]):
         for end in range(1, len(doc)):
             for n in range(self.min_n, min(self.max_n, end) + 1):
-                yield doc[end - n:end], end
+                yield doc[end - n : end], end
 
     def add(self, tokens: Sequence[int]) -> None:
         """Index one finished context (mutates; may evict the oldest documents)."""
-        doc = tuple(int(t) for t in tokens[-self.max_tokens:])
+        doc = tuple(int(t) for t in tokens[-self.max_tokens :])
         if len(doc) < 2:
             return
         doc_id = next(self._ids)
@@ -53,10 +54,10 @@ class GlobalIndex:
     def match(self, suffix: Sequence[int], num_tokens: int) -> tuple[int, list[int]]:
         """(n, continuation) of the longest indexed n-gram ending `suffix`; (0, [])."""
         for n in range(min(self.max_n, len(suffix)), self.min_n - 1, -1):
-            hit = self.ends.get(tuple(suffix[len(suffix) - n:]))
+            hit = self.ends.get(tuple(suffix[len(suffix) - n :]))
             if hit is not None:
                 doc = self.docs[hit[0]]
-                return n, list(doc[hit[1]:hit[1] + num_tokens])
+                return n, list(doc[hit[1] : hit[1] + num_tokens])
         return 0, []
 
 
@@ -65,8 +66,7 @@ class SuffixDrafter(NgramDrafter):
 
     name = "suffix"
 
-    def __init__(self, min_n: int = 2, max_n: int = 8,
-                 max_indexed_tokens: int = DEFAULT_MAX_INDEXED_TOKENS) -> None:
+    def __init__(self, min_n: int = 2, max_n: int = 8, max_indexed_tokens: int = DEFAULT_MAX_INDEXED_TOKENS) -> None:
         super().__init__(min_n, max_n)
         self.index = GlobalIndex(min_n, max_n, max_indexed_tokens)
 
@@ -78,7 +78,7 @@ class SuffixDrafter(NgramDrafter):
         g, continuation = self.index.match(context, num_tokens)
         if g > n:
             return continuation
-        return own.tokens[end:end + num_tokens] if n else []
+        return own.tokens[end : end + num_tokens] if n else []
 
     def end(self, key: Hashable, context: Sequence[int]) -> None:
         super().end(key, context)
