@@ -50,6 +50,9 @@ class EngineStats(NamedTuple):
     backend: str = ""  # what computes the bits: registry name, kernel ISA and build (None without kernels)
     isa: str | None = None
     kernel_build: str | None = None
+    spec_drafted_tokens: int = 0  # speculative decoding: draft tokens verified
+    spec_accepted_tokens: int = 0  # draft tokens that were what the sampler picked
+    spec_verify_steps: int = 0  # verification chunks run (one per drafting request per step)
 
 
 @dataclass(slots=True)
@@ -60,3 +63,6 @@ class Counters:
     generation_tokens: int = 0
     computed_tokens: int = 0
     steps: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verify_steps: int = 0
