@@ -165,3 +165,60 @@ def test_control_a_row_count_dependent_matmul_is_caught(qwen2_dir, oracle):
     assert stats.spec_drafted_tokens > 0
     assert not same(spec, plain)
     assert same(run(make_engine(qwen2_dir, backend=SplitKBackend.name), requests), plain)  # reruns agree
+
+
+TOOL_RESULT = (
+    "def load_config(path):\n    with open(path) as f:\n        data = json.load(f)\n"
+    "    if 'version' not in data:\n        raise ValueError('config has no version')\n    return data\n"
+)
+
+
+def real_requests(engine: Engine) -> dict:
+    """Agent turns that copy a tool result (greedy and seeded), and one that opted out."""
+    tok = engine.tokenizer
+    copy = tok.encode(f"Tool result:\n{TOOL_RESULT}\nRepeat the tool result exactly:\n{TOOL_RESULT[:20]}")
+    edit = tok.encode(f"File:\n{TOOL_RESULT}\nThe same file with load_config renamed to read_config:\ndef read_config")
+    return {
+        "copy": (copy, SamplingParams(max_tokens=32, temperature=0.0, logprobs=2)),
+        "edit": (edit, SamplingParams(max_tokens=24, temperature=0.6, seed=7, logprobs=1)),
+        "off": (copy, SamplingParams(max_tokens=6, temperature=0.0, speculative=False)),
+    }
+
+
+def check_real_model(model: str) -> None:
+    plain_engine = make_engine(model)
+    requests = real_requests(plain_engine)
+    plain = run(plain_engine, requests)
+    engine = make_engine(model, "ngram", k=8)
+    spec = run(engine, requests)
+    stats = engine.stats()
+    assert same(spec, plain)
+    assert stats.spec_accepted_tokens > 0 and stats.prefix_hit_tokens > 0
+
+
+def test_speculation_is_bit_identical_smollm2():
+    check_real_model("smollm2")
+
+
+@pytest.mark.slow  # about 30 s here: its 262k-entry vocabulary makes every logits row large
+def test_speculation_is_bit_identical_gemma3():
+    check_real_model("gemma3-270m")
+
+
+def test_knobs_and_flags_configure_speculation():
+    import argparse
+
+    from agentkv.commands.config_flags import add_engine_arguments, config_from_args
+    from agentkv.runtime.config import engine_config
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    args = parser.parse_args(["m", "--speculative", "suffix", "--num-speculative-tokens", "5"])
+    assert config_from_args(args) == engine_config("m", speculative="suffix", num_speculative_tokens=5)
+    assert config_from_args(parser.parse_args(["m"])).speculative is None
+    with pytest.raises(ValueError, match="speculative='eagle' is not allowed"):
+        engine_config("m", speculative="eagle")
+    with pytest.raises(ValueError, match=r"num_speculative_tokens=0 is out of range: allowed an integer \[1, 64\]"):
+        engine_config("m", num_speculative_tokens=0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["m", "--speculative", "eagle"])
