@@ -50,7 +50,7 @@ OPEN_TURNS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per turn (default 128)")
-    parser.add_argument("--num-speculative-tokens", type=int, default=8)
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft length limit (default 3)")
     parser.add_argument("--turns", type=int, default=4, help="turns per workload (at most 4)")
     parser.add_argument("--out", default="bench/out")
 

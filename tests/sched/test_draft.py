@@ -87,8 +87,10 @@ def test_draft_length_falls_to_zero_then_probes_with_growing_pauses():
     assert length.length == 2 and length.next() == 2
     length.update(2, 2)
     assert length.length == 3
-    length.update(3, 1)  # partly accepted: accepted + 1
-    assert length.length == 2
+    length.update(3, 1)  # partly accepted: kept
+    assert length.length == 3
+    length.update(3, 0)  # wholly rejected: halved
+    assert length.length == 1
 
 
 def test_draft_length_never_exceeds_its_limit_and_zero_limit_never_drafts():

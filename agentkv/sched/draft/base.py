@@ -33,7 +33,7 @@ class DraftLength:
     """How many tokens to draft for one request, adapted to its acceptance.
 
     A fully accepted draft grows the length by one (up to `limit`); a partly accepted one
-    sets it to what was accepted plus one; a wholly rejected one halves it, so a request
+    keeps it (a copy that diverged once usually goes on copying); a wholly rejected one halves it, so a request
     whose drafts keep failing reaches zero after about log2(limit) misses. At zero it waits
     `backoff` steps, then probes with one token: a hit restarts at two, a miss doubles the
     wait (up to MAX_BACKOFF). Mutable; owned by the engine's request."""
@@ -68,7 +68,7 @@ class DraftLength:
             self.length = min(self.limit, max(self.length, num_drafted) + 1)
             self.backoff = 1
         elif num_accepted > 0:
-            self.length = min(self.limit, num_accepted + 1)
+            self.length = min(self.limit, max(self.length, num_accepted + 1))
             self.backoff = 1
         elif self.length > 1:
             self.length //= 2
