@@ -17,6 +17,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "cache": ("agentkv.bench.cache", "prefix-cache reuse: agentkv with the cache on vs off"),
     "kernels": ("agentkv.bench.kernels", "the compiled CPU kernels vs torch on model shapes"),
     "load": ("agentkv.bench.load", "concurrent streaming clients against a local server"),
+    "spec": ("agentkv.bench.spec", "speculative decoding on copy-heavy and open-ended turns"),
 }
 
 

@@ -9,7 +9,8 @@ from agentkv.runtime.params import SamplingParams
 # The engine knobs of the offline commands: every knob but the name an HTTP client would use.
 OFFLINE_KNOBS = ("backend", "weights", "max_model_len", "block_size", "enable_prefix_cache",
                  "kv_cache_blocks", "kv_cache_memory", "kv_cache_dir", "kv_disk_size",
-                 "kv_write_through", "max_num_seqs", "max_num_batched_tokens", "chunk_size")
+                 "kv_write_through", "max_num_seqs", "max_num_batched_tokens", "chunk_size",
+                 "speculative", "num_speculative_tokens")
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

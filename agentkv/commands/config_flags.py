@@ -13,6 +13,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from agentkv.runtime.config import (
     DEFAULT_KV_DISK, DEFAULT_KV_MEMORY, WEIGHTS_MODES, EngineConfig, engine_config, knob_default, knob_type,
     parse_size)
+from agentkv.sched.draft import DRAFTERS
 
 MODEL_HELP = "alias (smollm2, gemma3-270m, minilm), a .gguf file or a HF folder"
 
@@ -53,6 +54,9 @@ FLAGS: dict[str, Flag] = {f.knob: f for f in (
     Flag("max_num_seqs", "sequences running at once"),
     Flag("max_num_batched_tokens", "tokens computed per step, decodes and prefills together"),
     Flag("chunk_size", "longest prefill chunk of one sequence (default: the step's token budget)"),
+    Flag("speculative", "speculative decoding with this drafter (default: off); outputs are unchanged",
+         choices=tuple(sorted(DRAFTERS))),
+    Flag("num_speculative_tokens", "most tokens drafted per request per step"),
 )}
 
 

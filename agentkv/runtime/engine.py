@@ -31,8 +31,10 @@ from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.runner import Chunk, ModelRunner
 from agentkv.runtime.sampler import (
     SamplingState, check_logits, logsumexp, sample, token_logprob, top_logprobs)
+from agentkv.runtime.speculation import SpeculativeEngine
 from agentkv.runtime.stop import StopChecker
 from agentkv.sched import Scheduler, SeqStatus, Sequence
+from agentkv.sched.draft import DraftLength, make_drafter
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,10 @@ class _Request:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     arrival: float = 0.0
+    draft: DraftLength | None = None  # None: this request never drafts
 
 
-class Engine:
+class Engine(SpeculativeEngine):
     """One model, one KV store, one scheduler. Not thread-safe: one thread calls it, except
     `validate` and `stats`, which any thread may call.
 
@@ -92,6 +95,7 @@ class Engine:
         self.disk = open_disk(self)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, self.disk)
         self.counters = Counters()
+        self.drafter = make_drafter(config.speculative) if config.speculative else None
         # Tests of the exactness contract read the sampled logits rows: request id -> rows.
         self.record_logits = False
         self.recorded: dict[str, list[np.ndarray]] = {}
@@ -184,6 +188,7 @@ class Engine:
                        constraint, arrival=time.perf_counter())
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
+        req.draft = self._draft_length(params, constraint)
         self.scheduler.add(seq)  # the last step that can raise: register only after it
         self._requests[request_id] = req
         self._by_seq[seq.seq_id] = req
@@ -211,6 +216,8 @@ class Engine:
         that ended with an error (finish_reason "error"); publishes a fresh `stats()`."""
         if self.runner is None:
             return []  # an embedding model: add_request refused every generation
+        if self.drafter is not None:
+            self._propose_drafts()
         plan = self.scheduler.schedule()
         self.runner.copy_blocks(list(plan.copies))
         self._apply_loads(plan.loads)
@@ -220,10 +227,9 @@ class Engine:
         chunks = []
         for sc in plan.chunks:
             req = self._by_seq[sc.seq.seq_id]
-            ids = sc.seq.all_ids[sc.start:sc.start + sc.num_tokens]
             in_prompt = req.prompt_logprobs is not None and sc.start < len(sc.seq.prompt_ids)
-            want = "all" if in_prompt else ("last" if sc.samples else None)
-            chunks.append(Chunk(ids, sc.start, sc.seq.block_table, want))
+            want = "all" if in_prompt or sc.draft else ("last" if sc.samples else None)
+            chunks.append(Chunk(sc.token_ids, sc.start, sc.seq.block_table, want))
         logits = self.runner.run(chunks)
         self.counters.steps += 1
         self.counters.computed_tokens += sum(len(c.token_ids) for c in chunks)
@@ -251,17 +257,22 @@ class Engine:
             if result is not None:
                 sampled.append((req, result))
         outputs = [self._fail(req, e) for req, e in failed]
-        self.scheduler.on_tokens({req.seq.seq_id: r.token_id for req, r in sampled})
+        self.scheduler.on_tokens({req.seq.seq_id: [x.token_id for x in r] if isinstance(r, list)
+                                  else r.token_id for req, r in sampled})
         for req, result in sampled:
             try:
-                outputs.append(self._advance(req, result))
+                verified = isinstance(result, list)
+                outputs.append(self._advance_verified(req, result) if verified else self._advance(req, result))
             except Exception as e:  # noqa: BLE001 — e.g. a grammar or detokenizer error
                 outputs.append(self._fail(req, e))
         return outputs
 
     def _sample_chunk(self, req: _Request, sc, want: str, rows: np.ndarray):
         """Prompt logprobs of `rows` when asked, and the sample of the last row when the
-        chunk samples (None otherwise). Raises for this request alone."""
+        chunk samples (None otherwise; a list of samples for a verification chunk). Raises
+        for this request alone."""
+        if sc.draft:
+            return self._verify(req, sc, rows)
         if want == "all":
             self._prompt_logprobs(req, sc.start, rows)
         if not sc.samples:
@@ -297,6 +308,14 @@ class Engine:
                                                     top_logprobs(logits_row, lse, k)))
 
     def _advance(self, req: _Request, result) -> RequestOutput:
+        finished = self._take(req, result)
+        if finished:
+            self.scheduler.finish(req.seq.seq_id, req.finish_reason)
+        return self._emit(req, finished)
+
+    def _take(self, req: _Request, result) -> bool:
+        """Append one sampled token to the request: logprobs, grammar, text, stop checks
+        (mutates the request, not the scheduler). Returns whether the request finished."""
         tok = result.token_id
         req.sampling.append(tok)
         self.counters.generation_tokens += 1
@@ -318,11 +337,9 @@ class Engine:
             finished, req.finish_reason = True, "stop"
         if decision.finished:
             req.finish_reason, req.stop_reason = decision.reason, decision.matched
-        if finished:
-            if decision.trim_text_to is None and decision.matched is None:
-                req.text += req.detok.flush()
-            self.scheduler.finish(req.seq.seq_id, req.finish_reason)
-        return self._emit(req, finished)
+        if finished and decision.trim_text_to is None and decision.matched is None:
+            req.text += req.detok.flush()
+        return finished
 
     def _emit(self, req: _Request, finished: bool) -> RequestOutput:
         hold = 0 if finished else req.stop.holdback_len(req.text)
@@ -341,6 +358,8 @@ class Engine:
         if finished:
             self._requests.pop(req.request_id, None)
             self._by_seq.pop(req.seq.seq_id, None)
+            if self.drafter is not None:
+                self.drafter.end(req.seq.seq_id, req.seq.all_ids)
         return out
 
     # -- introspection --------------------------------------------------------------------
@@ -367,7 +386,10 @@ class Engine:
             kv_blocks_cached=sum(1 for b, n in c.block_refs().items() if self.pool.refcount(b) == n),
             backend=self.backend.name, isa=self.backend.identity.isa,
             kernel_build=self.backend.identity.kernel_build,
-            disk=self.disk.stats() if self.disk is not None else None)
+            disk=self.disk.stats() if self.disk is not None else None,
+            spec_drafted_tokens=self.counters.spec_drafted_tokens,
+            spec_accepted_tokens=self.counters.spec_accepted_tokens,
+            spec_verify_steps=self.counters.spec_verify_steps)
 
     def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
         """Keep the cached prefix of `token_ids` (in a request `namespace`) from eviction for

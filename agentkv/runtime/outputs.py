@@ -53,6 +53,9 @@ class EngineStats(NamedTuple):
     isa: str | None = None
     kernel_build: str | None = None
     disk: DiskStats | None = None  # the KV disk tier's counters, when it is on
+    spec_drafted_tokens: int = 0  # speculative decoding: draft tokens verified
+    spec_accepted_tokens: int = 0  # draft tokens that were what the sampler picked
+    spec_verify_steps: int = 0  # verification chunks run (one per drafting request per step)
 
 
 @dataclass(slots=True)
@@ -63,3 +66,6 @@ class Counters:
     generation_tokens: int = 0
     computed_tokens: int = 0
     steps: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verify_steps: int = 0

@@ -70,6 +70,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     n: int = 1
+    speculative: bool = True  # False: never draft for this request (the engine's knob decides if any)
 
     @classmethod
     def create(cls, **kw: Any) -> SamplingParams:
@@ -114,7 +115,7 @@ class SamplingParams:
         stop = self.stop or ()
         set_(self, "stop", (stop,) if isinstance(stop, str) else tuple(stop))
         set_(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "speculative"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
 

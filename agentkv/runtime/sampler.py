@@ -12,8 +12,10 @@ a float32 row `[vocab]`. Processing order is vLLM's:
         ▼
     temperature ─► top-k ─► top-p ─► min-p ─► inverse-CDF draw (float64 cumsum, one uniform)
 
-Everything after the copy is deterministic given the state's rng, so a seeded request
-replays token for token.
+Everything after the copy is deterministic given the draw's generator. A seeded request's
+draw for the token at position p comes from PCG64((seed + index, p)), keyed by position
+rather than by how many draws came before, so it replays token for token however its
+tokens were produced (one per step, or several per speculative verification step).
 """
 from __future__ import annotations
 
@@ -38,26 +40,35 @@ class SampleResult(NamedTuple):
 
 @dataclass(slots=True)
 class SamplingState:
-    """Per-sequence sampling state. `sample` consumes `rng`; the caller appends each token."""
+    """Per-sequence sampling state; the caller appends each token. Unseeded, `sample`
+    consumes `rng`; seeded, each draw gets its own generator keyed by (seed, position)."""
 
     prompt_ids: np.ndarray  # [prompt_len] int64
     output_ids: list[int] = field(default_factory=list)
     rng: np.random.Generator = field(default_factory=lambda: np.random.Generator(np.random.PCG64()))
+    seed: int | None = None  # (params.seed + index) mod 2**64; None = draw from `rng`
 
     @classmethod
     def create(cls, params: SamplingParams, prompt_ids: Sequence[int] | np.ndarray,
                index: int = 0) -> SamplingState:
         """New state for sequence `index` of a request (0..n-1).
 
-        With a seed, the rng is PCG64(seed + index) (vLLM gives the n children seed + i), so
-        sequence 0 of a seeded request is PCG64(seed); without one it is seeded from OS entropy.
+        With a seed, sequence `index` draws with seed + index (vLLM gives the n children
+        seed + i), keyed by position (see `generator`); without one `rng` is seeded from OS
+        entropy.
         """
         ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
-        if params.seed is None:
-            rng = np.random.Generator(np.random.PCG64())
-        else:
-            rng = np.random.Generator(np.random.PCG64((params.seed + index) % _U64))
-        return cls(prompt_ids=ids, output_ids=[], rng=rng)
+        seed = None if params.seed is None else (params.seed + index) % _U64
+        return cls(prompt_ids=ids, output_ids=[], seed=seed)
+
+    def generator(self) -> np.random.Generator:
+        """The generator of the next draw: for a seeded sequence a fresh PCG64 keyed by
+        (seed, position of the token being drawn), so the draw does not depend on how many
+        came before; unseeded, the state's one `rng`."""
+        if self.seed is None:
+            return self.rng
+        position = len(self.prompt_ids) + len(self.output_ids)
+        return np.random.Generator(np.random.PCG64([self.seed, position]))
 
     def append(self, token_id: int) -> None:
         """Record a generated token (mutates); penalties see it from the next step on."""
@@ -68,7 +79,7 @@ def sample(logits: np.ndarray, params: SamplingParams, state: SamplingState,
            allowed: np.ndarray | None = None) -> SampleResult:
     """Choose the next token from one logits row `[vocab]`.
 
-    Does not modify `logits`; draws from `state.rng` (once, unless greedy); does not append
+    Does not modify `logits`; draws once (unless greedy) from `state.generator()`; does not append
     the token to `state` (the engine does, after its stop checks). `allowed` is a bool mask
     `[vocab]` from structured output (False = forbidden). Raises RuntimeError when every
     token is masked, and when the row holds NaN or +inf (a model bug).
@@ -84,7 +95,7 @@ def sample(logits: np.ndarray, params: SamplingParams, state: SamplingState,
         raise RuntimeError("every token is masked (-inf) after logit_bias, allowed mask and "
                            "penalties: nothing can be sampled")
     if not params.greedy:
-        token_id = _draw(warp(processed, params), state.rng)
+        token_id = _draw(warp(processed, params), state.generator())
     if not np.isfinite(processed[token_id]):
         raise RuntimeError(f"sampled token {token_id} has a -inf logit: sampler bug")
     if params.logprobs is None:  # a float64 pass over the vocab (262k for Gemma) saved per token

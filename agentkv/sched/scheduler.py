@@ -10,16 +10,31 @@ from agentkv.cache import BlockId, BlockPool, MatchResult, Node, RadixCache, com
 from agentkv.cache.disk_tier import DiskTier
 from agentkv.sched.config import CacheView, SchedulerConfig
 from agentkv.sched.sequence import SeqId, SeqStatus, Sequence
+from agentkv.sched.speculation import SpeculativeScheduling
 
 
 class ScheduledChunk(NamedTuple):
     """Compute KV for seq.all_ids[start:start + num_tokens] at positions start.. into
-    seq.block_table; when `samples`, the last row's logits sample the next token."""
+    seq.block_table; when `samples`, the last row's logits sample the next token.
+
+    A verification chunk (non-empty `draft`) is a decode row followed by the draft:
+
+        tokens:     | all_ids[start] | draft[0] ... draft[k-1] |   num_tokens = 1 + k
+        logits:     every row; row i samples the token after draft[:i]
+    """
 
     seq: Sequence
     start: int
     num_tokens: int
     samples: bool
+    draft: tuple[int, ...] = ()
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens this chunk computes (the draft included)."""
+        if self.draft:
+            return [self.seq.all_ids[self.start], *self.draft]
+        return self.seq.all_ids[self.start:self.start + self.num_tokens]
 
 
 class SchedulerOutput(NamedTuple):
@@ -50,7 +65,7 @@ class _Step:
         self.chunks[seq.seq_id] = ScheduledChunk(seq, seq.num_computed, num_tokens, samples)
 
 
-class Scheduler:
+class Scheduler(SpeculativeScheduling):
     """Decides, step by step, which tokens of which sequences to compute.
 
     Protocol per step: `schedule()`, the runner computes the chunks, `on_tokens(sampled)`;
@@ -119,7 +134,13 @@ class Scheduler:
             if step.budget_left == 0:
                 break
             if seq.status is SeqStatus.RUNNING and seq.is_decoding:
-                self._extend(seq, 1, step)
+                draft = self._take_draft(seq, step.budget_left) if seq.draft_ids else ()
+                if draft:
+                    step.chunks[seq.seq_id] = ScheduledChunk(seq, seq.num_computed, 1 + len(draft), True, draft)
+                else:
+                    self._extend(seq, 1, step)
+        for seq in self.running:
+            seq.draft_ids = []  # a draft is for this step only
         for seq in list(self.running):
             num_tokens = min(seq.num_remaining, step.budget_left, self.config.max_chunk_len)
             if num_tokens == 0:
@@ -300,10 +321,11 @@ class Scheduler:
         self.running.append(seq)
         self.running.sort(key=lambda s: s.arrival)
 
-    def on_tokens(self, sampled: dict[SeqId, int]) -> None:
+    def on_tokens(self, sampled: dict[SeqId, int | list[int]]) -> None:
         """The last scheduled step ran: advance each chunk's KV, append sampled tokens
         (`sampled` must hold one for every chunk with samples=True of a sequence still
-        running), and insert prefilled prefixes into the cache so others can hit them.
+        running; a list of the accepted tokens for a verification chunk), and insert
+        prefilled prefixes into the cache so others can hit them.
         Chunks of sequences finished or aborted since `schedule` are ignored."""
         if self._last is None:
             raise RuntimeError("on_tokens without a schedule: bug")
@@ -319,12 +341,16 @@ class Scheduler:
                                    f"starts at {chunk.start}: bug")
             if chunk.samples and seq.seq_id not in sampled:
                 raise ValueError(f"no sampled token for seq {seq.seq_id}")
+            if chunk.draft:
+                self._on_verified(chunk, sampled[seq.seq_id])
+                continue
             seq.num_computed += chunk.num_tokens
             if chunk.samples:
                 seq.output_ids.append(sampled[seq.seq_id])
             if not chunk.samples or chunk.start < len(seq.prompt_ids):
                 self._insert_progress(seq)
 
+    # -- the prefix cache -----------------------------------------------------------------
     def _insert_progress(self, seq: Sequence) -> None:
         """Cache what `seq` has computed so far and move its lock to the deepest node, so
         the in-flight prefix is neither computed twice nor evicted under it."""

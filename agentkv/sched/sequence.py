@@ -43,6 +43,9 @@ class Sequence:
     arrival: int = -1  # FCFS order, set by Scheduler.add
     num_preemptions: int = 0
     finish_reason: str | None = None
+    # Speculation: tokens the engine drafted to follow all_ids, verified by the next step
+    # (set before `Scheduler.schedule`, which consumes them); never part of all_ids.
+    draft_ids: list[int] = field(default_factory=list)
 
     @property
     def all_ids(self) -> list[int]:

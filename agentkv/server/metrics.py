@@ -30,6 +30,8 @@ class EngineCollector(Collector):
             "prefix_cache_hit_tokens": ("prefix_hit_tokens", "Prompt tokens served from the prefix cache"),
             "kv_evicted_blocks": ("evicted_blocks", "KV blocks evicted from the prefix cache"),
             "preemptions": ("preemptions", "Requests preempted for lack of KV blocks"),
+            "spec_drafted_tokens": ("spec_drafted_tokens", "Draft tokens verified by speculative decoding"),
+            "spec_accepted_tokens": ("spec_accepted_tokens", "Draft tokens accepted (what the sampler picked)"),
         }
         for name, (field, doc) in counters.items():
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=getattr(stats, field))

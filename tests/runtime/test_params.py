@@ -25,7 +25,7 @@ def test_field_names_are_the_contract() -> None:
         "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "logit_bias", "seed", "stop",
         "stop_token_ids", "ignore_eos", "logprobs", "prompt_logprobs",
-        "include_stop_str_in_output", "skip_special_tokens", "n",
+        "include_stop_str_in_output", "skip_special_tokens", "n", "speculative",
     ]
 
 
@@ -155,3 +155,9 @@ def test_check_vocab() -> None:
 def test_none_collections_mean_empty() -> None:
     p = SamplingParams(stop=None, stop_token_ids=None, logit_bias=None)  # type: ignore[arg-type]
     assert (p.stop, p.stop_token_ids, p.logit_bias) == ((), (), ())
+
+
+def test_speculative_opt_out_must_be_a_bool() -> None:
+    assert SamplingParams().speculative is True and SamplingParams(speculative=False).speculative is False
+    with pytest.raises(ValueError, match="speculative=1 must be a bool"):
+        SamplingParams(speculative=1)

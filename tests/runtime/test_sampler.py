@@ -304,11 +304,23 @@ def test_same_seed_same_tokens_different_seed_different() -> None:
                                                         top_p=0.95))
 
 
-def test_seeded_rng_is_pcg64_of_seed() -> None:
-    state = SamplingState.create(SamplingParams(seed=7), [])
-    assert state.rng.random() == np.random.Generator(np.random.PCG64(7)).random()
-    negative = SamplingState.create(SamplingParams(seed=-1), [])
-    assert negative.rng.random() == np.random.Generator(np.random.PCG64(2**64 - 1)).random()
+def test_seeded_draw_is_pcg64_of_seed_and_position() -> None:
+    """Seeded draws are keyed by (seed + index, position), not by a running stream, so a
+    request's tokens do not depend on how many rows a step verified (speculative decoding)."""
+    state = SamplingState.create(SamplingParams(seed=7), [5, 6])
+    assert state.generator().random() == np.random.Generator(np.random.PCG64([7, 2])).random()
+    state.append(9)
+    assert state.generator().random() == np.random.Generator(np.random.PCG64([7, 3])).random()
+    negative = SamplingState.create(SamplingParams(seed=-1), [], index=1)
+    assert negative.generator().random() == np.random.Generator(np.random.PCG64([0, 0])).random()
+
+
+def test_seeded_draw_does_not_depend_on_earlier_draws() -> None:
+    params = SamplingParams(seed=11)
+    state = SamplingState.create(params, [1])
+    first = sample(SMALL, params, state).token_id
+    for _ in range(5):  # drawing again at the same position gives the same token
+        assert sample(SMALL, params, state).token_id == first
 
 
 def test_unseeded_states_differ() -> None:

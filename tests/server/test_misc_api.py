@@ -37,7 +37,8 @@ def test_metrics_scrape(client, http):
                  "agentkv_prompt_tokens_total", "agentkv_generation_tokens_total",
                  "agentkv_prefix_cache_queried_tokens_total", "agentkv_prefix_cache_hit_tokens_total",
                  "agentkv_kv_blocks_used", "agentkv_kv_blocks_free", "agentkv_num_requests_running",
-                 "agentkv_num_requests_waiting"):
+                 "agentkv_num_requests_waiting", "agentkv_spec_drafted_tokens_total",
+                 "agentkv_spec_accepted_tokens_total"):
         assert name in text, name
     assert 'endpoint="/v1/chat/completions",status="200"' in text
 
