@@ -26,11 +26,12 @@ from agentkv.runtime.config import DEFAULT_KV_MEMORY, EngineConfig
 from agentkv.runtime.errors import (
     InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError)
 from agentkv.runtime.kv_disk import open_disk, write_through
-from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
+from agentkv.runtime.outputs import Counters, RequestOutput, TokenLogprob
 from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.runner import Chunk, ModelRunner
 from agentkv.runtime.sampler import (
     SamplingState, check_logits, logsumexp, sample, token_logprob, top_logprobs)
+from agentkv.runtime.engine_state import EngineState
 from agentkv.runtime.speculation import SpeculativeEngine
 from agentkv.runtime.stop import StopChecker
 from agentkv.sched import Scheduler, SeqStatus, Sequence
@@ -60,7 +61,7 @@ class _Request:
     draft: DraftLength | None = None  # None: this request never drafts
 
 
-class Engine(SpeculativeEngine):
+class Engine(SpeculativeEngine, EngineState):
     """One model, one KV store, one scheduler. Not thread-safe: one thread calls it, except
     `validate` and `stats`, which any thread may call.
 
@@ -361,60 +362,3 @@ class Engine(SpeculativeEngine):
             if self.drafter is not None:
                 self.drafter.end(req.seq.seq_id, req.seq.all_ids)
         return out
-
-    # -- introspection --------------------------------------------------------------------
-    def stats(self) -> EngineStats:
-        """The counters and gauges as of the end of the last step, add or abort. Thread-safe:
-        the engine thread publishes a new immutable snapshot after each of those, so a
-        reader (the server's /metrics) never walks the radix tree while it changes."""
-        return self._stats
-
-    def _publish_stats(self) -> None:
-        self._stats = self._compute_stats()  # one reference swap: readers see old or new
-
-    def _compute_stats(self) -> EngineStats:
-        """Engine thread only: walks the radix tree."""
-        c = self.cache
-        return EngineStats(
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            kv_blocks_used=self.pool.num_used, kv_blocks_free=self.pool.num_free,
-            prefix_queried_tokens=c.queried_tokens, prefix_hit_tokens=c.hit_tokens,
-            evicted_blocks=c.evicted_blocks, preemptions=self.scheduler.preemptions,
-            prompt_tokens=self.counters.prompt_tokens,
-            generation_tokens=self.counters.generation_tokens,
-            computed_tokens=self.counters.computed_tokens,
-            kv_blocks_cached=sum(1 for b, n in c.block_refs().items() if self.pool.refcount(b) == n),
-            backend=self.backend.name, isa=self.backend.identity.isa,
-            kernel_build=self.backend.identity.kernel_build,
-            disk=self.disk.stats() if self.disk is not None else None,
-            spec_drafted_tokens=self.counters.spec_drafted_tokens,
-            spec_accepted_tokens=self.counters.spec_accepted_tokens,
-            spec_verify_steps=self.counters.spec_verify_steps)
-
-    def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
-        """Keep the cached prefix of `token_ids` (in a request `namespace`) from eviction for
-        `ttl_s` seconds (mutates the cache); returns how many tokens are pinned."""
-        return self.cache.pin((self.model_name, namespace), list(map(int, token_ids)), ttl_s)
-
-    def free_cache(self) -> int:
-        """Evict every unlocked cached block (mutates); returns how many returned to the pool."""
-        num_freed = self.cache.evict(self.num_blocks)
-        self._publish_stats()
-        return num_freed
-
-    # -- the disk tier (runtime/kv_disk.py) ---------------------------------------------
-    def _apply_loads(self, loads) -> None:
-        """Write the disk payloads the scheduler planned into their fresh blocks (before the step)."""
-        for block, payload in loads:
-            self.backend.write_block(self.runner.kv, block, payload)
-
-    def close(self) -> None:
-        """Write back what the RAM cache holds (unlocked entries; write-through has them
-        already), flush the disk tier and stop its writer. Idempotent; called by the engine
-        thread when it stops (SIGTERM: the server's shutdown), or by a synchronous owner."""
-        if self.disk is None:
-            return
-        if not self.config.cache.write_through:
-            self.disk.wait_when_full = True
-            self.cache.evict(self.num_blocks)
-        self.disk.close()
