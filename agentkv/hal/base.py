@@ -10,14 +10,13 @@ call, where a chunk starts, or what else is in the batch.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
 from agentkv.hal.identity import Identity, fingerprint_of
 from agentkv.hal.layout import Layout, LayoutError, check_layout  # noqa: F401  (re-exported: the contract)
+from agentkv.hal.specs import AttnMeta, KVSpec, RopeSpec, RopeStyle  # noqa: F401  (re-exported: the contract)
 
 if TYPE_CHECKING:
     from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer
@@ -63,85 +62,6 @@ class Weight:
 
     def __repr__(self) -> str:
         return f"Weight({self.name!r}, shape={self.shape}, qtype={self.qtype}, layout={self.layout.value!r})"
-
-
-class RopeStyle(str, Enum):
-    NEOX = "neox"  # rotate halves: (x[i], x[i + d/2]) — HF llama/qwen layout
-    INTERLEAVED = "interleaved"  # rotate pairs: (x[2i], x[2i+1]) — GGUF llama (q/k permuted)
-
-
-@dataclass(frozen=True, slots=True)
-class RopeSpec:
-    """Rotary embedding: style, base, rotated dims and a frequency scaling rule."""
-
-    dim: int
-    theta: float = 10000.0
-    style: RopeStyle = RopeStyle.NEOX
-    # {"type": "linear"|"llama3"|"yarn", ...}; a dict is accepted and frozen into sorted items
-    # so that specs hash (frequency tables are cached per spec).
-    scaling: Any = ()
-
-    def __post_init__(self):
-        if self.dim <= 0 or self.dim % 2:
-            raise ValueError(f"rope dim must be a positive even number, got {self.dim}")
-        if isinstance(self.scaling, dict) or self.scaling is None:
-            items = tuple(sorted((self.scaling or {}).items()))
-            object.__setattr__(self, "scaling", items)
-
-    @property
-    def scaling_dict(self) -> dict[str, Any]:
-        return dict(self.scaling)
-
-
-@dataclass(frozen=True, slots=True)
-class KVSpec:
-    """Shape of the paged KV store: per layer, `[num_blocks, block_size, num_kv_heads, head_dim]`
-    for K and the same for V."""
-
-    num_layers: int
-    num_blocks: int
-    block_size: int
-    num_kv_heads: int
-    head_dim: int
-
-    def __post_init__(self):
-        for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"KVSpec.{name} must be > 0, got {getattr(self, name)}")
-
-    @property
-    def bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * 4
-
-
-class AttnMeta(NamedTuple):
-    """One step's batch, as the attention op sees it. Rows of the flat token batch are the
-    sequences' new tokens, back to back:
-
-        rows:  | seq 0: query_lens[0] | seq 1: query_lens[1] | ...
-        seq i's rows sit at positions [context_lens[i] - query_lens[i], context_lens[i])
-
-    `block_tables[i]` lists the KV blocks of seq i in order; token position p lives in
-    block `block_tables[i][p // block_size]` at offset `p % block_size`.
-    `slot_mapping[r]` = block * block_size + offset where row r's K/V are stored."""
-
-    query_lens: tuple[int, ...]
-    context_lens: tuple[int, ...]
-    block_tables: tuple[tuple[int, ...], ...]
-    positions: np.ndarray  # int64 [num_tokens]
-    slot_mapping: np.ndarray  # int64 [num_tokens]
-
-    @property
-    def num_tokens(self) -> int:
-        return int(sum(self.query_lens))
-
-    @property
-    def query_starts(self) -> list[int]:
-        starts, acc = [], 0
-        for n in self.query_lens:
-            starts.append(acc)
-            acc += n
-        return starts
 
 
 class Capabilities(NamedTuple):

@@ -3,9 +3,9 @@
 Batch invariance comes from the kernels: every matmul and attention row follows one fixed
 accumulation order, and so do the fused glue ops (norms, residual adds, gated activations,
 rope and the K/V store: fused.cpp), which also spare ~40 small torch ops per layer and step.
-Ops without a kernel, and the model-facing fused ops that call the kernels once `_kernels`
-is set (attention_inputs, decoder_block), are the portable `torch` backend's (hal/portable),
-whose class this extends. The kernels must run here: when they cannot (no C++ compiler, a CPU without
+The model-facing fused ops (attention_inputs, the decoder block in one call) are in
+`block.py`; ops without a kernel are the portable `torch` backend's (hal/portable), whose
+class this extends. The kernels must run here: when they cannot (no C++ compiler, a CPU without
 AVX2/FMA/F16C, a failed build), constructing the backend raises BackendUnavailable naming why;
 it never runs the portable path in their place.
 """
@@ -16,7 +16,8 @@ import warnings
 import numpy as np
 import torch
 
-from agentkv.hal.base import AttnMeta, Capabilities, Identity, Layout, Tensor, Weight, check_layout
+from agentkv.hal.base import AttnMeta, RopeSpec, Capabilities, Identity, Layout, Tensor, Weight, check_layout
+from agentkv.hal.cpu.block import CompiledBlocks
 from agentkv.hal.kernels import SUPPORTED_QTYPES, build_id, load
 from agentkv.hal.portable.backend import F32, GLU_KINDS, TorchBackend, TorchKV, _stacked
 from agentkv.hal.portable.steps import kernel_meta
@@ -26,7 +27,7 @@ __all__ = ["F32", "CpuBackend"]
 LAYOUTS = frozenset({Layout.ROW_MAJOR_F32, Layout.GGUF_ROWS})
 
 
-class CpuBackend(TorchBackend):
+class CpuBackend(CompiledBlocks, TorchBackend):
     """The portable torch backend with its hot ops replaced by the compiled kernels; quantized
     weights stay in the file's blocks (GGUF_ROWS) and the kernels read them as they are."""
 
@@ -36,6 +37,7 @@ class CpuBackend(TorchBackend):
         super().__init__("cpu")
         self.name = type(self).name
         self._kernels = load()  # raises BackendUnavailable with the cause
+        self._rope_full: dict[RopeSpec, tuple] = {}  # spec -> (num_pos, cos, sin) whole tables
 
     @property
     def capabilities(self) -> Capabilities:

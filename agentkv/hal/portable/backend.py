@@ -1,7 +1,7 @@
 """The `torch` backend: portable torch ops with no compiled kernels, on the CPU (`torch`) or
 CUDA (`torch-cuda`); the `cpu` backend (hal/cpu) is this class plus the compiled kernels.
-The model-facing fused ops (attention_inputs, decoder_block) take the kernels' path only
-when a subclass has set `_kernels`; here it is None, so they compose the base ops.
+The model-facing fused ops (attention_inputs, decoder_block) are the base class's
+compositions here; the `cpu` backend replaces them with one compiled call each.
 
 Batch invariance comes from shapes, not luck. MKL's f32 GEMM gives a row the same bits for
 any M >= 16, so matmuls pad short batches to 16 rows, and attention runs per 16-position
@@ -19,9 +19,8 @@ import torch.nn.functional as F
 
 from agentkv.hal.base import (AttnMeta, Backend, BackendUnavailable, Capabilities, KVSpec, Layout, RopeSpec,
                              RopeStyle, Tensor, Weight, check_layout)
-from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer, DenseFFN, DenseFFNSpec, Projection
 from agentkv.hal.portable.attention import paged_attention_portable
-from agentkv.hal.portable.steps import kernel_meta, slots_tensor, step_rows
+from agentkv.hal.portable.steps import slots_tensor
 from agentkv.hal.rope import rope_tables
 
 F32 = 0
@@ -71,9 +70,7 @@ class TorchBackend(Backend):
     def __init__(self, device: str = "cpu"):
         self.device = torch.device(device)
         self.name = "torch" if self.device.type == "cpu" else f"torch-{self.device.type}"
-        self._kernels = None  # the compiled kernel module, set by the cpu backend only
         self._rope_memo: dict[RopeSpec, tuple] = {}
-        self._rope_full: dict[RopeSpec, tuple] = {}  # spec -> (num_pos, cos, sin) whole tables
 
     @property
     def capabilities(self) -> Capabilities:
@@ -182,78 +179,6 @@ class TorchBackend(Backend):
     def act(self, x: Tensor, kind: str) -> Tensor:
         return Tensor(ACTIVATIONS[kind](x.raw))
 
-    # -- model-facing fused ops: the compiled path when a subclass brings kernels (cpu), else
-    # the base class's composition of the ops above -------------------------------------
-    def attention_inputs(self, qkv, meta: AttnMeta, kv: TorchKV, layer: int, spec: AttentionSpec,
-                         q_norm: Weight | None = None, k_norm: Weight | None = None) -> Tensor:
-        if self._kernels is None:
-            return super().attention_inputs(qkv, meta, kv, layer, spec, q_norm, k_norm)
-        rows = step_rows(meta)
-        cos, sin = self._rope_full_tables(spec.rope, rows.max_pos)
-        q = self._kernels.attention_inputs(
-            _stacked(qkv), q_norm.raw if q_norm is not None else None,
-            k_norm.raw if k_norm is not None else None, cos, sin, rows.positions, rows.slots,
-            kv.k_slots[layer], kv.v_slots[layer], spec.num_heads, spec.num_kv_heads, spec.rope.dim,
-            spec.rope.style is RopeStyle.INTERLEAVED, spec.eps, spec.unit_offset)
-        return Tensor(q)
-
-    def decoder_block(self, h: Tensor, x: Tensor, layer: DecoderLayer, spec: BlockSpec, meta: AttnMeta,
-                      kv: TorchKV, index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
-        """The block as one compiled call (layer.cpp): the same kernels in the same order as
-        the default composition, so the same bits, minus ~10 Python/pybind crossings. Only a
-        dense FFN runs compiled; any other FFN kind takes the composed path (`Backend.ffn`)."""
-        block = self._compiled_block(layer, spec, kv, index, next_norm) if self._kernels is not None else None
-        if block is None:
-            return super().decoder_block(h, x, layer, spec, meta, kv, index, next_norm)
-        rows = step_rows(meta)
-        cos, sin = self._rope_full_tables(spec.attention.rope, rows.max_pos)
-        tables, row_seq, row_pos = kernel_meta(meta)
-        hs = h.raw.contiguous()
-        normed = block.run(hs, x.raw.contiguous(), cos, sin, rows.positions, rows.slots, tables, row_seq, row_pos)
-        return Tensor(hs), Tensor(normed)
-
-    def _compiled_block(self, layer: DecoderLayer, spec: BlockSpec, kv: TorchKV, index: int, next_norm: Weight):
-        """The kernel library's DecoderBlock for this layer, built once per KV store; None
-        where the block needs something it does not do (an FFN that is not dense, an
-        activation it lacks, a bias on only some of q/k/v)."""
-        entry = kv.decoder_blocks.get(index)
-        if entry is not None and entry[0] is layer and entry[1] == spec and entry[2] is next_norm:
-            return entry[3]
-        att, ffn = layer.attention, layer.ffn
-        block = None
-        if type(ffn) is DenseFFN and isinstance(spec.ffn, DenseFFNSpec) and spec.ffn.act in GLU_KINDS:
-            projections = {name: _projection(self._kernels, p) for name, p in (
-                ("qkv", att.qkv), ("o", Projection((att.o,))), ("gate_up", ffn.gate_up),
-                ("down", Projection((ffn.down,))))}
-            if all(p is not None for p in projections.values()):
-                parts = self._block_parts(layer, spec, kv, index, next_norm)
-                block = self._kernels.DecoderBlock(**projections, **parts)
-        kv.decoder_blocks[index] = (layer, spec, next_norm, block)
-        return block
-
-    def _block_parts(self, layer: DecoderLayer, spec: BlockSpec, kv: TorchKV, index: int, next_norm: Weight) -> dict:
-        """The compiled block's norms, K/V store and scalars, each a small bound struct."""
-        att, ffn, a, K = layer.attention, layer.ffn, spec.attention, self._kernels
-        raw = lambda w: w.raw if w is not None else None  # noqa: E731
-        norms = K.BlockNorms(ffn_norm=ffn.norm.raw, next_norm=next_norm.raw, post_attn_norm=raw(att.post_norm),
-                             post_ffn_norm=raw(ffn.post_norm), q_norm=raw(att.q_norm), k_norm=raw(att.k_norm))
-        cache = K.BlockCache(k_cache=kv.k_slots[index], v_cache=kv.v_slots[index], k_blocks=kv.k_blocks[index],
-                             v_blocks=kv.v_blocks[index])
-        config = K.BlockConfig(heads=a.num_heads, kv_heads=a.num_kv_heads, head_dim=a.head_dim,
-                               rope_dim=a.rope.dim, interleaved=a.rope.style is RopeStyle.INTERLEAVED,
-                               window=int(a.window or 0), act=GLU_KINDS[spec.ffn.act], eps=a.eps,
-                               unit_offset=a.unit_offset, scale=a.scale)
-        return {"norms": norms, "cache": cache, "config": config}
-
-    def _rope_full_tables(self, spec: RopeSpec, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole cos/sin tables `[num_pos, dim/2]` covering max_pos (the kernel gathers rows)."""
-        memo = self._rope_full.get(spec)
-        if memo is None or memo[0] <= max_pos:
-            cos_t, sin_t = rope_tables(spec, max_pos + 1)
-            memo = (len(cos_t), torch.from_numpy(cos_t), torch.from_numpy(sin_t))
-            self._rope_full[spec] = memo
-        return memo[1], memo[2]
-
     def moe_ffn(self, x: Tensor, weights, spec) -> Tensor:
         """Tokens grouped by expert, one matmul per active expert (hal/portable/moe.py)."""
         from agentkv.hal.portable.moe import grouped_moe
@@ -313,17 +238,6 @@ class TorchBackend(Backend):
             out[sl] = torch.matmul(probs, vs).transpose(0, 1)
             start += length
         return Tensor(out)
-
-
-def _projection(kernels, proj: Projection):
-    """A projection for the compiled block: the fused weight or its parts, and the bias of
-    the joined output (None where some parts have one and others not)."""
-    if proj.mixed_biases:
-        return None
-    weights = proj.weights
-    bias = torch.cat([b.raw for b in proj.biases]) if proj.biases[0] is not None else None
-    return kernels.projection([w.raw for w in weights], [w.qtype for w in weights],
-                              [w.shape[0] for w in weights], bias, weights[0].shape[1])
 
 
 def _stacked(x) -> torch.Tensor:
