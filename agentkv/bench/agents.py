@@ -205,9 +205,9 @@ def exactness(results: dict[str, dict]) -> dict:
     for arm, res in results.items():
         if arm == REFERENCE or failed(res):
             continue
-        field = "token_ids" if res["records"][0]["token_ids"] is not None else "text"
-        same = [r[field] == ref_recs[key(r)][field] for r in res["records"]]
-        out["agreement"][arm] = {"compared": field, "equal": sum(same), "of": len(same)}
+        compared = "token_ids" if res["records"][0]["token_ids"] is not None else "text"
+        same = [r[compared] == ref_recs[key(r)][compared] for r in res["records"]]
+        out["agreement"][arm] = {"compared": compared, "equal": sum(same), "of": len(same)}
         if arm in ("agentkv-nocache", "agentkv-http"):
             out["checked"] = True
             out.setdefault("mismatches", {})[arm] = len(same) - sum(same)
@@ -224,11 +224,11 @@ def targets(summary: dict) -> dict:
     out = {}
     goals = [("transformers", "wall_s", 4.0), ("llamacpp", "wall_s", 1.0),
              ("agentkv-nocache", "prefill_computed", 10.0)]
-    for peer, field, need in goals:
+    for peer, metric, need in goals:
         other = arms.get(peer, {})
         if not ours or not other or failed(ours) or failed(other):
             continue
-        ratio = other[field] / max(ours[field], 1e-9)
+        ratio = other[metric] / max(ours[metric], 1e-9)
         met = ratio >= need if need > 1 else ratio > need
-        out[f"{field} vs {peer}"] = {"ratio": ratio, "need": need, "met": met}
+        out[f"{metric} vs {peer}"] = {"ratio": ratio, "need": need, "met": met}
     return out

@@ -93,8 +93,8 @@ def bench_shapes(K, weights: dict, timer: Timer, seconds: float, ms: list[int]) 
         for m in ms:
             x = torch.randn(m, k)
             budget = seconds / (3 if m > 1 else 1)
-            ours = timer(lambda: K.qmatmul(x, w, qt, n, k), budget)
-            ref = timer(lambda: F.linear(x, wf), budget)
+            ours = timer(lambda x=x, w=w, qt=qt, n=n, k=k: K.qmatmul(x, w, qt, n, k), budget)
+            ref = timer(lambda x=x, wf=wf: F.linear(x, wf), budget)
             flop = 2.0 * m * n * k
             rows.append({"shape": label, "m": m, "ours_ms": ours * 1e3, "ours_gbs": w.numel() / ours / 1e9,
                          "ours_gflops": flop / ours / 1e9, "torch_ms": ref * 1e3,

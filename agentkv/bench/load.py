@@ -166,19 +166,23 @@ def drive(args: argparse.Namespace) -> tuple[dict, dict]:
             server.stop()
 
 
+def _summary_table(result: dict, passed: bool) -> list[str]:
+    killed = result["kill"]
+    return table(["completed", "rejected (429)", "failed", "5xx", "malformed", "leaked blocks",
+                  "idle after storm s", "TTFT p50 / p99 ms", "restart after kill -9 s", "passed"],
+                 [[result["requests_completed"], result["requests_rejected_429"], result["requests_failed"],
+                   result["responses_5xx"], result["streams_malformed"], result["leaked_blocks"],
+                   result["storm"]["idle_after_s"],
+                   f"{result['ttft_ms']['p50']} / {result['ttft_ms']['p99']}",
+                   killed if killed == "skipped" else killed["restart_s"], passed]])
+
+
 def report(args: argparse.Namespace, result: dict, facts: dict, passed: bool) -> None:
     payload = envelope("load", clients=args.clients, turns=args.turns, max_tokens=args.max_tokens,
                        max_queued_requests=args.max_queued_requests, model=args.model,
                        server=facts, passed=passed, result=result)
     out = Path(args.out)
-    killed = result["kill"]
-    md = table(["completed", "rejected (429)", "failed", "5xx", "malformed", "leaked blocks",
-                "idle after storm s", "TTFT p50 / p99 ms", "restart after kill -9 s", "passed"],
-               [[result["requests_completed"], result["requests_rejected_429"], result["requests_failed"],
-                 result["responses_5xx"], result["streams_malformed"], result["leaked_blocks"],
-                 result["storm"]["idle_after_s"],
-                 f"{result['ttft_ms']['p50']} / {result['ttft_ms']['p99']}",
-                 killed if killed == "skipped" else killed["restart_s"], passed]])
+    md = _summary_table(result, passed)
     counts = {k: result[f"requests_{k}"] for k in ("completed", "rejected_429", "failed")}
     png = bar_plot(out / "load.png", f"{args.clients} streaming clients, max_tokens {args.max_tokens}",
                    {"requests (load + storm)": {**counts, "left on purpose": result["clients_left_on_purpose"]},

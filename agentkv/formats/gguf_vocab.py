@@ -15,7 +15,6 @@ so both match whole when they appear in text.
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 

@@ -152,7 +152,8 @@ class IncrementalDecoder:
 
     Text whose window ends in U+FFFD is held back until the character completes, and so is a
     run of byte-fallback tokens: the decoder turns a whole run that is not valid UTF-8 into
-    U+FFFDs, so a byte already emitted could change. `flush()` returns whatever is still held. The concatenation of all pieces equals `decode(all ids)`.
+    U+FFFDs, so a byte already emitted could change. `flush()` returns whatever is still held.
+    The concatenation of all pieces equals `decode(all ids)`.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:

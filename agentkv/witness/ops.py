@@ -84,6 +84,11 @@ def _attention_case(be: Backend, seed: int, h: int, kvh: int, hd: int, lens: lis
 
 def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, bool]]:
     """(op, shape, run(backend) -> output, floor, check_argmax). Shapes include odd sizes."""
+    return (_matmul_cases() + _norm_cases() + _rope_cases() + _activation_cases() + _attention_cases()
+            + _fused_cases() + _quant_cases() + _kquant_cases() + _moe_cases())
+
+
+def _matmul_cases():
     cases = []
     for n, k, m in [(1, 64, 96), (7, 576, 1536), (33, 1536, 576), (5, 100, 37)]:
         def mm(be, n=n, k=k, m=m):
@@ -92,6 +97,11 @@ def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, b
             b = r.standard_normal(m)
             return be.read(be.matmul(be.upload(x), _w(be, w), _w(be, b, "b")))
         cases.append(("matmul", f"[{n},{k}]x[{m},{k}]", mm, COSINE_FLOOR_F32, True))
+    return cases
+
+
+def _norm_cases():
+    cases = []
     for n, d in [(1, 576), (9, 640), (3, 33)]:
         def rms(be, n=n, d=d, unit=False):
             r = _rng(d)
@@ -102,6 +112,11 @@ def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, b
                                          _w(be, r.standard_normal(d), "b"), 1e-12))
         cases += [("rms_norm", f"[{n},{d}]", rms, COSINE_FLOOR_F32, False),
                   ("layer_norm", f"[{n},{d}]", ln, COSINE_FLOOR_F32, False)]
+    return cases
+
+
+def _rope_cases():
+    cases = []
     for style in RopeStyle:
         for scaling in (None, {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}):
             def rope(be, style=style, scaling=scaling):
@@ -111,6 +126,11 @@ def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, b
                 return be.read(be.rope(be.upload(r.standard_normal((11, 3, 64))), pos, spec))
             label = f"rope/{style.value}" + ("/llama3" if scaling else "")
             cases.append((label, "[11,3,64]", rope, COSINE_FLOOR_F32, False))
+    return cases
+
+
+def _activation_cases():
+    cases = []
     for kind in ("silu", "gelu_tanh", "gelu"):
         def ga(be, kind=kind):
             r = _rng(3)
@@ -122,13 +142,17 @@ def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, b
         table = r.standard_normal((301, 64))
         return be.read(be.embedding(_w(be, table), r.integers(0, 301, 17)))
     cases.append(("embedding", "[301,64][17]", emb, COSINE_FLOOR_F32, False))
+    return cases
+
+
+def _attention_cases():
+    cases = []
     for h, kvh, hd, lens, window, cap in [(9, 3, 64, [37], None, None), (4, 1, 32, [5, 70, 16], None, None),
                                           (8, 4, 16, [50, 9], 8, None), (4, 2, 32, [40], None, 50.0)]:
         def att(be, h=h, kvh=kvh, hd=hd, lens=lens, window=window, cap=cap):
             return _attention_case(be, 5, h, kvh, hd, lens, window, cap)
         label = "attention" + (f"/window={window}" if window else "") + (f"/softcap={cap}" if cap else "")
         cases.append((label, f"h={h},kvh={kvh},hd={hd},lens={lens}", att, COSINE_FLOOR_F32, False))
-    cases += _fused_cases() + _quant_cases() + _kquant_cases() + _moe_cases()
     return cases
 
 
