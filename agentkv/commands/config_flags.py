@@ -49,6 +49,8 @@ FLAGS: dict[str, Flag] = {f.knob: f for f in (
     Flag("max_num_seqs", "sequences running at once"),
     Flag("max_num_batched_tokens", "tokens computed per step, decodes and prefills together"),
     Flag("chunk_size", "longest prefill chunk of one sequence (default: the step's token budget)"),
+    Flag("max_queued_requests", "requests that may wait beyond --max-num-seqs; more get 429 "
+         "(default: no bound)"),
 )}
 
 

@@ -59,6 +59,8 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     served_model_name: str | None = None  # None = `model`
+    # Requests that may wait for a running slot (beyond max_num_seqs); None = no bound.
+    max_queued_requests: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -68,6 +70,7 @@ class EngineConfig:
         if self.weights not in WEIGHTS_MODES:
             raise ValueError(f"weights={self.weights!r} is not allowed: use 'resident' or 'f32'")
         _check_int("max_model_len", self.max_model_len, 2, optional=True)
+        _check_int("max_queued_requests", self.max_queued_requests, 0, optional=True)
         if not isinstance(self.cache, CacheConfig):
             raise ValueError(f"cache={self.cache!r} must be a CacheConfig")
         if not isinstance(self.scheduler, SchedulerConfig):
@@ -96,6 +99,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("max_num_seqs", "scheduler", "max_num_seqs"),
     Knob("max_num_batched_tokens", "scheduler", "max_num_batched_tokens"),
     Knob("chunk_size", "scheduler", "chunk_size"),
+    Knob("max_queued_requests", "", "max_queued_requests"),
 )}
 _SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig}
 

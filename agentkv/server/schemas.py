@@ -7,12 +7,35 @@ as OpenAI allows. Nested objects (tools, response_format) stay closed. Messages 
 ignore unknown keys, because clients echo back assistant messages with extra fields."""
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 StopField = str | list[str] | None
 Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def reject_lone_surrogates(data: Any, where: str = "body") -> Any:
+    """A JSON string may spell a lone UTF-16 surrogate (`"\\ud800"`), which is no character
+    and cannot be encoded to UTF-8 (a tokenizer would fail on it): a ValueError naming where.
+    A surrogate pair has already become one character when the JSON was read."""
+    if isinstance(data, str):
+        found = _SURROGATE.search(data)
+        if found:
+            raise ValueError(f"{where} holds a lone surrogate U+{ord(found.group()):04X} at "
+                             f"character {found.start()}, which is not valid Unicode text")
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            reject_lone_surrogates(key, where)
+            reject_lone_surrogates(value, f"{where}.{key}" if where != "body" else str(key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            reject_lone_surrogates(value, f"{where}.{i}")
+    return data
 
 
 class Closed(BaseModel):
@@ -33,6 +56,7 @@ class Request(BaseModel):
     def _null_is_default(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        reject_lone_surrogates(data)
         return {k: v for k, v in data.items()
                 if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None}
 
@@ -145,6 +169,8 @@ class SamplingFields(Request):
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
+    # vLLM's field: only requests with the same salt (and tenant) share cached prefixes.
+    cache_salt: str | None = Field(default=None, min_length=1)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -188,6 +214,11 @@ class TokenizeRequest(Closed):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     tools: list[ToolDef] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data: Any) -> Any:
+        return reject_lone_surrogates(data)
 
 
 class DetokenizeRequest(Closed):
