@@ -4,6 +4,8 @@ pool too small for an explicit --max-model-len exits 2 at start; a small pool wi
 clamps max_model_len, refuses what cannot fit with a 400 and goes on serving."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -16,7 +18,11 @@ import pytest
 
 from agentkv.commands.serve import serve_app
 from agentkv.runtime.async_engine import AsyncEngine
+from agentkv.runtime.config import engine_config
+from agentkv.runtime.errors import EngineDeadError
+from agentkv.runtime.params import SamplingParams
 from agentkv.server.app import create_app
+from tests.runtime.test_exactness import qwen2_dir  # noqa: F401
 from tests.server.conftest import _free_port, start_server
 
 pytestmark = pytest.mark.slow
@@ -132,3 +138,30 @@ def test_a_small_pool_clamps_refuses_what_cannot_fit_and_serves_on():
         proc.terminate()
         _, err = proc.communicate(timeout=60)
     assert "max_model_len clamped to 128 tokens" in err
+
+
+def test_streams_racing_the_engine_death_all_end(qwen2_dir):  # noqa: F811
+    """Requests admitted while the engine thread dies each end (outputs or EngineDeadError),
+    none waits forever; once it is dead, admission itself raises, before anything is awaited."""
+    engine = AsyncEngine.from_config(engine_config(qwen2_dir, kv_cache_blocks=64))
+    engine.start()
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+
+    async def drain(stream) -> None:
+        with contextlib.suppress(EngineDeadError):
+            async for _ in stream:
+                pass
+
+    async def race() -> int:
+        streams = []
+        threading.Timer(0.05, engine._send, (object(),)).start()
+        while len(streams) < 5000:
+            try:
+                streams.append(engine.generate(None, [1, 2, 3], params))
+            except EngineDeadError:
+                break
+            await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*(drain(s) for s in streams)), 30)
+        return len(streams)
+
+    assert asyncio.run(race()) > 0 and not engine.is_alive
