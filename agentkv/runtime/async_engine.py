@@ -145,9 +145,11 @@ class AsyncEngine:
         self.engine.validate(prompt_ids, params)
         rid = request_id or uuid.uuid4().hex
         q: asyncio.Queue = asyncio.Queue()
-        with self._streams_lock:  # against the engine thread dying between check and register
+        with self._streams_lock:  # against the engine thread ending between check and register
             if self._dead is not None:
                 raise EngineDeadError(f"engine stopped: {self._dead!r}")
+            if self._stop:
+                raise EngineDeadError("engine was shut down")
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
             limit = self.max_in_flight
@@ -234,7 +236,7 @@ class AsyncEngine:
                 case PinPrefix():
                     self._pin(message)
                 case Shutdown():
-                    self._stop = True
+                    self._end_streams(None)
                     return
                 case _:
                     raise RuntimeError(f"unknown engine message {message!r} (a bug)")
@@ -268,11 +270,17 @@ class AsyncEngine:
                     self._deliver(out.request_id, out)
         except BaseException as e:  # noqa: BLE001 — reported to every waiting stream
             log.exception("engine thread died")
-            with self._streams_lock:  # a stream registers before this, or sees `_dead`
-                self._dead = e
-                waiting = list(self._streams)
-            for rid in waiting:
-                self._deliver(rid, EngineDeadError(f"engine stopped: {e!r}"))
+            self._end_streams(e)
+
+    def _end_streams(self, error: BaseException | None) -> None:
+        """The thread ends (died of `error`, or shut down): fail every stream still waiting.
+        A stream registers before this, or sees `_dead` / `_stop` and is refused."""
+        with self._streams_lock:
+            self._dead, self._stop = error, True
+            waiting = list(self._streams)
+        why = f"engine stopped: {error!r}" if error is not None else "engine was shut down"
+        for rid in waiting:
+            self._deliver(rid, EngineDeadError(why))
 
 
 class RequestStream:

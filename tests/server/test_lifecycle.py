@@ -165,3 +165,15 @@ def test_streams_racing_the_engine_death_all_end(qwen2_dir):  # noqa: F811
         return len(streams)
 
     assert asyncio.run(race()) > 0 and not engine.is_alive
+
+
+def test_after_shutdown_requests_are_refused_not_left_waiting(qwen2_dir):  # noqa: F811
+    engine = AsyncEngine.from_config(engine_config(qwen2_dir, kv_cache_blocks=64))
+    engine.start()
+
+    async def after_shutdown() -> None:
+        await engine.shutdown()
+        with pytest.raises(EngineDeadError, match="shut down"):
+            engine.generate(None, [1, 2, 3], SamplingParams(max_tokens=2))
+
+    asyncio.run(after_shutdown())
