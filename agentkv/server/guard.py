@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -82,16 +82,16 @@ def test_a_stream_answers_at_once_and_keeps_alive_while_queued(one_slot):
     settle(engine)
     chat = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
             "stream": True}
-    with httpx.Client(base_url=one_slot.base_url, timeout=60) as c:
-        with c.stream("POST", "/v1/completions", json=LONG) as running:
-            wait_for(lambda: engine.stats().num_running == 1, "the first request never ran")
-            with c.stream("POST", "/v1/chat/completions", json=chat) as waiting:
-                lines = waiting.iter_lines()
-                first = next(lines)
-                assert first.startswith("data: ") and '"role":"assistant"' in first
-                wait_for(lambda: engine.stats().num_waiting == 1, "not queued")  # no token yet
-                assert [next(lines) for _ in range(4)].count(": keep-alive") >= 1
-            assert running.status_code == 200
+    with httpx.Client(base_url=one_slot.base_url, timeout=60) as c, \
+            c.stream("POST", "/v1/completions", json=LONG) as running:
+        wait_for(lambda: engine.stats().num_running == 1, "the first request never ran")
+        with c.stream("POST", "/v1/chat/completions", json=chat) as waiting:
+            lines = waiting.iter_lines()
+            first = next(lines)
+            assert first.startswith("data: ") and '"role":"assistant"' in first
+            wait_for(lambda: engine.stats().num_waiting == 1, "not queued")  # no token yet
+            assert [next(lines) for _ in range(4)].count(": keep-alive") >= 1
+        assert running.status_code == 200
 
 
 def test_a_client_that_leaves_while_queued_costs_no_prefill(one_slot):
@@ -99,14 +99,14 @@ def test_a_client_that_leaves_while_queued_costs_no_prefill(one_slot):
     settle(engine)
     before = engine.stats()
     queued_prompt = list(range(100, 400))  # 300 tokens: their prefill would show
-    with httpx.Client(base_url=one_slot.base_url, timeout=60) as c:
-        with c.stream("POST", "/v1/completions", json=LONG) as running:
-            wait_for(lambda: engine.stats().num_running == 1, "the first request never ran")
-            with c.stream("POST", "/v1/completions", json={**LONG, "prompt": queued_prompt}) as queued:
-                assert queued.status_code == 200
-                wait_for(lambda: engine.stats().num_waiting == 1, "the second request never queued")
-            wait_for(lambda: engine.stats().num_waiting == 0, "the queued request was not freed")
-            assert running.status_code == 200
+    with httpx.Client(base_url=one_slot.base_url, timeout=60) as c, \
+            c.stream("POST", "/v1/completions", json=LONG) as running:
+        wait_for(lambda: engine.stats().num_running == 1, "the first request never ran")
+        with c.stream("POST", "/v1/completions", json={**LONG, "prompt": queued_prompt}) as queued:
+            assert queued.status_code == 200
+            wait_for(lambda: engine.stats().num_waiting == 1, "the second request never queued")
+        wait_for(lambda: engine.stats().num_waiting == 0, "the queued request was not freed")
+        assert running.status_code == 200
     settle(engine)
     after = engine.stats()
     assert after.prompt_tokens - before.prompt_tokens == 8 + 300  # both reached the engine

@@ -4,7 +4,7 @@ that is no Unicode is a 400, and fan-out and body size have caps with their own 
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import anthropic
 import httpx
