@@ -6,7 +6,8 @@ import argparse
 from agentkv.commands.config_flags import add_engine_arguments
 from agentkv.runtime.params import SamplingParams
 
-# The engine knobs of the offline commands: every knob but the name an HTTP client would use.
+# The engine knobs of the offline commands: every knob but the serving ones (the name an HTTP
+# client uses, the bound on queued HTTP requests).
 OFFLINE_KNOBS = ("backend", "weights", "max_model_len", "block_size", "enable_prefix_cache",
                  "kv_cache_blocks", "kv_cache_memory", "kv_cache_dir", "kv_disk_size",
                  "kv_write_through", "max_num_seqs", "max_num_batched_tokens", "chunk_size",

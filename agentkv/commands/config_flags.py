@@ -57,6 +57,8 @@ FLAGS: dict[str, Flag] = {f.knob: f for f in (
     Flag("speculative", "speculative decoding with this drafter (default: off); outputs are unchanged",
          choices=tuple(sorted(DRAFTERS))),
     Flag("num_speculative_tokens", "most tokens drafted per request per step"),
+    Flag("max_queued_requests", "requests that may wait beyond --max-num-seqs; more get 429 "
+         "(default: no bound)"),
 )}
 
 

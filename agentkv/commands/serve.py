@@ -1,23 +1,67 @@
 """`agentkv serve MODEL`: the OpenAI-compatible HTTP server on uvicorn. The app answers at once
-(GET /health is 503 until the model has loaded in a background thread)."""
+(GET /health is 503 until the model has loaded in a background thread).
+
+Exit codes, for a supervisor: 0 after a normal shutdown; 2 for a bad flag, a bad keys file
+or a configuration the model contradicts (e.g. --max-model-len larger than
+--kv-cache-blocks / --kv-cache-memory can hold); 1 when the model failed to load otherwise,
+or the engine thread died while serving (in-flight requests got a 503 first). Without an
+explicit --max-model-len, a KV pool smaller than the model's context clamps the served
+max_model_len to what the pool holds, and the log says so."""
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from agentkv.commands.config_flags import add_engine_arguments, config_from_args
+from agentkv.runtime.config import parse_size
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY'; repeat "
+                             "for several keys, each its own tenant with its own prefix cache")
+    parser.add_argument("--api-keys-file", default=None, metavar="PATH",
+                        help="more keys, one per line: 'KEY' or 'KEY TENANT' (keys of one "
+                             "tenant share its cache); '#' starts a comment")
+    parser.add_argument("--max-fanout", type=int, default=64,
+                        help="most sequences one request may start, prompts x n (default: 64)")
+    parser.add_argument("--max-body-bytes", type=parse_size, default=16 << 20,
+                        help="largest request body, e.g. 16MiB; larger gets 413 (default: 16MiB)")
+    parser.add_argument("--sse-keepalive-s", type=float, default=15.0,
+                        help="a quiet stream gets an SSE ': keep-alive' comment this often "
+                             "(default: 15)")
     parser.add_argument("--strict-request-fields", action="store_true",
                         help="answer unknown request fields with a 400 (default: log and ignore)")
     parser.add_argument("--log-level", default="info")
+
+
+def read_api_keys(path: str) -> dict[str, str | None]:
+    """The keys file: key -> tenant name (None: the key is its own tenant). Raises ValueError
+    naming the line for a line with more than two fields or a key given twice."""
+    keys: dict[str, str | None] = {}
+    with open(path, encoding="utf-8") as f:
+        for num, line in enumerate(f, 1):
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            if len(fields) > 2 or fields[0] in keys:
+                why = "has more than 'KEY TENANT'" if len(fields) > 2 else "repeats a key"
+                raise ValueError(f"{path}:{num} {why}")
+            keys[fields[0]] = fields[1] if len(fields) == 2 else None
+    return keys
+
+
+def api_keys(args: argparse.Namespace) -> dict[str, str | None] | None:
+    """Every key the flags give (--api-key repeated, then the keys file); None = no auth."""
+    keys: dict[str, str | None] = {key: None for key in args.api_key or ()}
+    if args.api_keys_file:
+        keys.update(read_api_keys(args.api_keys_file))
+    return keys or None
 
 
 def loader(args: argparse.Namespace) -> Any:
@@ -33,18 +77,47 @@ def loader(args: argparse.Namespace) -> Any:
     return load
 
 
-def run(args: argparse.Namespace) -> int:
+def serve_app(make_app: Callable[[Callable[[int, str], None]], Any], *, host: str, port: int,
+              log_level: str = "info") -> int:
+    """Run the app `make_app(on_fatal)` builds until shutdown; the exit code: 0, or the one
+    the app's `on_fatal(code, why)` asked for (it also stops the server)."""
     import uvicorn
 
+    fatal: list[tuple[int, str]] = []
+    servers: list[uvicorn.Server] = []
+
+    def on_fatal(code: int, why: str) -> None:
+        fatal.append((code, why))
+        if servers:
+            servers[0].should_exit = True
+
+    app = make_app(on_fatal)
+    servers.append(uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)))
+    servers[0].run()
+    if fatal:
+        code, why = fatal[0]
+        print(f"agentkv serve: {why}", file=sys.stderr)
+        return code
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
     from agentkv.server.app import create_app
+    from agentkv.server.lifecycle import ServerLimits
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         load = loader(args)
-    except ValueError as exc:  # a bad flag value: say which, exit 2 like argparse
+        keys = api_keys(args)
+        limits = ServerLimits(max_fanout=args.max_fanout, max_body_bytes=args.max_body_bytes,
+                              sse_keepalive_s=args.sse_keepalive_s)
+    except (ValueError, OSError) as exc:  # a bad flag value or keys file: say which, exit 2
         print(f"agentkv serve: {exc}", file=sys.stderr)
         return 2
-    app = create_app(load, api_key=args.api_key, served_model_name=args.served_model_name or args.model,
-                     strict_request_fields=args.strict_request_fields)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
-    return 0
+
+    def make_app(on_fatal: Callable[[int, str], None]) -> Any:
+        return create_app(load, api_key=keys, served_model_name=args.served_model_name or args.model,
+                          strict_request_fields=args.strict_request_fields, limits=limits,
+                          on_fatal=on_fatal)
+
+    return serve_app(make_app, host=args.host, port=args.port, log_level=args.log_level.lower())

@@ -16,14 +16,14 @@ import queue
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Hashable
+from typing import Any, Hashable
 
 import numpy as np
 
 from agentkv.formats.generation_config import read_generation_config
 from agentkv.runtime.config import EngineConfig, engine_config
 from agentkv.runtime.engine import Engine
-from agentkv.runtime.errors import EngineDeadError
+from agentkv.runtime.errors import EngineDeadError, QueueFullError
 from agentkv.runtime.outputs import EngineStats, RequestOutput
 from agentkv.runtime.params import SamplingParams
 
@@ -69,6 +69,19 @@ class PinPrefix:
 EngineMessage = AddRequest | AbortRequest | PinPrefix | Shutdown
 
 
+def _served_len(engine: Engine) -> int:
+    """The context the front end offers: the model's, clamped to what the KV pool holds (one
+    sequence), so a request with no max_tokens fits the pool instead of being refused. The
+    engine already refused an explicit --max-model-len the pool cannot hold."""
+    capacity = engine.num_blocks * engine.block_size
+    if capacity >= engine.max_model_len:
+        return engine.max_model_len
+    log.warning("max_model_len clamped to %d tokens (from %d): the KV pool holds %d blocks x %d "
+                "tokens; raise --kv-cache-blocks / --kv-cache-memory for longer sequences",
+                capacity, engine.max_model_len, engine.num_blocks, engine.block_size)
+    return capacity
+
+
 class AsyncEngine:
     """Satisfies `agentkv.runtime.client.EngineClient`, the interface the server depends on."""
 
@@ -78,7 +91,7 @@ class AsyncEngine:
         self.tokenizer = engine.tokenizer
         self.chat_template = engine.chat_template
         self.model_name = engine.model_name
-        self.max_model_len = engine.max_model_len
+        self.max_model_len = _served_len(engine)
         self.vocab_size = engine.vocab_size
         self.is_embedding = engine.is_embedding
         self.generation_config = read_generation_config(engine.source.path)  # {} for GGUF
@@ -88,6 +101,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._dead: BaseException | None = None
+        self._streams_lock = threading.RLock()  # re-entrant: a dropped stream may be collected inside
         self._embed_lock = threading.Lock()
 
     @classmethod
@@ -119,32 +133,48 @@ class AsyncEngine:
         return self._dead is None
 
     # -- requests -------------------------------------------------------------------------
-    async def generate(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams,
-                       *, constraint: Any = None, namespace: Hashable = None,
-                       index: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; the last one has `finished`. Raises ValueError subclasses
-        for bad input before anything is queued. Cancelling the iteration aborts the request."""
-        if self._dead is not None:
-            raise EngineDeadError(f"engine stopped: {self._dead!r}")
+    def generate(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams,
+                 *, constraint: Any = None, namespace: Hashable = None,
+                 index: int = 0) -> RequestStream:
+        """Queue a request and return the stream of its outputs (the last has `finished`).
+
+        Admission happens here, at the call, before anything is awaited: it raises ValueError
+        subclasses for bad input, QueueFullError when `max_num_seqs + max_queued_requests`
+        requests are already in flight, and EngineDeadError once the engine stopped. Closing
+        or cancelling the stream before its end aborts the request."""
         self.engine.validate(prompt_ids, params)
         rid = request_id or uuid.uuid4().hex
-        if rid in self._streams:
-            raise ValueError(f"request id {rid!r} is already in use")
         q: asyncio.Queue = asyncio.Queue()
-        self._streams[rid] = (asyncio.get_running_loop(), q)
+        with self._streams_lock:  # against the engine thread ending between check and register
+            if self._dead is not None:
+                raise EngineDeadError(f"engine stopped: {self._dead!r}")
+            if self._stop:
+                raise EngineDeadError("engine was shut down")
+            if rid in self._streams:
+                raise ValueError(f"request id {rid!r} is already in use")
+            limit = self.max_in_flight
+            if limit is not None and len(self._streams) >= limit:
+                raise QueueFullError(len(self._streams), limit)
+            self._streams[rid] = (asyncio.get_running_loop(), q)
         self._send(AddRequest(rid, list(prompt_ids), params, constraint, namespace, index))
-        finished = False
-        try:
-            while not finished:
-                item = await q.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
+        return RequestStream(self, rid, q)
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """Requests admitted at once: running (max_num_seqs) plus queued; None = no bound."""
+        queued = self.config.max_queued_requests
+        return None if queued is None else self.config.scheduler.max_num_seqs + queued
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def _release(self, rid: str, finished: bool) -> None:
+        """A stream's end (event loop): forget it, and abort the request if it still runs."""
+        with self._streams_lock:
             self._streams.pop(rid, None)
-            if not finished:
-                self._send(AbortRequest(rid))
+        if not finished:
+            self._send(AbortRequest(rid))
 
     async def abort(self, request_id: str) -> None:
         self._send(AbortRequest(request_id))
@@ -206,7 +236,7 @@ class AsyncEngine:
                 case PinPrefix():
                     self._pin(message)
                 case Shutdown():
-                    self._stop = True
+                    self._end_streams(None)
                     return
                 case _:
                     raise RuntimeError(f"unknown engine message {message!r} (a bug)")
@@ -241,6 +271,55 @@ class AsyncEngine:
                     self._deliver(out.request_id, out)
         except BaseException as e:  # noqa: BLE001 — reported to every waiting stream
             log.exception("engine thread died")
-            self._dead = e
-            for rid in list(self._streams):
-                self._deliver(rid, EngineDeadError(f"engine stopped: {e!r}"))
+            self._end_streams(e)
+
+    def _end_streams(self, error: BaseException | None) -> None:
+        """The thread ends (died of `error`, or shut down): fail every stream still waiting.
+        A stream registers before this, or sees `_dead` / `_stop` and is refused."""
+        with self._streams_lock:
+            self._dead, self._stop = error, True
+            waiting = list(self._streams)
+        why = f"engine stopped: {error!r}" if error is not None else "engine was shut down"
+        for rid in waiting:
+            self._deliver(rid, EngineDeadError(why))
+
+
+class RequestStream:
+    """One admitted request's outputs, as an async iterator (event loop only). Leaving early
+    — `aclose()`, a cancelled `__anext__`, or the stream being dropped — aborts the request
+    and frees its KV."""
+
+    def __init__(self, owner: AsyncEngine, request_id: str, q: asyncio.Queue) -> None:
+        self.request_id = request_id
+        self._owner, self._queue = owner, q
+        self._done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:  # cancelled while waiting: the caller left
+            self._end(finished=False)
+            raise
+        if isinstance(item, BaseException):
+            self._end(finished=True)  # the engine refused or lost it: nothing to abort
+            raise item
+        if item.finished:
+            self._end(finished=True)
+        return item
+
+    async def aclose(self) -> None:
+        self._end(finished=False)
+
+    def _end(self, finished: bool) -> None:
+        if not self._done:
+            self._done = True
+            self._owner._release(self.request_id, finished)
+
+    def __del__(self) -> None:
+        if not self._done:
+            self._end(finished=False)

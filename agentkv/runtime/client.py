@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 class EngineClient(Protocol):
     """An engine that streams requests to asyncio callers.
 
-    Attributes are fixed once the engine is built. `generate` raises ValueError subclasses
-    (PromptTooLongError, InvalidTokenError, ...) for bad input before anything is queued and
-    EngineDeadError once the engine stopped; closing its iterator early aborts the request."""
+    Attributes are fixed once the engine is built. `generate` admits the request at the call:
+    it raises ValueError subclasses (PromptTooLongError, InvalidTokenError, ...) for bad input,
+    QueueFullError when the engine's queue is full, and EngineDeadError once the engine
+    stopped, before anything is awaited; closing its iterator early aborts the request."""
 
     tokenizer: Tokenizer
     chat_template: ChatTemplate | None
@@ -30,6 +31,10 @@ class EngineClient(Protocol):
     is_embedding: bool
 
     generation_config: dict[str, Any]  # the model's sampling defaults ({} when it ships none)
+
+    @property
+    def is_alive(self) -> bool:
+        """False once the engine stopped after an internal error (it will serve no more)."""
 
     def start(self) -> None:
         """Begin serving (idempotent)."""

@@ -75,6 +75,8 @@ class EngineConfig:
     # Most tokens drafted per request per step. 3: the compiled CPU kernels compute up to 4
     # rows for little more than one (SmolLM2: 1 row 24 ms, 4 rows 32 ms, 5 rows 48 ms).
     num_speculative_tokens: int = 3
+    # Requests that may wait for a running slot (beyond max_num_seqs); None = no bound.
+    max_queued_requests: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -84,6 +86,7 @@ class EngineConfig:
         if self.weights not in WEIGHTS_MODES:
             raise ValueError(f"weights={self.weights!r} is not allowed: use 'resident' or 'f32'")
         _check_int("max_model_len", self.max_model_len, 2, optional=True)
+        _check_int("max_queued_requests", self.max_queued_requests, 0, optional=True)
         if not isinstance(self.cache, CacheConfig):
             raise ValueError(f"cache={self.cache!r} must be a CacheConfig")
         if not isinstance(self.scheduler, SchedulerConfig):
@@ -121,6 +124,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("max_num_seqs", "scheduler", "max_num_seqs"),
     Knob("max_num_batched_tokens", "scheduler", "max_num_batched_tokens"),
     Knob("chunk_size", "scheduler", "chunk_size"),
+    Knob("max_queued_requests", "", "max_queued_requests"),
 )}
 _SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig}
 

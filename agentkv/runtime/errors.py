@@ -46,3 +46,13 @@ class NotAGeneratorError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped after an internal error; requests cannot be served."""
+
+
+class QueueFullError(RuntimeError):
+    """Admission refused: as many requests as may run plus wait are in flight already. Not
+    the request's fault; the same request may succeed later (the server answers 429)."""
+
+    def __init__(self, num_in_flight: int, limit: int):
+        self.num_in_flight, self.limit = num_in_flight, limit
+        super().__init__(f"the server is at capacity: {num_in_flight} requests in flight, "
+                         f"limit {limit} (max_num_seqs + max_queued_requests); retry later")

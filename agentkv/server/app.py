@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Mapping
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -22,7 +21,8 @@ from agentkv.runtime.client import EngineClient
 from agentkv.server import responses as r
 from agentkv.server.anthropic_responses import CountTokensResponse, MessageResponse, anthropic_error_response
 from agentkv.server.anthropic_schemas import CountTokensRequest, MessagesRequest
-from agentkv.server.errors import ErrorResponse, install_handlers, unauthorized
+from agentkv.server.errors import ErrorResponse, install_handlers
+from agentkv.server.guard import BodyLimitMiddleware, authenticate, watch_engine
 from agentkv.server.serving_messages import count_tokens, create_message
 from agentkv.server.responses_objects import DeletedResponse, ResponseObject
 from agentkv.server.responses_schemas import ResponsesRequest
@@ -33,11 +33,11 @@ from agentkv.server.schemas import (
 from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
-from agentkv.server.lifecycle import EngineLoader, ServerState
+from agentkv.server.lifecycle import EngineLoader, FatalHook, ServerLimits, ServerState
 from agentkv.server.translate import check_fields, check_model
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 404, 503)}
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
 STREAM = {200: {"content": {"text/event-stream": {}}}}
 _ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
               "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
@@ -107,19 +107,27 @@ async def until_disconnect(request: Request, work: Any, stream: bool | None) -> 
 DISCONNECT_POLL_S = 0.25
 
 
-def create_app(engine: EngineClient | EngineLoader, *, api_key: str | None = None, served_model_name: str | None = None,
-               strict_request_fields: bool = False, chat_template: Any = None) -> FastAPI:
+def create_app(engine: EngineClient | EngineLoader, *, api_key: str | Mapping[str, str | None] | None = None,
+               served_model_name: str | None = None, strict_request_fields: bool = False,
+               chat_template: Any = None, limits: ServerLimits | None = None,
+               on_fatal: FatalHook | None = None) -> FastAPI:
     """The app for `engine` (an EngineClient, or a callable that loads one in the background).
-    `strict_request_fields`: unknown request fields are a 400 instead of a logged warning.
-    `chat_template` (a ChatTemplate) replaces the model's own for every chat request."""
+    `api_key`: one key, or keys mapped to tenant names (None: each key its own tenant); each
+    tenant gets its own cache namespace. `strict_request_fields`: unknown request fields are a
+    400 instead of a logged warning. `chat_template` (a ChatTemplate) replaces the model's own
+    for every chat request. `on_fatal(exit_code, why)` is called once the engine is lost (it
+    died, or failed to load): the host should stop serving and exit with that code."""
     state = ServerState(engine, api_key=api_key, served_model_name=served_model_name,
-                        strict_request_fields=strict_request_fields, chat_template=chat_template)
+                        strict_request_fields=strict_request_fields, chat_template=chat_template,
+                        limits=limits, on_fatal=on_fatal)
     owns_engine = state.engine is None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.start_loading()
+        watch = asyncio.create_task(watch_engine(state))
         yield
+        watch.cancel()
         if owns_engine and state.engine is not None:
             await state.engine.shutdown()
 
@@ -127,6 +135,7 @@ def create_app(engine: EngineClient | EngineLoader, *, api_key: str | None = Non
                   description="OpenAI-compatible API over an agentkv engine")
     app.state.server = state
     install_handlers(app, ERROR_SHAPES)
+    app.add_middleware(BodyLimitMiddleware, state=state, shapes=ERROR_SHAPES)
     app.add_middleware(MetricsMiddleware, state=state)
     app.openapi = lambda: _openapi_400s(app)  # type: ignore[method-assign]
     _add_routes(app, state)
@@ -135,14 +144,8 @@ def create_app(engine: EngineClient | EngineLoader, *, api_key: str | None = Non
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     def check_key(request: Request) -> None:
-        """`Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>` (Anthropic)."""
-        if state.api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "")
-        if not secrets.compare_digest(given.encode(), state.api_key.encode()):
-            raise unauthorized("Invalid or missing API key; send 'Authorization: Bearer <key>' "
-                               "or 'x-api-key: <key>'")
+        """Any route but /health and /metrics: a known key; its tenant names the cache."""
+        request.state.tenant = authenticate(state, request)
 
     auth = [Depends(check_key)]
     _add_anthropic_routes(app, state, auth)
@@ -150,10 +153,13 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
     async def health() -> Any:
-        if state.engine is not None:
+        if state.engine_alive:
             return r.HealthResponse(status="ok", model=state.model_name)
-        status = "failed" if state.load_error else "loading"
-        body = r.HealthResponse(status=status, detail=state.load_error)
+        if state.engine is not None:
+            body = r.HealthResponse(status="failed", detail="the engine thread died")
+        else:
+            body = r.HealthResponse(status="failed" if state.load_error else "loading",
+                                    detail=state.load_error)
         return JSONResponse(body.model_dump(), status_code=503)
 
     @app.get("/metrics", response_class=Response)
@@ -173,13 +179,15 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
               responses={**ERRORS, **STREAM}, dependencies=auth)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         check_fields(state, req, "/v1/chat/completions")
-        return await until_disconnect(request, create_chat_completion(state, req), req.stream)
+        return await until_disconnect(request, create_chat_completion(state, req, request.state.tenant),
+                                      req.stream)
 
     @app.post("/v1/completions", response_model=r.CompletionResponse,
               responses={**ERRORS, **STREAM}, dependencies=auth)
     async def completions(req: CompletionRequest, request: Request) -> Any:
         check_fields(state, req, "/v1/completions")
-        return await until_disconnect(request, create_completion(state, req), req.stream)
+        return await until_disconnect(request, create_completion(state, req, request.state.tenant),
+                                      req.stream)
 
     @app.post("/v1/embeddings", response_model=r.EmbeddingResponse, responses=ERRORS, dependencies=auth)
     async def embeddings(req: EmbeddingRequest) -> Any:
@@ -200,7 +208,8 @@ def _add_anthropic_routes(app: FastAPI, state: ServerState, auth: list[Any]) -> 
               dependencies=auth)
     async def messages(req: MessagesRequest, request: Request) -> Any:
         check_fields(state, req, "/v1/messages")
-        return await until_disconnect(request, create_message(state, req), req.stream)
+        return await until_disconnect(request, create_message(state, req, request.state.tenant),
+                                      req.stream)
 
     @app.post("/v1/messages/count_tokens", response_model=CountTokensResponse, responses=ERRORS,
               dependencies=auth)
@@ -210,22 +219,29 @@ def _add_anthropic_routes(app: FastAPI, state: ServerState, auth: list[Any]) -> 
 
 
 def _add_responses_routes(app: FastAPI, state: ServerState, auth: list[Any]) -> None:
-    store = ResponseStore()  # per app: what previous_response_id can continue
+    # What previous_response_id can continue, one store per tenant: no tenant reads, continues
+    # or deletes another's responses.
+    stores: dict[str | None, ResponseStore] = {}
+
+    def store_of(request: Request) -> ResponseStore:
+        return stores.setdefault(request.state.tenant, ResponseStore())
 
     @app.post("/v1/responses", response_model=ResponseObject, responses={**ERRORS, **STREAM},
               dependencies=auth)
     async def responses(req: ResponsesRequest, request: Request) -> Any:
         check_fields(state, req, "/v1/responses")
-        return await until_disconnect(request, create_response(state, store, req), req.stream)
+        return await until_disconnect(
+            request, create_response(state, store_of(request), req, request.state.tenant), req.stream)
 
     @app.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=ERRORS,
              dependencies=auth)
-    async def get_response(response_id: str) -> Any:
-        return store.require(response_id).body
+    async def get_response(response_id: str, request: Request) -> Any:
+        return store_of(request).require(response_id).body
 
     @app.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=ERRORS,
                 dependencies=auth)
-    async def delete_response(response_id: str) -> Any:
+    async def delete_response(response_id: str, request: Request) -> Any:
+        store = store_of(request)
         store.require(response_id)
         store.delete(response_id)
         return DeletedResponse(id=response_id)

@@ -34,13 +34,17 @@ class APIError(Exception):
     """A request the server refuses; carries the HTTP status and the OpenAI error fields."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, type=self.type, param=self.param,
-                              code=self.code)
+        response = error_response(self.status, self.message, type=self.type, param=self.param,
+                                  code=self.code)
+        response.headers.update(self.headers)
+        return response
 
 
 def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
@@ -70,6 +74,25 @@ def model_not_found(name: str, served: list[str]) -> APIError:
 
 def unauthorized(message: str = "Invalid or missing API key") -> APIError:
     return APIError(401, message, type="authentication_error", code="invalid_api_key")
+
+
+RETRY_AFTER_S = 1  # what a 429 asks a client to wait: one engine step or a few
+
+
+def rate_limited(message: str) -> APIError:
+    """OpenAI's 429: the official clients wait `Retry-After` and retry by themselves."""
+    return APIError(429, message, type="rate_limit_error", code="rate_limit_exceeded",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def engine_dead(message: str) -> APIError:
+    return APIError(503, message, type="service_unavailable", code="engine_dead")
+
+
+def too_large(num_bytes: int | None, limit: int) -> APIError:
+    got = f"{num_bytes} bytes" if num_bytes is not None else "more"
+    return APIError(413, f"request body is {got}, over this server's limit of {limit} bytes "
+                    f"(--max-body-bytes)", code="request_too_large")
 
 
 def not_ready(message: str) -> APIError:
@@ -117,20 +140,25 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 ErrorShape = Callable[..., JSONResponse]  # (status, message, type=, param=, code=) -> response
 
 
+def shaped_error(path: str, shapes: dict[str, ErrorShape] | None, exc: APIError) -> JSONResponse:
+    """`exc` as the response of the API `path` belongs to (OpenAI's shape unless `shapes`
+    gives that path's prefix its own), with the error's headers (Retry-After)."""
+    shape = next((s for prefix, s in (shapes or {}).items() if path.startswith(prefix)), error_response)
+    response = shape(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+    response.headers.update(exc.headers)
+    return response
+
+
 def install_handlers(app: FastAPI, shapes: dict[str, ErrorShape] | None = None) -> None:
     """Every error path answers in OpenAI's shape, or in the shape `shapes` gives the paths
     under a prefix (each API keeps its own); a bug still answers (500), shaped too."""
 
     def respond(request: Request, status: int, message: str, **kw: Any) -> JSONResponse:
-        message = utf8_safe(message)
-        for prefix, shape in (shapes or {}).items():
-            if request.url.path.startswith(prefix):
-                return shape(status, message, **kw)
-        return error_response(status, message, **kw)
+        return shaped_error(request.url.path, shapes, APIError(status, utf8_safe(message), **kw))
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return respond(request, exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+        return shaped_error(request.url.path, shapes, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

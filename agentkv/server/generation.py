@@ -7,49 +7,59 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Hashable
 
 import anyio
 
 from agentkv.runtime.client import EngineClient
-from agentkv.server.errors import APIError
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.metrics import TokenTimer
-from agentkv.server.translate import engine_error
+from agentkv.server.translate import engine_error, request_failed
 
 _DONE = object()
 
 
 @dataclass(slots=True)
 class Job:
-    """One engine request: the choice it answers and what to generate."""
+    """One engine request: the choice it answers, what to generate, and the cache namespace
+    it may share prefixes in (its tenant and cache_salt)."""
 
     index: int
     request_id: str
     prompt_ids: list[int]
     params: Any
     constraint: Any = None
+    namespace: Hashable = None
 
 
 class ChoiceStreams:
     """Async iterator over (index, RequestOutput) for `jobs`; use with `async with`.
 
-    The first `__anext__` surfaces the engine's validation errors as APIError, so a caller can
-    pull one output before committing to a 200 response."""
+    Entering admits every job at once (the engine's checks, its queue bound, its death all
+    surface there as APIError, before a caller commits to a 200); a job the engine refuses
+    takes the others down with it."""
 
     def __init__(self, state: ServerState, engine: EngineClient, jobs: list[Job]) -> None:
         self._state, self._engine, self._jobs = state, engine, jobs
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        self._unfinished = {job.request_id for job in jobs}
+        self._streams: list[Any] = []
         self._pending = len(jobs)
         start = time.perf_counter()
         self._timers = [TokenTimer(state.metrics, start) for _ in jobs]
         self._by_index = {job.index: pos for pos, job in enumerate(jobs)}
 
     async def __aenter__(self) -> ChoiceStreams:
-        for job in self._jobs:
-            self._tasks.append(asyncio.create_task(self._pump(job)))
+        try:
+            for job in self._jobs:
+                self._streams.append(self._engine.generate(
+                    job.request_id, job.prompt_ids, job.params, constraint=job.constraint,
+                    namespace=job.namespace))
+        except Exception as exc:
+            await self.close()
+            raise engine_error(exc) from exc
+        self._tasks = [asyncio.create_task(self._pump(job, stream))
+                       for job, stream in zip(self._jobs, self._streams)]
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -57,24 +67,19 @@ class ChoiceStreams:
             await self.close()
 
     async def close(self) -> None:
-        """Abort what is still running (mutates: empties the unfinished set)."""
+        """Abort what is still running (idempotent: a finished stream ignores it)."""
         for task in self._tasks:
             task.cancel()
-        unfinished, self._unfinished = list(self._unfinished), set()
-        for request_id in unfinished:
-            await self._engine.abort(request_id)
+        for stream in self._streams:
+            await stream.aclose()
 
-    async def _pump(self, job: Job) -> None:
+    async def _pump(self, job: Job, stream: Any) -> None:
         try:
-            async for out in self._engine.generate(job.request_id, job.prompt_ids, job.params,
-                                                   constraint=job.constraint):
-                if out.finished:
-                    self._unfinished.discard(job.request_id)
+            async for out in stream:
                 await self._queue.put((job.index, out))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # handed to the consumer, which maps or re-raises it
-            self._unfinished.discard(job.request_id)
             await self._queue.put(exc)
             return
         await self._queue.put(_DONE)
@@ -91,9 +96,8 @@ class ChoiceStreams:
             if isinstance(item, Exception):
                 raise engine_error(item) from item
             index, out = item
-            if getattr(out, "error", None):  # this request alone failed inside the engine
-                raise APIError(500, f"request failed inside the engine: {out.error}",
-                               type="internal_error", code="request_failed")
+            if out.finish_reason == "error":  # this request alone failed inside the engine
+                raise request_failed(out.error or "unknown error")
             self._record(index, out)
             return index, out
         raise StopAsyncIteration
@@ -120,10 +124,3 @@ async def collect(streams: ChoiceStreams) -> dict[int, Any]:
         out.logprobs = logprobs.get(index, out.logprobs)
         out.prompt_logprobs = prompt_logprobs.get(index, out.prompt_logprobs)
     return last
-
-
-async def with_first(first: tuple[int, Any], streams: ChoiceStreams) -> AsyncIterator[tuple[int, Any]]:
-    """`first` (the output pulled before the 200 went out), then the rest of `streams`."""
-    yield first
-    async for item in streams:
-        yield item

@@ -1,11 +1,14 @@
 """What one app holds for its life: the engine (or the thread still loading it), the names it
-answers to, the API key, the request-field policy, metrics and the grammar factory."""
+answers to, the API keys and their tenants, the limits, the request-field policy, metrics,
+the grammar factory, and what to do when the engine is lost (`on_fatal`)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from agentkv.runtime.client import EngineClient
 from agentkv.server.errors import APIError, not_ready
@@ -14,15 +17,47 @@ from agentkv.server.metrics import ServerMetrics
 log = logging.getLogger("agentkv.server")
 
 EngineLoader = Callable[[], EngineClient]
+FatalHook = Callable[[int, str], None]  # (exit code, why): the server should stop with it
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What one request may ask of the server (each a `serve` flag)."""
+
+    max_fanout: int = 64  # prompts x n: engine sequences one request may start
+    max_body_bytes: int = 16 << 20
+    sse_keepalive_s: float | None = 15.0  # a quiet stream gets `: keep-alive` this often
+
+    def __post_init__(self) -> None:
+        for name in ("max_fanout", "max_body_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} is out of range: allowed an integer >= 1")
+        if self.sse_keepalive_s is not None and not self.sse_keepalive_s > 0:
+            raise ValueError(f"sse_keepalive_s={self.sse_keepalive_s!r} is out of range: "
+                             f"allowed None or a number > 0")
+
+
+def tenants_of(api_key: str | Mapping[str, str | None] | None) -> dict[str, str]:
+    """key -> tenant. A key given without a tenant name is its own tenant, named by a hash
+    (the key itself is never kept in a name that could be logged)."""
+    if api_key is None:
+        return {}
+    keys = {api_key: None} if isinstance(api_key, str) else dict(api_key)
+    return {key: name or "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+            for key, name in keys.items()}
 
 
 class ServerState:
     """Mutable only while loading (engine/error set once by the loader thread)."""
 
-    def __init__(self, engine_or_loader: Any, *, api_key: str | None = None,
+    def __init__(self, engine_or_loader: Any, *, api_key: str | Mapping[str, str | None] | None = None,
                  served_model_name: str | None = None, strict_request_fields: bool = False,
-                 chat_template: Any = None) -> None:
-        self.api_key = api_key
+                 chat_template: Any = None, limits: ServerLimits | None = None,
+                 on_fatal: FatalHook | None = None) -> None:
+        self.tenants = tenants_of(api_key)
+        self.limits = limits or ServerLimits()
+        self.on_fatal = on_fatal
         self.chat_template_override = chat_template
         self.strict_request_fields = strict_request_fields
         self.served_model_name = served_model_name
@@ -53,6 +88,12 @@ class ServerState:
         except Exception as exc:  # reported by /health and every request; never swallowed
             log.exception("model failed to load")
             self.load_error = f"{type(exc).__name__}: {exc}"
+            if self.on_fatal is not None:  # a flag the model contradicts is a usage error: 2
+                self.on_fatal(2 if isinstance(exc, ValueError) else 1, self.load_error)
+
+    @property
+    def engine_alive(self) -> bool:
+        return self.engine is not None and getattr(self.engine, "is_alive", True)
 
     def _set_engine(self, engine: EngineClient) -> None:
         engine.start()

@@ -4,7 +4,7 @@ engine jobs that carry them."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Hashable, NamedTuple
 
 from agentkv.runtime.client import EngineClient
 from agentkv.server.errors import bad_request
@@ -70,10 +70,16 @@ async def prompt_id_lists(engine: EngineClient, prompt: Any, add_special_tokens:
 
 
 async def build_jobs(state: ServerState, engine: EngineClient, req: SamplingFields, ask: Ask,
-                     id_prefix: str) -> list[Job]:
-    """n jobs per prompt, choice index = prompt index * n + j; request ids `<base>-<index>`."""
+                     id_prefix: str, namespace: Hashable = None) -> list[Job]:
+    """n jobs per prompt, choice index = prompt index * n + j; request ids `<base>-<index>`;
+    all in the cache `namespace` (see guard.cache_namespace). More than the server's fan-out
+    limit of jobs is a 400 naming both numbers."""
     base = new_id(id_prefix)
     num = len(ask.prompts) * req.n
+    if num > state.limits.max_fanout:
+        raise bad_request(f"{len(ask.prompts)} prompts x n={req.n} = {num} sequences, over this "
+                          f"server's limit of {state.limits.max_fanout} per request (--max-fanout)",
+                          param="n" if req.n > 1 else "prompt", code="fanout_exceeded")
     constraints = await _constraints(state, ask.constraint, num, ask.constraint_param)
     defaults = getattr(engine, "generation_config", None) or {}
     jobs = []
@@ -90,7 +96,7 @@ async def build_jobs(state: ServerState, engine: EngineClient, req: SamplingFiel
                 set() if params.ignore_eos else set(engine.tokenizer.eos_ids)))
             if min_tokens and banned:
                 constraint = MinTokensConstraint(constraint, banned, engine.vocab_size, min_tokens)
-            jobs.append(Job(index, f"{base}-{index}", ids, params, constraint))
+            jobs.append(Job(index, f"{base}-{index}", ids, params, constraint, namespace))
     return jobs
 
 

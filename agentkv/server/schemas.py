@@ -183,6 +183,8 @@ class SamplingFields(Request):
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
+    # vLLM's field: only requests with the same salt (and tenant) share cached prefixes.
+    cache_salt: str | None = Field(default=None, min_length=1)
 
 
 class ChatCompletionRequest(SamplingFields):

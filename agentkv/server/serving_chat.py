@@ -7,7 +7,8 @@ from typing import Any, AsyncIterator
 
 from agentkv.server.chat import render_chat
 from agentkv.server.errors import bad_request
-from agentkv.server.generation import ChoiceStreams, Job, collect, with_first
+from agentkv.server.generation import ChoiceStreams, Job, collect
+from agentkv.server.guard import cache_namespace
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.logprobs import TokenText, chat_logprobs
 from agentkv.server.output_parser import OutputEvent, OutputParser, OutputSpec, parse_output
@@ -28,7 +29,7 @@ def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
     return kwargs
 
 
-async def _jobs(state: ServerState, req: ChatCompletionRequest, engine: Any
+async def _jobs(state: ServerState, req: ChatCompletionRequest, engine: Any, tenant: str | None
                 ) -> tuple[list[Job], OutputSpec]:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
@@ -48,7 +49,8 @@ async def _jobs(state: ServerState, req: ChatCompletionRequest, engine: Any
               keep_special_tokens=policy.parse)
     thinks = template_thinks(template)
     spec = OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt))
-    return await build_jobs(state, engine, req, ask, "chatcmpl"), spec
+    jobs = await build_jobs(state, engine, req, ask, "chatcmpl", cache_namespace(tenant, req.cache_salt))
+    return jobs, spec
 
 
 def _usage(outs: list[Any]) -> Usage:
@@ -60,12 +62,14 @@ def _usage(outs: list[Any]) -> Usage:
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
-async def create_chat_completion(state: ServerState, req: ChatCompletionRequest) -> Any:
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
+                                 tenant: str | None = None) -> Any:
     engine = open_request(state, req)
-    jobs, spec = await _jobs(state, req, engine)
+    jobs, spec = await _jobs(state, req, engine, tenant)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
-        return await sse_response(streams, lambda first: _chunks(state, req, streams, first, spec))
+        return await sse_response(streams, lambda: _chunks(state, req, streams, spec),
+                                  keepalive_s=state.limits.sse_keepalive_s)
     async with streams:
         last = await collect(streams)
     text_of = TokenText(engine.tokenizer)
@@ -85,10 +89,9 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
 
 
 async def _chunks(state: ServerState, req: ChatCompletionRequest, streams: ChoiceStreams,
-                  first: tuple[int, Any], spec: OutputSpec) -> AsyncIterator[str]:
-    """SSE payloads: a role chunk per choice, reasoning/content/tool deltas, a finish chunk
-    per choice, then usage (if asked). `first` is the output already pulled to validate the
-    request."""
+                  spec: OutputSpec) -> AsyncIterator[str]:
+    """SSE payloads: a role chunk per choice (at once, before any token), reasoning/content/
+    tool deltas, a finish chunk per choice, then usage (if asked)."""
     chunk_id, created, model = new_id("chatcmpl"), now(), state.model_name
     text_of = TokenText(state.require_engine().tokenizer)
     parsers = {i: OutputParser(spec) for i in range(req.n)}
@@ -102,7 +105,7 @@ async def _chunks(state: ServerState, req: ChatCompletionRequest, streams: Choic
     for i in range(req.n):
         yield chunk(i, ChatDelta(role="assistant", content=""))
 
-    async for index, out in with_first(first, streams):
+    async for index, out in streams:
         logprobs = chat_logprobs(out.logprobs, text_of) if req.logprobs and out.logprobs else None
         events = parsers[index].feed(out.delta_text)
         if out.finished:

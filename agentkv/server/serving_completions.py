@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from agentkv.server.errors import bad_request
-from agentkv.server.generation import ChoiceStreams, Job, collect, with_first
+from agentkv.server.generation import ChoiceStreams, Job, collect
+from agentkv.server.guard import cache_namespace
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.logprobs import TokenText, completion_logprobs
 from agentkv.server.prologue import Ask, build_jobs, open_request, prompt_id_lists
@@ -16,7 +17,8 @@ from agentkv.server.schemas import CompletionRequest
 from agentkv.server.streaming import sse_response
 
 
-async def _jobs(state: ServerState, req: CompletionRequest, engine: Any) -> tuple[list[Job], list[list[int]]]:
+async def _jobs(state: ServerState, req: CompletionRequest, engine: Any,
+                tenant: str | None) -> tuple[list[Job], list[list[int]]]:
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of={req.best_of} is not supported; only best_of == n", param="best_of")
     if req.suffix:
@@ -27,7 +29,8 @@ async def _jobs(state: ServerState, req: CompletionRequest, engine: Any) -> tupl
     # max_tokens=0 (score the prompt only) runs one token and drops it.
     ask = Ask(prompts, req.max_tokens if req.max_tokens != 0 else 1, "max_tokens", req.logprobs,
               prompt_logprobs=req.logprobs if (req.echo and req.logprobs is not None) else None)
-    return await build_jobs(state, engine, req, ask, "cmpl"), prompts
+    namespace = cache_namespace(tenant, req.cache_salt)
+    return await build_jobs(state, engine, req, ask, "cmpl", namespace), prompts
 
 
 def _choice(req: CompletionRequest, index: int, out: Any, prompt_ids: list[int],
@@ -57,13 +60,15 @@ def _usage(outs: dict[int, Any], n: int, keep: bool) -> Usage:
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
-async def create_completion(state: ServerState, req: CompletionRequest) -> Any:
+async def create_completion(state: ServerState, req: CompletionRequest,
+                            tenant: str | None = None) -> Any:
     engine = open_request(state, req)
-    jobs, prompts = await _jobs(state, req, engine)
+    jobs, prompts = await _jobs(state, req, engine, tenant)
     streams = ChoiceStreams(state, engine, jobs)
     text_of = TokenText(engine.tokenizer)
     if req.stream:
-        return await sse_response(streams, lambda first: _chunks(state, req, streams, first, prompts, text_of))
+        return await sse_response(streams, lambda: _chunks(state, req, streams, prompts, text_of),
+                                  keepalive_s=state.limits.sse_keepalive_s)
     async with streams:
         last = await collect(streams)
     choices = [_choice(req, i, last[i], prompts[i // req.n], text_of) for i in sorted(last)]
@@ -71,14 +76,14 @@ async def create_completion(state: ServerState, req: CompletionRequest) -> Any:
                               choices=choices, usage=_usage(last, req.n, req.max_tokens != 0))
 
 
-async def _chunks(state: ServerState, req: CompletionRequest, streams: ChoiceStreams, first: Any,
+async def _chunks(state: ServerState, req: CompletionRequest, streams: ChoiceStreams,
                   prompts: list[list[int]], text_of: TokenText) -> AsyncIterator[str]:
     chunk_id, created, model = new_id("cmpl"), now(), state.model_name
     keep = req.max_tokens != 0
     finals: dict[int, Any] = {}
     echoed: set[int] = set()
 
-    async for index, out in with_first(first, streams):
+    async for index, out in streams:
         prompt_ids = prompts[index // req.n]
         text, logprobs = (out.delta_text, None) if keep else ("", None)
         if req.logprobs is not None and keep:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator, NamedTuple
+from typing import Any, AsyncIterator, Hashable, NamedTuple
 
 from agentkv.cache.radix import common_prefix_len
 from agentkv.server.anthropic_responses import (
@@ -17,12 +17,12 @@ from agentkv.server.anthropic_translate import (
     conversation, policy_of, sampling_fields, stop_reason)
 from agentkv.server.chat import render_chat
 from agentkv.server.errors import APIError
-from agentkv.server.generation import ChoiceStreams, Job, collect, with_first
+from agentkv.server.generation import ChoiceStreams, Job, collect
+from agentkv.server.guard import cache_namespace
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.output_parser import OutputParser, OutputSpec, parse_output
 from agentkv.server.prologue import Ask, build_jobs, open_request
 from agentkv.server.reasoning import prompt_opens_thinking, template_thinks
-from agentkv.server.responses import new_id
 from agentkv.server.streaming import sse_response
 from agentkv.server.tool_policy import constraint_builder
 from agentkv.server.translate import check_model
@@ -35,6 +35,7 @@ class Prepared(NamedTuple):
     prompt_ids: list[int]
     spec: OutputSpec
     pins: list[tuple[int, float]]  # (prefix length, ttl_s) per cache_control breakpoint
+    namespace: Hashable = None  # the tenant's cache, where the pins go too
 
 
 async def _prepare(state: ServerState, req: MessagesRequest | CountTokensRequest, engine: Any) -> Prepared:
@@ -67,22 +68,23 @@ async def _pin(prep: Prepared) -> int:
     pinned = 0
     for length, ttl_s in prep.pins:
         if length:
-            pinned = max(pinned, await prep.engine.pin_prefix(prep.prompt_ids[:length], None, ttl_s))
+            pinned = max(pinned, await prep.engine.pin_prefix(prep.prompt_ids[:length], prep.namespace,
+                                                              ttl_s))
     return pinned
 
 
-async def create_message(state: ServerState, req: MessagesRequest) -> Any:
+async def create_message(state: ServerState, req: MessagesRequest, tenant: str | None = None) -> Any:
     fields = sampling_fields(req)
     engine = open_request(state, fields)
-    prep = await _prepare(state, req, engine)
+    prep = (await _prepare(state, req, engine))._replace(namespace=cache_namespace(tenant, None))
     policy = prep.spec.policy
     ask = Ask([prep.prompt_ids], req.max_tokens, "max_tokens", None,
               constraint=constraint_builder(policy, None), keep_special_tokens=policy.parse)
-    jobs = await build_jobs(state, engine, fields, ask, "msg")
+    jobs = await build_jobs(state, engine, fields, ask, "msg", prep.namespace)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
-        return await sse_response(streams, lambda first: _events(state, req, streams, first, prep, jobs),
-                                  named_events=True)
+        return await sse_response(streams, lambda: _events(state, req, streams, prep, jobs),
+                                  named_events=True, keepalive_s=state.limits.sse_keepalive_s)
     async with streams:
         out = (await collect(streams))[0]
     pinned = await _pin(prep)
@@ -162,16 +164,21 @@ class _Blocks:
 
 
 async def _events(state: ServerState, req: MessagesRequest, streams: ChoiceStreams,
-                  first: tuple[int, Any], prep: Prepared, jobs: list[Job]) -> AsyncIterator[str]:
-    """message_start, ping, the content blocks, message_delta (stop reason, usage), message_stop."""
-    out = first[1]
-    start = usage_of(out.prompt_len, out.cached_len, 0, 0).model_dump()
+                  prep: Prepared, jobs: list[Job]) -> AsyncIterator[str]:
+    """message_start (with the first output: its usage knows the cache hit), ping, the
+    content blocks, message_delta (stop reason, usage), message_stop."""
+    parser, blocks, first = OutputParser(prep.spec), _Blocks(), None
+    async for _, first in streams:
+        break
+    if first is None:
+        return
+    start = usage_of(first.prompt_len, first.cached_len, 0, 0).model_dump()
     yield event("message_start", {"message": {
         "id": _message_id(jobs), "type": "message", "role": "assistant", "model": state.model_name,
         "content": [], "stop_reason": None, "stop_sequence": None, "usage": start}})
     yield event("ping", {})
-    parser, blocks = OutputParser(prep.spec), _Blocks()
-    async for _, out in with_first(first, streams):
+    out = first
+    async for out in _then(first, streams):
         events = parser.feed(out.delta_text) + (parser.finish() if out.finished else [])
         for ev in events:
             for frame in blocks.feed(ev):
@@ -184,3 +191,10 @@ async def _events(state: ServerState, req: MessagesRequest, streams: ChoiceStrea
     yield event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
                                   "usage": usage})
     yield event("message_stop", {})
+
+
+async def _then(first: Any, streams: ChoiceStreams) -> AsyncIterator[Any]:
+    """`first` (the output message_start was built from), then the rest of `streams`."""
+    yield first
+    async for _, out in streams:
+        yield out

@@ -12,7 +12,8 @@ from typing import Any, AsyncIterator, NamedTuple
 
 from agentkv.server.chat import render_chat
 from agentkv.server.errors import APIError
-from agentkv.server.generation import ChoiceStreams, collect, with_first
+from agentkv.server.generation import ChoiceStreams, collect
+from agentkv.server.guard import cache_namespace
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.output_parser import OutputParser, OutputSpec, parse_output
 from agentkv.server.prologue import Ask, build_jobs, open_request
@@ -75,7 +76,9 @@ def _skeleton(state: ServerState, req: ResponsesRequest, policy: ToolPolicy) -> 
         metadata=req.metadata)
 
 
-async def create_response(state: ServerState, store: ResponseStore, req: ResponsesRequest) -> Any:
+async def create_response(state: ServerState, store: ResponseStore, req: ResponsesRequest,
+                          tenant: str | None = None) -> Any:
+    """The Responses API's answer to `req`, whole or streamed; `store` is the tenant's own."""
     fields = sampling_fields(req)
     engine = open_request(state, fields)
     prep = await _prepare(state, store, req, engine)
@@ -84,12 +87,12 @@ async def create_response(state: ServerState, store: ResponseStore, req: Respons
     ask = Ask([prep.prompt_ids], req.max_output_tokens, "max_output_tokens", None,
               constraint=constraint_builder(policy, prep.fmt), constraint_param="text.format",
               keep_special_tokens=policy.parse)
-    jobs = await build_jobs(state, engine, fields, ask, "resp")
+    jobs = await build_jobs(state, engine, fields, ask, "resp", cache_namespace(tenant, None))
     body = _skeleton(state, req, policy)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
-        return await sse_response(streams, lambda first: _events(store, req, streams, first, prep, body),
-                                  named_events=True)
+        return await sse_response(streams, lambda: _events(store, req, streams, prep, body),
+                                  named_events=True, keepalive_s=state.limits.sse_keepalive_s)
     async with streams:
         out = (await collect(streams))[0]
     parsed = parse_output(out.text, prep.spec)
@@ -128,7 +131,7 @@ def _parsed(item: FunctionCallOut) -> ParsedCall:
 
 
 async def _events(store: ResponseStore, req: ResponsesRequest, streams: ChoiceStreams,
-                  first: tuple[int, Any], prep: Prepared, body: ResponseObject) -> AsyncIterator[str]:
+                  prep: Prepared, body: ResponseObject) -> AsyncIterator[str]:
     """response.created, response.in_progress, the output items, response.completed (or
     response.incomplete at max_output_tokens). An error after the 200 is an `error` event."""
     write = EventWriter()
@@ -136,8 +139,8 @@ async def _events(store: ResponseStore, req: ResponsesRequest, streams: ChoiceSt
         yield write("response.created", response=body.model_dump(mode="json"))
         yield write("response.in_progress", response=body.model_dump(mode="json"))
         parser, items = OutputParser(prep.spec), OutputItems(write)
-        out = first[1]
-        async for _, out in with_first(first, streams):
+        out = None
+        async for _, out in streams:
             for ev in parser.feed(out.delta_text) + (parser.finish() if out.finished else []):
                 for frame in items.feed(ev):
                     yield frame

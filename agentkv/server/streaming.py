@@ -1,9 +1,11 @@
-"""Server-sent events for streamed completions. The request is validated before the 200 goes
-out (the first engine output is pulled first), and a client that goes away mid-stream is
-noticed at once — even while no token is being sent — so its engine requests are aborted and
-their KV blocks freed."""
+"""Server-sent events for streamed completions. The request is admitted (validated, queued)
+before the 200 goes out; then the headers go at once, `: keep-alive` comments fill any quiet
+interval (a request still queued, a long prefill), and a client that goes away — mid-stream
+or still queued — is noticed at once, so its engine requests are aborted and their KV blocks
+freed before any prefill is spent on them."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from functools import partial
@@ -81,17 +83,49 @@ def _error_event(body: dict[str, Any]) -> str:
     return f"event: error\ndata: {json.dumps(body)}\n\n"
 
 
-async def sse_response(streams: Any, make_chunks: Callable[[Any], AsyncIterator[str]],
-                       *, named_events: bool = False) -> StreamingResponse:
-    """Start `streams` (a ChoiceStreams), pull its first output — engine validation errors
-    surface here as APIError, before any byte is sent — then stream `make_chunks(first)`:
-    JSON payloads framed as `data:` events, or (`named_events`) whole named events."""
-    await streams.__aenter__()
+KEEPALIVE = ": keep-alive\n\n"  # an SSE comment: every client's parser skips it
+_END = object()
+
+
+async def with_keepalive(frames: AsyncIterator[str], interval_s: float | None) -> AsyncIterator[str]:
+    """`frames`, with a KEEPALIVE whenever `interval_s` passes without one (None: never).
+    `frames` runs in a task of its own, so waiting on it is never cut short mid-frame."""
+    if not interval_s:
+        async for frame in frames:
+            yield frame
+        return
+    q: asyncio.Queue[Any] = asyncio.Queue(maxsize=8)
+
+    async def produce() -> None:
+        async for frame in frames:
+            await q.put(frame)
+        await q.put(_END)
+
+    task = asyncio.create_task(produce())
     try:
-        first = await streams.__anext__()
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await streams.close()
-        raise
+        while True:
+            try:
+                frame = await asyncio.wait_for(q.get(), interval_s)
+            except TimeoutError:
+                if task.done() and q.empty():
+                    task.result()  # a producer that died without its end: raise its error
+                    return
+                yield KEEPALIVE
+                continue
+            if frame is _END:
+                return
+            yield frame
+    finally:
+        task.cancel()
+
+
+async def sse_response(streams: Any, make_chunks: Callable[[], AsyncIterator[str]], *,
+                       named_events: bool = False, keepalive_s: float | None = None
+                       ) -> StreamingResponse:
+    """Admit `streams` (a ChoiceStreams) — refusals surface here as APIError, before any byte
+    is sent — then stream `make_chunks()` at once: JSON payloads framed as `data:` events, or
+    (`named_events`) whole named events, with keep-alive comments every `keepalive_s`."""
+    await streams.__aenter__()
     frames = _named_events if named_events else _events
-    return AbortingStreamingResponse(frames(make_chunks(first)), streams.close)
+    return AbortingStreamingResponse(with_keepalive(frames(make_chunks()), keepalive_s),
+                                     streams.close)

@@ -9,10 +9,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from agentkv.runtime.client import EngineClient
-from agentkv.runtime.errors import EngineDeadError, InvalidTokenError, PromptTooLongError
+from agentkv.runtime.errors import (
+    EngineDeadError, InvalidTokenError, PromptTooLongError, QueueFullError)
 from agentkv.runtime.params import SamplingParams
 from agentkv.server.errors import (
-    APIError, bad_request, from_value_error, model_not_found, prompt_too_long)
+    APIError, bad_request, engine_dead, from_value_error, model_not_found, prompt_too_long,
+    rate_limited)
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.schemas import SamplingFields
 
@@ -103,12 +105,33 @@ def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | Non
 
 def engine_error(exc: Exception) -> APIError:
     """The engine's boundary exceptions as client errors; anything else is re-raised."""
+    if isinstance(exc, APIError):
+        return exc
     if isinstance(exc, PromptTooLongError):
         return prompt_too_long(exc.prompt_len, exc.max_model_len)
     if isinstance(exc, InvalidTokenError):
         return bad_request(str(exc), param="prompt")
     if isinstance(exc, EngineDeadError):
-        return APIError(503, str(exc), type="service_unavailable", code="engine_dead")
+        return engine_dead(str(exc))
+    if isinstance(exc, QueueFullError):
+        return rate_limited(str(exc))
     if isinstance(exc, ValueError):
         return from_value_error(exc)
     raise exc
+
+
+# What a step failure says when the request's own constraints (grammar, logit_bias,
+# penalties) left no token to sample: the client's doing, so a 400, never a 500.
+_CLIENT_CAUSED = ("nothing can be sampled",)
+
+
+def request_failed(error: str) -> APIError:
+    """A request that ended with finish_reason "error" inside the engine (the others of its
+    batch went on): a 400 when its own constraints led it into a dead end, else a 500 — the
+    model or server failed it. Never reported to a client as a finish_reason."""
+    if any(marker in error for marker in _CLIENT_CAUSED):
+        return bad_request("the request's constraints (response_format, tools, logit_bias, "
+                           f"penalties) left no token that may come next: {error}",
+                           code="generation_dead_end")
+    return APIError(500, f"the request failed inside the engine: {error}",
+                    type="internal_server_error", code="request_failed")

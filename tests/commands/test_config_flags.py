@@ -41,10 +41,10 @@ def test_flag_defaults_are_the_dataclass_defaults(module):
     assert config_from_args(args) == EngineConfig(model="m")
 
 
-def test_serve_has_every_knob_and_the_offline_commands_all_but_the_served_name():
+def test_serve_has_every_knob_and_the_offline_commands_all_but_the_serving_ones():
     assert set(FLAGS) <= set(vars(parse(serve)))
     for module in (generate, chat):
-        assert set(FLAGS) - set(vars(parse(module))) == {"served_model_name"}
+        assert set(FLAGS) - set(vars(parse(module))) == {"served_model_name", "max_queued_requests"}
 
 
 def test_flags_build_the_config_they_name():

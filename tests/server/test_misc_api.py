@@ -9,6 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
+from agentkv.runtime.async_engine import AsyncEngine
 from agentkv.server.app import create_app
 
 pytestmark = pytest.mark.slow
@@ -54,12 +55,12 @@ def test_openapi_matches_the_api(http):
     assert {"messages", "tools", "tool_choice", "response_format", "logprobs", "stream_options"} <= set(props)
 
 
-def test_health_is_503_while_loading(smollm2_engine, server_tools):
+def test_health_is_503_while_loading(server_tools):
     release = threading.Event()
 
-    def load():
+    def load():  # an engine of its own: the app owns what its loader built and shuts it down
         release.wait(60)
-        return smollm2_engine
+        return AsyncEngine.from_model("smollm2", max_model_len=256, kv_cache_blocks=32)
 
     server, base = server_tools.start(create_app(load, served_model_name="smollm2"), wait_ready=False)
     try:
@@ -68,7 +69,7 @@ def test_health_is_503_while_loading(smollm2_engine, server_tools):
             {"role": "user", "content": "hi"}]})
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_loading"
         release.set()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120
         while httpx.get(f"{base}/health").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert httpx.get(f"{base}/health").json()["status"] == "ok"
