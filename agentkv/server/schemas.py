@@ -48,7 +48,7 @@ class TextOnly(BaseModel):
         where = lone_surrogate_at(data)
         if where is not None:  # the path itself may quote the surrogate: escape it
             where = where.encode("utf-8", "backslashreplace").decode("utf-8")
-            raise ValueError(f"{where} holds a lone UTF-16 surrogate (e.g. an unpaired \\ud800 "
+            raise ValueError(f"{where} holds a lone surrogate (a UTF-16 half, e.g. an unpaired \\ud800 "
                              f"escape), which is not valid Unicode text")
         return data
 

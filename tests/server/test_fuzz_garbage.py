@@ -140,7 +140,7 @@ def test_lone_surrogate_is_a_400_naming_where(http, endpoint, body, where):
     r = http.post(endpoint, content=body.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert f"{where} holds a lone UTF-16 surrogate" in error["message"]
+    assert f"{where} holds a lone surrogate" in error["message"]
     assert error["type"] == "invalid_request_error"
 
 
