@@ -17,6 +17,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "cache": ("agentkv.bench.cache", "prefix-cache reuse: agentkv with the cache on vs off"),
     "kernels": ("agentkv.bench.kernels", "the compiled CPU kernels vs torch on model shapes"),
     "load": ("agentkv.bench.load", "concurrent streaming clients against a local server"),
+    "cluster": ("agentkv.bench.cluster", "1, 2, 3 workers behind sglang-router: throughput, hit ratio"),
 }
 
 
