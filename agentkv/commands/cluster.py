@@ -137,6 +137,7 @@ def launch_router(spec: ClusterSpec, deadline: float) -> subprocess.Popen:
     proc = _spawn(router_command(spec))
     try:
         wait_healthy(spec.router_url, proc, deadline, what="router")
+        wait_registered(spec, proc, deadline)
     except BaseException:
         proc.kill()
         proc.wait()
@@ -168,6 +169,24 @@ def wait_healthy(url: str, proc: subprocess.Popen, deadline: float, *, what: str
                     return
         if time.monotonic() > deadline:
             raise ClusterError(f"{what} at {url} was not healthy in time")
+        time.sleep(0.5)
+
+
+def wait_registered(spec: ClusterSpec, proc: subprocess.Popen, deadline: float) -> None:
+    """The router registers workers in the background after its /health answers: poll its
+    /get_loads until every worker is listed with a load it could read (not -1)."""
+    import json
+
+    while True:
+        if proc.poll() is not None:
+            raise ClusterError(f"router at {spec.router_url} exited with code {proc.returncode}")
+        with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            with urllib.request.urlopen(spec.router_url + "/get_loads", timeout=5) as resp:
+                loads = json.loads(resp.read()).get("workers", [])
+            if sorted(e["worker"] for e in loads if e["load"] >= 0) == sorted(spec.worker_urls):
+                return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"router at {spec.router_url} did not register {spec.worker_urls}")
         time.sleep(0.5)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from agentkv.commands.cluster import Cluster, ClusterSpec, launch_router, router_available
 
-WORKER_ARGS = ("--max-model-len", "2048", "--kv-cache-blocks", "1024")
+WORKER_ARGS = ("--backend", "torch", "--max-model-len", "2048", "--kv-cache-blocks", "1024")
 
 needs_router = pytest.mark.skipif(
     not router_available(), reason="sglang-router is not installed (pip install 'agentkv[cluster]')")
