@@ -160,8 +160,7 @@ def measure_fleet(model: str, workers: int, shape: ReplayShape, port: int) -> di
     from agentkv.commands.cluster import Cluster, ClusterSpec
 
     spec = ClusterSpec(model=model, replicas=workers, router_port=port,
-                       worker_args=("--backend", "torch", "--max-model-len", "2048",
-                                    "--kv-cache-blocks", "1024"))
+                       worker_args=("--max-model-len", "2048", "--kv-cache-blocks", "1024"))
     with Cluster(spec):
         result = replay(spec.router_url, model, shape)
         direct, routed = added_latency(spec.worker_urls[0], spec.router_url, model)

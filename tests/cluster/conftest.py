@@ -11,7 +11,7 @@ import pytest
 
 from agentkv.commands.cluster import Cluster, ClusterSpec, launch_router, router_available
 
-WORKER_ARGS = ("--backend", "torch", "--max-model-len", "2048", "--kv-cache-blocks", "1024")
+WORKER_ARGS = ("--max-model-len", "2048", "--kv-cache-blocks", "1024")
 
 needs_router = pytest.mark.skipif(
     not router_available(), reason="sglang-router is not installed (pip install 'agentkv[cluster]')")
@@ -35,8 +35,16 @@ def free_port_run(count: int) -> int:
     raise RuntimeError("no free port range")
 
 
+@pytest.fixture(scope="session")
+def kernels_built() -> None:
+    """Build the CPU kernels here, once, so the workers do not all compile them at once."""
+    from agentkv.hal.kernels import loader
+
+    loader.load()
+
+
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[Cluster]:
+def fleet(kernels_built: None) -> Iterator[Cluster]:
     """Three smollm2 workers behind a cache_aware router."""
     base = free_port_run(8)
     spec = ClusterSpec(model="smollm2", replicas=3, router_port=base, worker_args=WORKER_ARGS)
@@ -45,7 +53,7 @@ def fleet() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def solo() -> Iterator[Cluster]:
+def solo(kernels_built: None) -> Iterator[Cluster]:
     """One smollm2 worker (reached directly, not through its router): the reference fleet."""
     base = free_port_run(4)
     spec = ClusterSpec(model="smollm2", replicas=1, router_port=base, worker_args=WORKER_ARGS)

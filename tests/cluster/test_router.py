@@ -104,6 +104,8 @@ def test_killed_worker_leaves_the_rotation(fleet) -> None:
     result = replay(fleet.spec.router_url, "smollm2", shape, timeout=240, after_turn=after_turn)
     assert len(result.replies) == shape.agents * shape.turns
     failed = [r for r in result.replies if r.status != 200]
+    print(f"after the kill: {len(failed)} of {len(result.replies)} requests failed "
+          f"(statuses {sorted({r.status for r in failed})}), slowest {max(r.seconds for r in result.replies):.1f}s")
     assert all(r.status >= 500 and r.error for r in failed), failed
     assert all(r.status == 200 for r in result.replies if r.turn == shape.turns - 1), failed
     loads = get_json(fleet.spec.router_url + "/get_loads")
