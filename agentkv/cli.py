@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "witness": ("agentkv.commands.witness", "check a backend op by op against the reference"),
     "serve": ("agentkv.commands.serve", "OpenAI-compatible HTTP server"),
     "bench": ("agentkv.commands.bench", "benchmarks against peers"),
+    "cluster": ("agentkv.commands.cluster", "N local workers behind SGLang's cache-aware router"),
 }
 
 

@@ -18,6 +18,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "kernels": ("agentkv.bench.kernels", "the compiled CPU kernels vs torch on model shapes"),
     "load": ("agentkv.bench.load", "concurrent streaming clients against a local server"),
     "spec": ("agentkv.bench.spec", "speculative decoding on copy-heavy and open-ended turns"),
+    "cluster": ("agentkv.bench.cluster", "1, 2, 3 workers behind sglang-router: throughput, hit ratio"),
 }
 
 

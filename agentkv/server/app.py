@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Mapping
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -34,6 +34,7 @@ from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
 from agentkv.server.lifecycle import EngineLoader, FatalHook, ServerLimits, ServerState
+from agentkv.server.serving_router import ROUTER_ENDPOINTS, add_router_routes, health_response
 from agentkv.server.translate import check_fields, check_model
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -41,7 +42,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 STREAM = {200: {"content": {"text/event-stream": {}}}}
 _ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
               "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
-              "/tokenize", "/detokenize", "/health", "/metrics"}
+              "/tokenize", "/detokenize", "/health", "/metrics", *ROUTER_ENDPOINTS}
 # Each API answers errors in its own shape.
 ERROR_SHAPES = {"/v1/messages": anthropic_error_response}
 
@@ -150,17 +151,11 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     auth = [Depends(check_key)]
     _add_anthropic_routes(app, state, auth)
     _add_responses_routes(app, state, auth)
+    add_router_routes(app, state, auth)
 
     @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
     async def health() -> Any:
-        if state.engine_alive:
-            return r.HealthResponse(status="ok", model=state.model_name)
-        if state.engine is not None:
-            body = r.HealthResponse(status="failed", detail="the engine thread died")
-        else:
-            body = r.HealthResponse(status="failed" if state.load_error else "loading",
-                                    detail=state.load_error)
-        return JSONResponse(body.model_dump(), status_code=503)
+        return health_response(state)
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
