@@ -1,4 +1,5 @@
 """agentkv: an LLM inference kernel for agent loops."""
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

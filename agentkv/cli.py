@@ -1,4 +1,5 @@
 """The `agentkv` console script: one subcommand per module, imported only when chosen."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """Shared fixtures: paths of the packaged real models (installed by `make setup`)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """The package's public entry points."""
+
 import subprocess
 import sys
 

@@ -3,6 +3,7 @@ no module over 400 lines, no function over 60 lines, no function with more than 
 
 `python tools/style_check.py` prints every breach and exits 1 if there is one;
 `--report` prints the counts (modules, longest, over the limits) and exits 0."""
+
 from __future__ import annotations
 
 import argparse
@@ -62,13 +63,18 @@ def main(argv: list[str] | None = None) -> int:
             if count > MAX_PARAMETERS:
                 breaches.append(f"{rel}:{lineno} {name}: {count} parameters (limit {MAX_PARAMETERS})")
     if args.report:
-        print(f"modules: {len(module_lines)}, longest {max(module_lines)} lines, "
-              f"{sum(n > MAX_MODULE_LINES for n in module_lines)} over {MAX_MODULE_LINES}")
-        print(f"functions: {len(function_lines)}, longest {max(function_lines)} lines, "
-              f"{sum(n > MAX_FUNCTION_LINES for n in function_lines)} over {MAX_FUNCTION_LINES}, "
-              f"{sum(n > 50 for n in function_lines)} over 50")
-        print(f"parameters: most {max(params)}, {sum(n > MAX_PARAMETERS for n in params)} functions over "
-              f"{MAX_PARAMETERS}")
+        print(
+            f"modules: {len(module_lines)}, longest {max(module_lines)} lines, "
+            f"{sum(n > MAX_MODULE_LINES for n in module_lines)} over {MAX_MODULE_LINES}"
+        )
+        print(
+            f"functions: {len(function_lines)}, longest {max(function_lines)} lines, "
+            f"{sum(n > MAX_FUNCTION_LINES for n in function_lines)} over {MAX_FUNCTION_LINES}, "
+            f"{sum(n > 50 for n in function_lines)} over 50"
+        )
+        print(
+            f"parameters: most {max(params)}, {sum(n > MAX_PARAMETERS for n in params)} functions over {MAX_PARAMETERS}"
+        )
     for line in breaches:
         print(line)
     return 0 if args.report or not breaches else 1

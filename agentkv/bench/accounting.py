@@ -1,8 +1,11 @@
 """The reuse accounting agent workloads are judged by: fak radixbench's longest-common-prefix
 count, what agentkv's radix cache must hit, and the session-workload formulas of docs/design.md."""
+
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
+
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
@@ -22,14 +25,18 @@ def radixbench_reuse(prompts: list[list[list[int]]]) -> dict[str, Any]:
             reused += max((_lcp(p, s) for s in sent), default=0)
             total += len(p)
             sent.append(p)
-    return {"total_tokens": total, "reused_tokens": reused, "computed_tokens": total - reused,
-            "hit_rate": reused / total if total else 0.0,
-            "token_ceiling": total / (total - reused) if total > reused else float("inf")}
+    return {
+        "total_tokens": total,
+        "reused_tokens": reused,
+        "computed_tokens": total - reused,
+        "hit_rate": reused / total if total else 0.0,
+        "token_ceiling": total / (total - reused) if total > reused else float("inf"),
+    }
 
 
-def agentkv_expected_hits(prompts: list[list[list[int]]],
-                          answers: Callable[[int, int], Sequence[int]] | None = None
-                          ) -> list[list[int]]:
+def agentkv_expected_hits(
+    prompts: list[list[list[int]]], answers: Callable[[int, int], Sequence[int]] | None = None
+) -> list[list[int]]:
     """What agentkv's radix cache must hit per request, [turn][agent], for turn-major batched
     submission: a request matches (a) what earlier turns left in the cache — each finished
     request's prompt + answer minus its last token (whose KV is never computed) — and (b)
@@ -55,9 +62,11 @@ def session_formulas(P: int, T: int, C: int, D: int, R: int, U: int = 0) -> dict
     D, tool result R), with U per-agent tokens after the prefix at turn 0 (DESIGN has U = 0):
     naive = C·Σ_{t<T}(P + U + t(D+R)); warm per-agent cache = C(P + U + (T−1)R);
     shared prefix + per-agent reuse = P + C·U + C(T−1)R."""
-    return {"naive": C * sum(P + U + t * (D + R) for t in range(T)),
-            "warm_per_agent": C * (P + U + (T - 1) * R),
-            "shared_prefix": P + C * U + C * (T - 1) * R}
+    return {
+        "naive": C * sum(P + U + t * (D + R) for t in range(T)),
+        "warm_per_agent": C * (P + U + (T - 1) * R),
+        "shared_prefix": P + C * U + C * (T - 1) * R,
+    }
 
 
 def agentkv_session_prefill(P: int, T: int, C: int, D: int, R: int, U: int = 0) -> int:

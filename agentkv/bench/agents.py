@@ -5,13 +5,15 @@ JSON, Markdown and one PNG per workload.
 Peers come from the `bench` extra (`make bench`); a peer that is not installed, or an arm
 that runs past --arm-timeout, is reported as skipped.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agentkv.bench import peers
 from agentkv.bench import workloads as wl
@@ -45,19 +47,30 @@ class RunConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", default=DEFAULT_PEERS, help=f"comma list (default {DEFAULT_PEERS})")
-    parser.add_argument("--workload", default=DEFAULT_WORKLOADS,
-                        help=f"comma list of {', '.join(wl.WORKLOADS)} (default {DEFAULT_WORKLOADS})")
-    parser.add_argument("--set", action="append", default=[], metavar="WORKLOAD.KEY=INT",
-                        help="override a workload size, e.g. tool-loop.turns=4 (repeatable)")
+    parser.add_argument(
+        "--workload",
+        default=DEFAULT_WORKLOADS,
+        help=f"comma list of {', '.join(wl.WORKLOADS)} (default {DEFAULT_WORKLOADS})",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="WORKLOAD.KEY=INT",
+        help="override a workload size, e.g. tool-loop.turns=4 (repeatable)",
+    )
     add_engine_flags(parser)
     parser.add_argument("--out", default="bench/out")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds per arm)")
-    parser.add_argument("--arm-timeout", type=float, default=None, metavar="S",
-                        help="stop an arm after S seconds (reported as skipped)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="take an arm's finished result from OUT/runs when its spec is identical")
-    parser.add_argument("--no-profile", action="store_true",
-                        help="skip the cProfile rerun of agentkv when a target is missed")
+    parser.add_argument(
+        "--arm-timeout", type=float, default=None, metavar="S", help="stop an arm after S seconds (reported as skipped)"
+    )
+    parser.add_argument(
+        "--reuse", action="store_true", help="take an arm's finished result from OUT/runs when its spec is identical"
+    )
+    parser.add_argument(
+        "--no-profile", action="store_true", help="skip the cProfile rerun of agentkv when a target is missed"
+    )
 
 
 def overrides(items: list[str]) -> dict[str, dict[str, int]]:
@@ -80,14 +93,23 @@ def run(args: argparse.Namespace) -> int:
     names = [w for w in args.workload.split(",") if w]
     sizes = overrides(args.set)
     for bad in [p for p in arms if p not in ARMS] + [w for w in names if w not in wl.WORKLOADS]:
-        raise ValueError(f"unknown arm or workload {bad!r}; arms: {', '.join(ARMS)}; "
-                         f"workloads: {', '.join(wl.WORKLOADS)}")
-    config = RunConfig(args.model, Path(args.out), args.quick, args.weights, args.arm_timeout,
-                       args.reuse, not args.no_profile)
+        raise ValueError(
+            f"unknown arm or workload {bad!r}; arms: {', '.join(ARMS)}; workloads: {', '.join(wl.WORKLOADS)}"
+        )
+    config = RunConfig(
+        args.model, Path(args.out), args.quick, args.weights, args.arm_timeout, args.reuse, not args.no_profile
+    )
     summaries = [run_workload(name, arms, config, sizes.get(name)) for name in names]
     stem = "agents-quick" if args.quick else "agents"
-    paths = write_all(summaries, config.out_dir, stem, model=args.model, peers=arms,
-                      quick=args.quick, llamacpp_build=peers.llamacpp_build())
+    paths = write_all(
+        summaries,
+        config.out_dir,
+        stem,
+        model=args.model,
+        peers=arms,
+        quick=args.quick,
+        llamacpp_build=peers.llamacpp_build(),
+    )
     print(paths["md"].read_text())
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}")
@@ -104,8 +126,11 @@ def verdict(summaries: list[dict]) -> int:
             rc = 1
         acc = s.get("accounting") or {}
         if acc.get("agentkv_hits_match") is False:
-            print(f"ACCOUNTING MISMATCH on {s['workload']}: expected {acc['agentkv_expected_hits']}, "
-                  f"measured {acc.get('agentkv_measured_hits')}", file=sys.stderr)
+            print(
+                f"ACCOUNTING MISMATCH on {s['workload']}: expected {acc['agentkv_expected_hits']}, "
+                f"measured {acc.get('agentkv_measured_hits')}",
+                file=sys.stderr,
+            )
             rc = 1
     return rc
 
@@ -131,8 +156,13 @@ def _answers(result: dict, workload: wl.Workload) -> list[list[list[int]]]:
 def run_arms(name: str, arms: list[str], config: RunConfig, sizes: dict | None) -> tuple[wl.Workload, dict]:
     """Every arm on workload `name`; the agentkv arm first: its answers are the transcript
     the replaying arms are fed."""
-    spec0 = {"workload": name, "model": config.model, "quick": config.quick,
-             "overrides": sizes or {}, "weights": config.weights}
+    spec0 = {
+        "workload": name,
+        "model": config.model,
+        "quick": config.quick,
+        "overrides": sizes or {},
+        "weights": config.weights,
+    }
     workload = load_workload(spec0)
     results: dict[str, dict] = {}
     reference = None
@@ -143,8 +173,10 @@ def run_arms(name: str, arms: list[str], config: RunConfig, sizes: dict | None) 
         config.log(f"{name}: {arm} ...")
         res = run_arm({**spec0, "arm": arm, "reference": None if arm in LIVE else reference}, config)
         results[arm] = {"arm": arm, **res} if failed(res) else res
-        config.log(f"{name}: {arm}: " + (why(res) if failed(res) else
-                                        f"{res['wall_s']:.1f} s, prefill {res['prefill_computed']}"))
+        config.log(
+            f"{name}: {arm}: "
+            + (why(res) if failed(res) else f"{res['wall_s']:.1f} s, prefill {res['prefill_computed']}")
+        )
         if arm == REFERENCE and not failed(res) and workload.keep_answers:
             reference = _answers(res, workload)
     return workload, results
@@ -154,21 +186,35 @@ def run_workload(name: str, arms: list[str], config: RunConfig, sizes: dict | No
     """Every arm on workload `name` (one subprocess each), then accounting, exactness and
     targets; a missed target reruns the agentkv arm under cProfile."""
     workload, results = run_arms(name, arms, config, sizes)
-    summary = {"workload": workload.name, "params": workload.params, "weights": config.weights,
-               "notes": workload.notes, "turns": workload.num_turns, "agents": workload.num_agents,
-               "max_tokens": workload.max_tokens, "formulas": workload.formulas,
-               "accounting": accounting(workload, results), "exactness": exactness(results),
-               "arms": results}
+    summary = {
+        "workload": workload.name,
+        "params": workload.params,
+        "weights": config.weights,
+        "notes": workload.notes,
+        "turns": workload.num_turns,
+        "agents": workload.num_agents,
+        "max_tokens": workload.max_tokens,
+        "formulas": workload.formulas,
+        "accounting": accounting(workload, results),
+        "exactness": exactness(results),
+        "arms": results,
+    }
     summary["targets"] = targets(summary) if name == "tool-loop" else {}
     missed = [k for k, v in summary["targets"].items() if not v["met"]]
     if missed and config.profile_on_miss and not failed(results.get(REFERENCE, {"error": 1})):
         config.log(f"{name}: targets missed ({', '.join(missed)}): profiling the agentkv arm ...")
-        spec = {"workload": name, "model": config.model, "quick": config.quick,
-                "overrides": sizes or {}, "weights": config.weights, "arm": REFERENCE,
-                "profile": True, "reference": None}
+        spec = {
+            "workload": name,
+            "model": config.model,
+            "quick": config.quick,
+            "overrides": sizes or {},
+            "weights": config.weights,
+            "arm": REFERENCE,
+            "profile": True,
+            "reference": None,
+        }
         prof = run_arm(spec, config)
-        summary["profile"] = {"arm": REFERENCE, "wall_s": prof.get("wall_s"),
-                              "top": prof.get("profile") or [why(prof)]}
+        summary["profile"] = {"arm": REFERENCE, "wall_s": prof.get("wall_s"), "top": prof.get("profile") or [why(prof)]}
     return summary
 
 
@@ -182,8 +228,7 @@ def accounting(workload: wl.Workload, results: dict[str, dict]) -> dict:
     answer = (lambda t, a: grid[t][a]) if grid else None
     prompts = wl.all_prompts(workload, answer)
     expected = wl.agentkv_expected_hits(prompts, answer)
-    out = {"radixbench": wl.radixbench_reuse(prompts),
-           "agentkv_expected_hits": sum(map(sum, expected))}
+    out = {"radixbench": wl.radixbench_reuse(prompts), "agentkv_expected_hits": sum(map(sum, expected))}
     if ref and not failed(ref):
         got = [[0] * workload.num_agents for _ in range(workload.num_turns)]
         for r in ref["records"]:
@@ -222,8 +267,11 @@ def targets(summary: dict) -> dict:
     arms = summary["arms"]
     ours = arms.get(REFERENCE, {})
     out = {}
-    goals = [("transformers", "wall_s", 4.0), ("llamacpp", "wall_s", 1.0),
-             ("agentkv-nocache", "prefill_computed", 10.0)]
+    goals = [
+        ("transformers", "wall_s", 4.0),
+        ("llamacpp", "wall_s", 1.0),
+        ("agentkv-nocache", "prefill_computed", 10.0),
+    ]
     for peer, metric, need in goals:
         other = arms.get(peer, {})
         if not ours or not other or failed(ours) or failed(other):

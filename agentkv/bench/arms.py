@@ -3,6 +3,7 @@ every agent's prompt (token ids) and the answer length; greedy, EOS ignored.
 
 Peers are imported inside the arm that needs them, so the core never depends on them.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,10 @@ class AgentkvArm(Arm):
 
         torch.set_num_threads(THREADS)
         self.name = "agentkv" if prefix_cache else "agentkv-nocache"
-        self.notes = (f"in-process Engine ({weights} weights), turn submitted as one batch, "
-                      f"prefix cache {'on' if prefix_cache else 'off'}")
+        self.notes = (
+            f"in-process Engine ({weights} weights), turn submitted as one batch, "
+            f"prefix cache {'on' if prefix_cache else 'off'}"
+        )
         flags = SimpleNamespace(model=model, weights=weights)
         self.engine = build_engine(flags, prefix_cache=prefix_cache, num_blocks=kv_blocks)
         self._n = 0
@@ -95,14 +98,31 @@ class AgentkvArm(Arm):
                 first.setdefault(out.request_id, now)
                 if out.finished:
                     final[out.request_id] = (out, now)
-        return [Result(len(p), final[r][0].cached_len, list(final[r][0].token_ids), final[r][0].text,
-                       t0, first[r], final[r][1], len(final[r][0].token_ids))
-                for p, r in zip(prompts, rids)]
+        return [
+            Result(
+                len(p),
+                final[r][0].cached_len,
+                list(final[r][0].token_ids),
+                final[r][0].text,
+                t0,
+                first[r],
+                final[r][1],
+                len(final[r][0].token_ids),
+            )
+            for p, r in zip(prompts, rids)
+        ]
 
     def counters(self) -> dict[str, Any]:
         now, base = self.engine.stats(), self._base
-        keys = ("prefix_queried_tokens", "prefix_hit_tokens", "computed_tokens", "prompt_tokens",
-                "generation_tokens", "preemptions", "evicted_blocks")
+        keys = (
+            "prefix_queried_tokens",
+            "prefix_hit_tokens",
+            "computed_tokens",
+            "prompt_tokens",
+            "generation_tokens",
+            "preemptions",
+            "evicted_blocks",
+        )
         return {k: getattr(now, k) - (getattr(base, k) if base else 0) for k in keys}
 
 
@@ -122,8 +142,19 @@ class HttpArm(Arm):
 
     def __init__(self, model: str, kv_blocks: int, weights: str = "resident", startup_s: float = 180.0):
         self.port = free_port()
-        cmd = [sys.executable, "-m", "agentkv.cli", "serve", model, "--port", str(self.port),
-               "--kv-cache-blocks", str(kv_blocks), "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "agentkv.cli",
+            "serve",
+            model,
+            "--port",
+            str(self.port),
+            "--kv-cache-blocks",
+            str(kv_blocks),
+            "--log-level",
+            "warning",
+        ]
         if weights != "resident":
             raise ValueError("agentkv serve has no --weights flag yet: the HTTP arm runs resident weights")
         env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
@@ -144,11 +175,20 @@ class HttpArm(Arm):
             return False
 
     def _one(self, prompt: list[int], max_tokens: int) -> Result:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions",
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         t0 = time.perf_counter()
         first, text, cached, generated = None, [], None, 0
         with urllib.request.urlopen(req, timeout=3600) as resp:
@@ -204,7 +244,7 @@ class LlamaCppArm(Arm):
     def _reused(self, prompt: list[int]) -> int:
         """The prefix `generate` will keep: the live context's common prefix with the prompt,
         one less when it is the whole prompt (its last token is re-run for logits)."""
-        live = self.llm._input_ids[:self.llm.n_tokens].tolist()
+        live = self.llm._input_ids[: self.llm.n_tokens].tolist()
         n = self.llm.longest_token_prefix(live, prompt)
         return n - 1 if n == len(prompt) else n
 
@@ -212,9 +252,10 @@ class LlamaCppArm(Arm):
         t0 = time.perf_counter()
         try:
             state = self.cache[prompt]
-            live = self.llm._input_ids[:self.llm.n_tokens].tolist()
-            if self.llm.longest_token_prefix(state.input_ids.tolist(), prompt) > \
-                    self.llm.longest_token_prefix(live, prompt):
+            live = self.llm._input_ids[: self.llm.n_tokens].tolist()
+            if self.llm.longest_token_prefix(state.input_ids.tolist(), prompt) > self.llm.longest_token_prefix(
+                live, prompt
+            ):
                 self.llm.load_state(state)
         except KeyError:
             pass
@@ -262,10 +303,11 @@ class TransformersArm(Arm):
         with self.torch.no_grad():
             x = self.torch.tensor([prompt])
             # An explicit mask: otherwise a prompt token equal to pad_token_id would be masked.
-            ids = self.model.generate(x, attention_mask=self.torch.ones_like(x),
-                                      max_new_tokens=max_tokens, do_sample=False, streamer=_Clock())
+            ids = self.model.generate(
+                x, attention_mask=self.torch.ones_like(x), max_new_tokens=max_tokens, do_sample=False, streamer=_Clock()
+            )
         done = time.perf_counter()
-        out = ids[0, len(prompt):].tolist()
+        out = ids[0, len(prompt) :].tolist()
         first = times[1] if len(times) > 1 else done  # put #0 is the prompt itself
         return Result(len(prompt), 0, out, None, t0, first, done, len(out))
 

@@ -12,6 +12,7 @@ last token, plus the in-flight prompts of the same turn, capped at len(prompt) -
 Exits 1 when greedy tokens differ between cache on and off, or the hits differ from the
 prediction.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     for name, default in SIZES:
         parser.add_argument(f"--{name}", type=int, default=default, help=f"session {name} (default {default})")
-    parser.add_argument("--arm-timeout", type=float, default=None, metavar="S",
-                        help="stop an arm after S seconds (reported as skipped)")
+    parser.add_argument(
+        "--arm-timeout", type=float, default=None, metavar="S", help="stop an arm after S seconds (reported as skipped)"
+    )
     parser.add_argument("--out", default="bench/out")
 
 
@@ -41,11 +43,18 @@ def _row(summary: dict) -> list:
     on, off = summary["arms"]["agentkv"], summary["arms"]["agentkv-nocache"]
     acc = summary["accounting"]
     rb = acc["radixbench"]
-    return [summary["workload"], rb["total_tokens"], rb["reused_tokens"], acc["agentkv_measured_hits"],
-            f"{on['hit_rate']:.1%}", f"{on['prefill_computed']} / {off['prefill_computed']}",
-            f"{off['prefill_computed'] / max(on['prefill_computed'], 1):.1f}×",
-            f"{on['wall_s']:.1f} / {off['wall_s']:.1f}", f"{off['wall_s'] / on['wall_s']:.2f}×",
-            summary["exactness"]["exact"]]
+    return [
+        summary["workload"],
+        rb["total_tokens"],
+        rb["reused_tokens"],
+        acc["agentkv_measured_hits"],
+        f"{on['hit_rate']:.1%}",
+        f"{on['prefill_computed']} / {off['prefill_computed']}",
+        f"{off['prefill_computed'] / max(on['prefill_computed'], 1):.1f}×",
+        f"{on['wall_s']:.1f} / {off['wall_s']:.1f}",
+        f"{off['wall_s'] / on['wall_s']:.2f}×",
+        summary["exactness"]["exact"],
+    ]
 
 
 def problems(summaries: list[dict]) -> list[str]:
@@ -53,11 +62,11 @@ def problems(summaries: list[dict]) -> list[str]:
     bad = [f"{s['workload']}: {arm} {why(r)}" for s in summaries for arm, r in s["arms"].items() if failed(r)]
     if bad:
         return bad
-    bad = [s["workload"] for s in summaries
-           if not s["exactness"]["exact"] or not s["accounting"]["agentkv_hits_match"]]
+    bad = [s["workload"] for s in summaries if not s["exactness"]["exact"] or not s["accounting"]["agentkv_hits_match"]]
     fak = summaries[0]["accounting"]
-    if (fak["radixbench"]["total_tokens"], fak["radixbench"]["reused_tokens"]) != FAK_EXPECTED or \
-            fak["agentkv_measured_hits"] != FAK_EXPECTED[1]:
+    if (fak["radixbench"]["total_tokens"], fak["radixbench"]["reused_tokens"]) != FAK_EXPECTED or fak[
+        "agentkv_measured_hits"
+    ] != FAK_EXPECTED[1]:
         bad.append(f"fak-agents accounting (want {FAK_EXPECTED[0]} / {FAK_EXPECTED[1]})")
     return bad
 
@@ -75,13 +84,29 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         md = [f"FAILED: {b}" for b in bad]
     else:
-        md = table(["workload", "prompt tok", "radixbench reused", "agentkv hits", "hit rate",
-                    "prefill on / off", "fewer", "wall s on / off", "speedup", "exact"],
-                   [_row(s) for s in summaries]) + [""]
+        md = table(
+            [
+                "workload",
+                "prompt tok",
+                "radixbench reused",
+                "agentkv hits",
+                "hit rate",
+                "prefill on / off",
+                "fewer",
+                "wall s on / off",
+                "speedup",
+                "exact",
+            ],
+            [_row(s) for s in summaries],
+        ) + [""]
         md += [f"- {s['workload']} params: {s['params']}; formulas: {s['formulas']}" for s in summaries]
-        groups = {f"{s['workload']}: prefill tokens": {f"cache {k}": s["arms"][a]["prefill_computed"]
-                                                       for k, a in (("on", "agentkv"), ("off", "agentkv-nocache"))}
-                  for s in summaries}
+        groups = {
+            f"{s['workload']}: prefill tokens": {
+                f"cache {k}": s["arms"][a]["prefill_computed"]
+                for k, a in (("on", "agentkv"), ("off", "agentkv-nocache"))
+            }
+            for s in summaries
+        }
         png = bar_plot(out / "cache.png", "agentkv prefix cache on vs off (same run)", groups, "tokens")
         md.append(f"\n![cache]({png.name})" if png else "")
     paths = write_outputs(out, "cache", payload, md)

@@ -11,6 +11,7 @@ turn produces, and it keeps a round-robin router from landing every agent on the
 by accident of the agent count: with a multiple of 3 agents and 3 workers, round_robin sends an
 agent's consecutive turns to different workers (its worst case; a random arrival order is its
 average case)."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,14 +20,17 @@ import random
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-WORDS = ("alpha bravo cedar delta ember falcon garnet harbor indigo juniper kestrel lumen "
-         "marble nectar onyx pylon quartz raven sierra tundra umber velvet willow xenon yarrow "
-         "zephyr").split()
+WORDS = (
+    "alpha bravo cedar delta ember falcon garnet harbor indigo juniper kestrel lumen "
+    "marble nectar onyx pylon quartz raven sierra tundra umber velvet willow xenon yarrow "
+    "zephyr"
+).split()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +87,21 @@ def transcript(shape: ReplayShape, agent: int, turn: int) -> list[dict[str, str]
         rng = random.Random(f"{shape.seed}-{agent}-{t}")
         if t > 0:
             messages.append({"role": "assistant", "content": f"Calling tool step {t}."})
-        messages.append({"role": "user",
-                         "content": f"Agent {agent} turn {t} tool result: {_words(rng, shape.tool_words)}"})
+        messages.append(
+            {"role": "user", "content": f"Agent {agent} turn {t} tool result: {_words(rng, shape.tool_words)}"}
+        )
     return messages
 
 
-def post_chat(url: str, body: dict[str, Any], headers: dict[str, str] | None = None,
-              timeout: float = 300.0) -> tuple[int, dict[str, Any]]:
+def post_chat(
+    url: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 300.0
+) -> tuple[int, dict[str, Any]]:
     """POST /v1/chat/completions; (status, JSON body). Status 0: no HTTP answer at all."""
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
@@ -106,10 +115,14 @@ def post_chat(url: str, body: dict[str, Any], headers: dict[str, str] | None = N
         return 0, {"error": {"message": f"{type(exc).__name__}: {exc}"}}
 
 
-def ask(url: str, model: str, shape: ReplayShape, agent: int, turn: int,
-        timeout: float = 300.0) -> Reply:
-    body = {"model": model, "messages": transcript(shape, agent, turn), "temperature": 0,
-            "max_tokens": shape.max_tokens, "prompt_cache_key": f"agent-{agent}"}
+def ask(url: str, model: str, shape: ReplayShape, agent: int, turn: int, timeout: float = 300.0) -> Reply:
+    body = {
+        "model": model,
+        "messages": transcript(shape, agent, turn),
+        "temperature": 0,
+        "max_tokens": shape.max_tokens,
+        "prompt_cache_key": f"agent-{agent}",
+    }
     t0 = time.perf_counter()
     status, data = post_chat(url, body, {"x-smg-routing-key": f"agent-{agent}"}, timeout)
     reply = Reply(agent, turn, status, seconds=time.perf_counter() - t0)
@@ -123,8 +136,9 @@ def ask(url: str, model: str, shape: ReplayShape, agent: int, turn: int,
     return reply
 
 
-def replay(url: str, model: str, shape: ReplayShape, *, timeout: float = 300.0,
-           after_turn: Callable[[int], None] | None = None) -> ReplayResult:
+def replay(
+    url: str, model: str, shape: ReplayShape, *, timeout: float = 300.0, after_turn: Callable[[int], None] | None = None
+) -> ReplayResult:
     """Run the replay against `url` (a worker or the router). `after_turn(t)` runs between
     turns (the kill test uses it)."""
     result = ReplayResult()
@@ -144,6 +158,7 @@ def replay(url: str, model: str, shape: ReplayShape, *, timeout: float = 300.0,
 
 # --- the benchmark --------------------------------------------------------------------------
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--workers", default="1,2,3", help="fleet sizes to measure")
@@ -159,20 +174,31 @@ def measure_fleet(model: str, workers: int, shape: ReplayShape, port: int) -> di
     to a worker and through the router (the router's added latency)."""
     from agentkv.commands.cluster import Cluster, ClusterSpec
 
-    spec = ClusterSpec(model=model, replicas=workers, router_port=port,
-                       worker_args=("--max-model-len", "2048", "--kv-cache-blocks", "1024"))
+    spec = ClusterSpec(
+        model=model,
+        replicas=workers,
+        router_port=port,
+        worker_args=("--max-model-len", "2048", "--kv-cache-blocks", "1024"),
+    )
     with Cluster(spec):
         result = replay(spec.router_url, model, shape)
         direct, routed = added_latency(spec.worker_urls[0], spec.router_url, model)
     completion = sum(1 for _ in result.ok) * shape.max_tokens
     prompt = sum(r.prompt_tokens for r in result.ok)
-    return {"workers": workers, "requests": len(result.replies), "ok": len(result.ok),
-            "seconds": result.seconds, "requests_per_s": len(result.ok) / result.seconds,
-            "prompt_tokens_per_s": prompt / result.seconds,
-            "requests_per_s_per_worker": len(result.ok) / result.seconds / workers,
-            "completion_tokens": completion, "cached_ratio": result.cached_ratio,
-            "direct_ms": direct * 1e3, "routed_ms": routed * 1e3,
-            "router_added_ms": (routed - direct) * 1e3}
+    return {
+        "workers": workers,
+        "requests": len(result.replies),
+        "ok": len(result.ok),
+        "seconds": result.seconds,
+        "requests_per_s": len(result.ok) / result.seconds,
+        "prompt_tokens_per_s": prompt / result.seconds,
+        "requests_per_s_per_worker": len(result.ok) / result.seconds / workers,
+        "completion_tokens": completion,
+        "cached_ratio": result.cached_ratio,
+        "direct_ms": direct * 1e3,
+        "routed_ms": routed * 1e3,
+        "router_added_ms": (routed - direct) * 1e3,
+    }
 
 
 def added_latency(worker_url: str, router_url: str, model: str, repeats: int = 9) -> tuple[float, float]:
@@ -180,8 +206,7 @@ def added_latency(worker_url: str, router_url: str, model: str, repeats: int = 9
     the router. With one worker both paths hit the same cache; the difference is the router."""
     import statistics
 
-    body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1,
-            "temperature": 0}
+    body = {"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "temperature": 0}
     times: dict[str, list[float]] = {"direct": [], "routed": []}
     for _ in range(repeats):
         for name, url in (("direct", worker_url), ("routed", router_url)):
@@ -207,15 +232,26 @@ def run(args: argparse.Namespace) -> int:
     payload = common.envelope("cluster", model=args.model, shape=vars_of(shape), fleets=rows)
     md = common.table(
         ("workers", "req/s", "req/s per worker", "prompt tok/s", "cached ratio", "router +ms"),
-        [(r["workers"], common.fmt(r["requests_per_s"]), common.fmt(r["requests_per_s_per_worker"]),
-          common.fmt(r["prompt_tokens_per_s"], ".0f"), common.fmt(r["cached_ratio"], ".3f"),
-          common.fmt(r["router_added_ms"], ".1f")) for r in rows])
+        [
+            (
+                r["workers"],
+                common.fmt(r["requests_per_s"]),
+                common.fmt(r["requests_per_s_per_worker"]),
+                common.fmt(r["prompt_tokens_per_s"], ".0f"),
+                common.fmt(r["cached_ratio"], ".3f"),
+                common.fmt(r["router_added_ms"], ".1f"),
+            )
+            for r in rows
+        ],
+    )
     paths = common.write_outputs(args.out, "cluster", payload, md)
-    groups = {f"{r['workers']} worker(s)": {"req/s": r["requests_per_s"],
-                                            "req/s per worker": r["requests_per_s_per_worker"]}
-              for r in rows}
-    paths["png"] = common.bar_plot(args.out / "cluster.png", "agentkv behind sglang-router", groups,
-                                   "requests per second")
+    groups = {
+        f"{r['workers']} worker(s)": {"req/s": r["requests_per_s"], "req/s per worker": r["requests_per_s_per_worker"]}
+        for r in rows
+    }
+    paths["png"] = common.bar_plot(
+        args.out / "cluster.png", "agentkv behind sglang-router", groups, "requests per second"
+    )
     common.print_paths(paths)
     return 0
 

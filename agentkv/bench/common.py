@@ -1,5 +1,6 @@
 """The pieces every benchmark shares: log line, stopwatch, decode timer, machine and version
 facts, git commit, the output envelope, JSON/Markdown writing and the bar plot."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 PACKAGES = ("agentkv", "torch", "numpy", "gguf", "transformers", "llama_cpp_python", "matplotlib")
 
@@ -41,8 +43,11 @@ def time_decode(engine, ids: list[int], decode_len: int) -> tuple[int, float]:
     timed from after the prefill step (which also yields the first token)."""
     from agentkv.runtime.params import SamplingParams
 
-    engine.add_request(f"decode-{time.monotonic_ns()}", ids,
-                       SamplingParams(max_tokens=decode_len + 1, temperature=0.0, ignore_eos=True))
+    engine.add_request(
+        f"decode-{time.monotonic_ns()}",
+        ids,
+        SamplingParams(max_tokens=decode_len + 1, temperature=0.0, ignore_eos=True),
+    )
     engine.step()  # prefill + first token
     t0 = time.perf_counter()
     n = 0
@@ -77,9 +82,14 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg": os.getloadavg(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": sys.version.split()[0], "platform": platform.platform()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
 
 
 def versions() -> dict[str, str | None]:
@@ -94,17 +104,28 @@ def versions() -> dict[str, str | None]:
 
 def git_commit() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
 
 def envelope(benchmark: str, **fields: Any) -> dict[str, Any]:
     """The facts every output file starts with: what ran, when, where, at which commit."""
-    return {"benchmark": benchmark, "date": time.strftime("%Y-%m-%d %H:%M"),
-            "commit": git_commit(), "command": " ".join(["agentkv", *sys.argv[1:]]),
-            "machine": machine(), "versions": versions(), **fields}
+    return {
+        "benchmark": benchmark,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "commit": git_commit(),
+        "command": " ".join(["agentkv", *sys.argv[1:]]),
+        "machine": machine(),
+        "versions": versions(),
+        **fields,
+    }
 
 
 def write_json(path: Path, payload: dict) -> Path:
@@ -123,17 +144,25 @@ def fmt(value: Any, spec: str = ".2f") -> str:
 
 def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     """A Markdown table; floats get two decimals, None a dash."""
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-            *("| " + " | ".join(fmt(c) for c in row) + " |" for row in rows)]
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(fmt(c) for c in row) + " |" for row in rows),
+    ]
 
 
 def header(payload: dict) -> list[str]:
     """The Markdown lines that say when, where and how a result was measured."""
     m = payload["machine"]
-    return [f"# agentkv bench {payload['benchmark']} ({payload['date']}, commit {payload['commit']})",
-            "", f"`{payload['command']}`", "",
-            f"machine: {m['cpu']}, {m['cores']} cores, load {m['load_avg'][0]:.1f}; versions: "
-            f"{json.dumps(payload['versions'])}", ""]
+    return [
+        f"# agentkv bench {payload['benchmark']} ({payload['date']}, commit {payload['commit']})",
+        "",
+        f"`{payload['command']}`",
+        "",
+        f"machine: {m['cpu']}, {m['cores']} cores, load {m['load_avg'][0]:.1f}; versions: "
+        f"{json.dumps(payload['versions'])}",
+        "",
+    ]
 
 
 def write_outputs(out_dir: Path, stem: str, payload: dict, md: list[str]) -> dict[str, Path]:
@@ -150,8 +179,7 @@ def print_paths(paths: dict[str, Path]) -> None:
         print(f"wrote {kind}: {path}")
 
 
-def bar_plot(path: Path, title: str, groups: dict[str, dict[str, float | None]],
-             ylabel: str) -> Path | None:
+def bar_plot(path: Path, title: str, groups: dict[str, dict[str, float | None]], ylabel: str) -> Path | None:
     """Grouped bars, `groups[panel][bar] = value`, one panel per group; None if nothing to draw."""
     import matplotlib
 

@@ -3,6 +3,7 @@ workload turn-major and return per-request records and the arm's figures as JSON
 
 Run through `agentkv.bench.isolate` with target `agentkv.bench.driver:worker`.
 """
+
 from __future__ import annotations
 
 import cProfile
@@ -75,19 +76,26 @@ def metrics(run: dict) -> dict:
     for t in range(len(run["turn_s"])):
         total += sum(r["prompt_len"] - (r["cached_len"] or 0) for r in recs if r["turn"] == t)
         cum.append(total)
-    return {"wall_s": run["wall_s"], "turn_s": run["turn_s"], "requests": len(recs),
-            "prompt_tokens": prompt, "prefix_hit_tokens": hit,
-            "prefill_computed": prompt - hit if known else None, "cum_prefill": cum,
-            "hit_rate": hit / prompt if known and prompt else None,
-            "ttft_p50_s": _pct(ttft, 0.5), "ttft_p95_s": _pct(ttft, 0.95),
-            "decode_tok_s": dec_tokens / dec_time if dec_tokens and dec_time > 0 else None,
-            "throughput_tok_s": sum(gen) / run["wall_s"] if run["wall_s"] else None}
+    return {
+        "wall_s": run["wall_s"],
+        "turn_s": run["turn_s"],
+        "requests": len(recs),
+        "prompt_tokens": prompt,
+        "prefix_hit_tokens": hit,
+        "prefill_computed": prompt - hit if known else None,
+        "cum_prefill": cum,
+        "hit_rate": hit / prompt if known and prompt else None,
+        "ttft_p50_s": _pct(ttft, 0.5),
+        "ttft_p95_s": _pct(ttft, 0.95),
+        "decode_tok_s": dec_tokens / dec_time if dec_tokens and dec_time > 0 else None,
+        "throughput_tok_s": sum(gen) / run["wall_s"] if run["wall_s"] else None,
+    }
 
 
 def _profile_top(prof: cProfile.Profile, n: int = 25) -> list[str]:
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(n)
-    return [line for line in buf.getvalue().splitlines() if line.strip()][-n - 1:]
+    return [line for line in buf.getvalue().splitlines() if line.strip()][-n - 1 :]
 
 
 def worker(spec: dict) -> dict:
@@ -108,8 +116,15 @@ def worker(spec: dict) -> dict:
         counters = arm.counters()
     finally:
         arm.close()
-    out = {"arm": arm.name, "notes": arm.notes, "batched": arm.batched, "load_s": load_s,
-           **metrics(run), "counters": counters, "records": run["records"]}
+    out = {
+        "arm": arm.name,
+        "notes": arm.notes,
+        "batched": arm.batched,
+        "load_s": load_s,
+        **metrics(run),
+        "counters": counters,
+        "records": run["records"],
+    }
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rss_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     out["peak_rss_mib"] = max(rss_self, rss_child) if spec["arm"] == "agentkv-http" else rss_self

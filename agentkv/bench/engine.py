@@ -1,5 +1,6 @@
 """The flags that build agentkv's engine in a benchmark, and the config they build: the same
 config-derived flags as `serve`/`generate` (agentkv.commands.config_flags), plus --model."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,14 +19,14 @@ def add_engine_flags(parser: argparse.ArgumentParser, weights: str = "resident")
     parser.set_defaults(weights=weights)
 
 
-def engine_config(args, *, prefix_cache: bool = True, num_blocks: int | None = None,
-                  max_model_len: int | None = None):
+def engine_config(args, *, prefix_cache: bool = True, num_blocks: int | None = None, max_model_len: int | None = None):
     """The EngineConfig of `args` (anything with .model and optionally .backend, .weights)."""
     from agentkv.runtime.config import engine_config as build
 
     knobs = {k: getattr(args, k) for k in BENCH_KNOBS if getattr(args, k, None) is not None}
-    return build(args.model, **knobs, enable_prefix_cache=prefix_cache, kv_cache_blocks=num_blocks,
-                 max_model_len=max_model_len)
+    return build(
+        args.model, **knobs, enable_prefix_cache=prefix_cache, kv_cache_blocks=num_blocks, max_model_len=max_model_len
+    )
 
 
 def build_engine(args, **cache: int | bool | None):

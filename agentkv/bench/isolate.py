@@ -4,6 +4,7 @@ error; neither is ever a result.
 
 Worker entry:  python -m agentkv.bench.isolate MODULE:FUNCTION SPEC.json OUT.json
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,8 +16,7 @@ import sys
 from pathlib import Path
 
 
-def run_isolated(target: str, spec: dict, workdir: Path, tag: str,
-                 timeout_s: float | None = None) -> dict:
+def run_isolated(target: str, spec: dict, workdir: Path, tag: str, timeout_s: float | None = None) -> dict:
     """`MODULE:FUNCTION(spec)` in a subprocess; its JSON result, {"skipped": ...} when it ran
     past `timeout_s`, or {"error": ...} when it failed. Spec and result stay in `workdir`."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -25,8 +25,7 @@ def run_isolated(target: str, spec: dict, workdir: Path, tag: str,
     out_path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "agentkv.bench.isolate", target, str(spec_path), str(out_path)]
     # Own session, so a timeout also ends what the arm started (the HTTP arm's server).
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -41,8 +40,7 @@ def run_isolated(target: str, spec: dict, workdir: Path, tag: str,
 def reusable(spec: dict, workdir: Path, tag: str) -> dict | None:
     """The finished result of an identical spec in `workdir` (for --reuse), else None."""
     spec_path, out_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.result.json"
-    if spec_path.exists() and out_path.exists() and \
-            json.loads(spec_path.read_text()) == json.loads(json.dumps(spec)):
+    if spec_path.exists() and out_path.exists() and json.loads(spec_path.read_text()) == json.loads(json.dumps(spec)):
         return {**json.loads(out_path.read_text()), "reused_result": str(out_path)}
     return None
 

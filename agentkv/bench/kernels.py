@@ -5,6 +5,7 @@ weight of the real model once per "token" (more than L3): the decode ceiling the
 the model; then paged attention against torch SDPA. Uses the packaged real weights when
 installed, else random weights of the same shapes. `--clock cpu` times with process CPU time
 (honest per-core figures on a shared machine, but only with --threads 1: it sums threads)."""
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,7 @@ def load_weights() -> tuple[dict, str]:
         out = {}
         for _, name, n, k, qt in SHAPES:
             w = torch.from_numpy(rng.integers(0, 256, (n, row_bytes(qt, k)), dtype=np.uint8))
-            w.view(-1)[::row_bytes(qt, k) // (k // 32)] = 0  # keep the f16 scales finite-ish
+            w.view(-1)[:: row_bytes(qt, k) // (k // 32)] = 0  # keep the f16 scales finite-ish
             out[name] = (w, qt, n, k)
         return out, "random weights (SmolLM2 GGUF not installed)"
     import gguf
@@ -96,10 +97,19 @@ def bench_shapes(K, weights: dict, timer: Timer, seconds: float, ms: list[int]) 
             ours = timer(lambda x=x, w=w, qt=qt, n=n, k=k: K.qmatmul(x, w, qt, n, k), budget)
             ref = timer(lambda x=x, wf=wf: F.linear(x, wf), budget)
             flop = 2.0 * m * n * k
-            rows.append({"shape": label, "m": m, "ours_ms": ours * 1e3, "ours_gbs": w.numel() / ours / 1e9,
-                         "ours_gflops": flop / ours / 1e9, "torch_ms": ref * 1e3,
-                         "torch_gbs": wf.numel() * 4 / ref / 1e9, "torch_gflops": flop / ref / 1e9,
-                         "speedup": ref / ours})
+            rows.append(
+                {
+                    "shape": label,
+                    "m": m,
+                    "ours_ms": ours * 1e3,
+                    "ours_gbs": w.numel() / ours / 1e9,
+                    "ours_gflops": flop / ours / 1e9,
+                    "torch_ms": ref * 1e3,
+                    "torch_gbs": wf.numel() * 4 / ref / 1e9,
+                    "torch_gflops": flop / ref / 1e9,
+                    "speedup": ref / ours,
+                }
+            )
     return rows
 
 
@@ -113,9 +123,17 @@ def bench_sweep(K, weights: dict, timer: Timer, seconds: float) -> dict:
     t_ours = timer(lambda: [K.qmatmul(x, w, qt, n, k) for w, qt, n, k, x in mats], seconds, 2)
     t_ref = timer(lambda: [F.linear(x, wf) for wf, x in floats], seconds, 2)
     q_bytes, f_bytes = sum(w.numel() for w, *_ in mats), sum(wf.numel() * 4 for wf, _ in floats)
-    return {"matrices": len(mats), "ours_mb": q_bytes / 1e6, "ours_ms": t_ours * 1e3,
-            "ours_gbs": q_bytes / t_ours / 1e9, "ours_tok_s": 1 / t_ours, "torch_mb": f_bytes / 1e6,
-            "torch_ms": t_ref * 1e3, "torch_gbs": f_bytes / t_ref / 1e9, "torch_tok_s": 1 / t_ref}
+    return {
+        "matrices": len(mats),
+        "ours_mb": q_bytes / 1e6,
+        "ours_ms": t_ours * 1e3,
+        "ours_gbs": q_bytes / t_ours / 1e9,
+        "ours_tok_s": 1 / t_ours,
+        "torch_mb": f_bytes / 1e6,
+        "torch_ms": t_ref * 1e3,
+        "torch_gbs": f_bytes / t_ref / 1e9,
+        "torch_tok_s": 1 / t_ref,
+    }
 
 
 def bench_attention(K, timer: Timer, seconds: float) -> dict:
@@ -131,10 +149,13 @@ def bench_attention(K, timer: Timer, seconds: float) -> dict:
     seq, pos = torch.zeros(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32)
     dense = [t.reshape(n, kvh, hd).transpose(0, 1).repeat_interleave(h // kvh, 0)[None] for t in (kc, vc)]
     qd, q1 = q.transpose(0, 1)[None], q[-1:].contiguous()
-    return {"prefill_ours_ms": 1e3 * timer(lambda: K.paged_attention(q, kc, vc, table_, seq, pos, hd ** -0.5), seconds),
-            "prefill_sdpa_ms": 1e3 * timer(lambda: F.scaled_dot_product_attention(qd, *dense, is_causal=True), seconds),
-            "decode_ours_us": 1e6 * timer(lambda: K.paged_attention(q1, kc, vc, table_, seq[:1], pos[-1:], hd ** -0.5), seconds),
-            "decode_sdpa_us": 1e6 * timer(lambda: F.scaled_dot_product_attention(qd[:, :, -1:], *dense), seconds)}
+    return {
+        "prefill_ours_ms": 1e3 * timer(lambda: K.paged_attention(q, kc, vc, table_, seq, pos, hd**-0.5), seconds),
+        "prefill_sdpa_ms": 1e3 * timer(lambda: F.scaled_dot_product_attention(qd, *dense, is_causal=True), seconds),
+        "decode_ours_us": 1e6
+        * timer(lambda: K.paged_attention(q1, kc, vc, table_, seq[:1], pos[-1:], hd**-0.5), seconds),
+        "decode_sdpa_us": 1e6 * timer(lambda: F.scaled_dot_product_attention(qd[:, :, -1:], *dense), seconds),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,18 +173,44 @@ def run(args: argparse.Namespace) -> int:
     timer = Timer(args.clock)
     shapes = bench_shapes(K, weights, timer, args.seconds, args.m)
     sweep, attn = bench_sweep(K, weights, timer, args.seconds * 3), bench_attention(K, timer, args.seconds)
-    payload = envelope("kernels", threads=args.threads, clock=args.clock, weights=source, isa=K.isa(),
-                       shapes=shapes, sweep=sweep, attention=attn)
+    payload = envelope(
+        "kernels",
+        threads=args.threads,
+        clock=args.clock,
+        weights=source,
+        isa=K.isa(),
+        shapes=shapes,
+        sweep=sweep,
+        attention=attn,
+    )
     out = Path(args.out)
     md = [f"{source}; {args.threads} threads; {args.clock} clock; kernels {K.isa()}", ""]
-    md += table(["shape", "m", "ours ms", "GB/s", "GFLOP/s", "torch ms", "GB/s", "GFLOP/s", "speedup"],
-                [[r["shape"], r["m"], r["ours_ms"], r["ours_gbs"], r["ours_gflops"], r["torch_ms"],
-                  r["torch_gbs"], r["torch_gflops"], r["speedup"]] for r in shapes]) + [""]
-    md.append(f"- whole-model sweep, m=1, {sweep['matrices']} matrices: ours {sweep['ours_ms']:.1f} ms "
-              f"({sweep['ours_tok_s']:.0f} tok/s linear-only ceiling), torch f32 {sweep['torch_ms']:.1f} ms")
-    md.append(f"- attention: prefill 512 rows {attn['prefill_ours_ms']:.2f} ms vs SDPA "
-              f"{attn['prefill_sdpa_ms']:.2f} ms; decode {attn['decode_ours_us']:.0f} us vs "
-              f"{attn['decode_sdpa_us']:.0f} us")
+    md += table(
+        ["shape", "m", "ours ms", "GB/s", "GFLOP/s", "torch ms", "GB/s", "GFLOP/s", "speedup"],
+        [
+            [
+                r["shape"],
+                r["m"],
+                r["ours_ms"],
+                r["ours_gbs"],
+                r["ours_gflops"],
+                r["torch_ms"],
+                r["torch_gbs"],
+                r["torch_gflops"],
+                r["speedup"],
+            ]
+            for r in shapes
+        ],
+    ) + [""]
+    md.append(
+        f"- whole-model sweep, m=1, {sweep['matrices']} matrices: ours {sweep['ours_ms']:.1f} ms "
+        f"({sweep['ours_tok_s']:.0f} tok/s linear-only ceiling), torch f32 {sweep['torch_ms']:.1f} ms"
+    )
+    md.append(
+        f"- attention: prefill 512 rows {attn['prefill_ours_ms']:.2f} ms vs SDPA "
+        f"{attn['prefill_sdpa_ms']:.2f} ms; decode {attn['decode_ours_us']:.0f} us vs "
+        f"{attn['decode_sdpa_us']:.0f} us"
+    )
     groups = {f"m={m}": {r["shape"].split()[0]: r["speedup"] for r in shapes if r["m"] == m} for m in args.m}
     png = bar_plot(out / "kernels.png", "compiled qmatmul speedup over torch f32 F.linear", groups, "×")
     md.append(f"\n![kernels]({png.name})" if png else "")

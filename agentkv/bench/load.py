@@ -12,6 +12,7 @@ in a child process (or, for the first two, an already running --url):
 
 Prints requests completed / rejected / failed, leaked blocks and TTFT p50/p99; writes
 JSON, Markdown and a plot. Exits 0 only when every check passed."""
+
 from __future__ import annotations
 
 import argparse
@@ -46,13 +47,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=1, help="requests per client in the load phase")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--max-queued-requests", type=int, default=32,
-                        help=f"passed to the server as {QUEUE_FLAG} where serve has that flag")
+    parser.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=32,
+        help=f"passed to the server as {QUEUE_FLAG} where serve has that flag",
+    )
     parser.add_argument("--max-model-len", type=int, default=512)
-    parser.add_argument("--serve-arg", action="append", default=[], metavar="FLAG",
-                        help="one more flag for `agentkv serve` (repeatable), e.g. --serve-arg=--max-num-seqs=32")
-    parser.add_argument("--url", default=None,
-                        help="an already running server: the load and storm phases only")
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for `agentkv serve` (repeatable), e.g. --serve-arg=--max-num-seqs=32",
+    )
+    parser.add_argument("--url", default=None, help="an already running server: the load and storm phases only")
     parser.add_argument("--no-kill", action="store_true", help="skip the kill -9 phase")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/out")
@@ -80,17 +89,18 @@ def storm(base: str, args: argparse.Namespace, rng: random.Random) -> tuple[Tall
     tally = asyncio.run(run_clients(base, args.model, args.max_tokens, storm_plan(args.clients, rng)))
     seconds, state = wait_idle(base, timeout_s=10 * IDLE_LIMIT_S)
     at_limit = state if seconds is not None else pool_state(base)
-    return tally, {"idle_after_s": None if seconds is None else round(seconds, 3),
-                   "leaked_blocks": at_limit.held if seconds is None or seconds > IDLE_LIMIT_S else 0,
-                   "pool_after": at_limit._asdict()}
+    return tally, {
+        "idle_after_s": None if seconds is None else round(seconds, 3),
+        "leaked_blocks": at_limit.held if seconds is None or seconds > IDLE_LIMIT_S else 0,
+        "pool_after": at_limit._asdict(),
+    }
 
 
 async def _kill_when_flowing(server: ServerProcess, args: argparse.Namespace, tally_box: list) -> int:
     clients = max(2, args.clients // 4)
     # Long enough streams that the kill lands mid-stream even on a fast machine.
     max_tokens = max(args.max_tokens, min(64, args.max_model_len // 4))
-    task = asyncio.ensure_future(run_clients(server.base, args.model, max_tokens,
-                                             [(None, 0.0)] * clients, killed=True))
+    task = asyncio.ensure_future(run_clients(server.base, args.model, max_tokens, [(None, 0.0)] * clients, killed=True))
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 60 and not task.done():
         if pool_state(server.base).running:
@@ -108,9 +118,14 @@ def kill_and_restart(server: ServerProcess, args: argparse.Namespace) -> dict:
     code = asyncio.run(_kill_when_flowing(server, args, box))
     restart_s = server.start()
     after = asyncio.run(run_clients(server.base, args.model, args.max_tokens, [(None, 0.0)]))
-    return {"exit_code": code, "streams_cut": box[0].cut, "completed_before_kill": box[0].completed,
-            "restart_s": round(restart_s, 2), "served_after_restart": after.completed == 1,
-            "after_restart_errors": after.errors[:3]}
+    return {
+        "exit_code": code,
+        "streams_cut": box[0].cut,
+        "completed_before_kill": box[0].completed,
+        "restart_s": round(restart_s, 2),
+        "served_after_restart": after.completed == 1,
+        "after_restart_errors": after.errors[:3],
+    }
 
 
 def figures(load: Tally, storm_tally: Tally, storm_pool: dict, killed: dict | None) -> dict:
@@ -126,17 +141,24 @@ def figures(load: Tally, storm_tally: Tally, storm_pool: dict, killed: dict | No
         "ttft_ms": {f"p{q}": round(1000 * pct(load.ttft, q), 1) for q in (50, 90, 99)},
         "itl_ms": {f"p{q}": round(1000 * pct(load.itl, q), 1) for q in (50, 90, 99)},
         "tokens_per_s": round(load.tokens / load.seconds, 1) if load.seconds else None,
-        "load": load.summary(), "storm": {**storm_tally.summary(), **storm_pool},
+        "load": load.summary(),
+        "storm": {**storm_tally.summary(), **storm_pool},
         "kill": killed if killed is not None else "skipped",
-        "errors": (load.errors + storm_tally.errors)[:10]}
+        "errors": (load.errors + storm_tally.errors)[:10],
+    }
 
 
 def verdict(result: dict) -> bool:
     killed = result["kill"]
-    return bool(result["requests_completed"] and not result["requests_failed"]
-                and not result["responses_5xx"] and not result["streams_malformed"]
-                and result["leaked_blocks"] == 0 and result["storm"]["idle_after_s"] is not None
-                and (killed == "skipped" or killed["served_after_restart"]))
+    return bool(
+        result["requests_completed"]
+        and not result["requests_failed"]
+        and not result["responses_5xx"]
+        and not result["streams_malformed"]
+        and result["leaked_blocks"] == 0
+        and result["storm"]["idle_after_s"] is not None
+        and (killed == "skipped" or killed["served_after_restart"])
+    )
 
 
 def drive(args: argparse.Namespace) -> tuple[dict, dict]:
@@ -152,8 +174,9 @@ def drive(args: argparse.Namespace) -> tuple[dict, dict]:
     base = args.url or server.base
     try:
         log(f"load: {args.clients} clients x {args.turns} turns")
-        load = asyncio.run(run_clients(base, args.model, args.max_tokens,
-                                       [(None, 0.0)] * args.clients, turns=args.turns))
+        load = asyncio.run(
+            run_clients(base, args.model, args.max_tokens, [(None, 0.0)] * args.clients, turns=args.turns)
+        )
         log(f"storm: {args.clients} clients, half of them leave")
         storm_tally, storm_pool = storm(base, args, rng)
         killed = None
@@ -168,39 +191,77 @@ def drive(args: argparse.Namespace) -> tuple[dict, dict]:
 
 def _summary_table(result: dict, passed: bool) -> list[str]:
     killed = result["kill"]
-    return table(["completed", "rejected (429)", "failed", "5xx", "malformed", "leaked blocks",
-                  "idle after storm s", "TTFT p50 / p99 ms", "restart after kill -9 s", "passed"],
-                 [[result["requests_completed"], result["requests_rejected_429"], result["requests_failed"],
-                   result["responses_5xx"], result["streams_malformed"], result["leaked_blocks"],
-                   result["storm"]["idle_after_s"],
-                   f"{result['ttft_ms']['p50']} / {result['ttft_ms']['p99']}",
-                   killed if killed == "skipped" else killed["restart_s"], passed]])
+    return table(
+        [
+            "completed",
+            "rejected (429)",
+            "failed",
+            "5xx",
+            "malformed",
+            "leaked blocks",
+            "idle after storm s",
+            "TTFT p50 / p99 ms",
+            "restart after kill -9 s",
+            "passed",
+        ],
+        [
+            [
+                result["requests_completed"],
+                result["requests_rejected_429"],
+                result["requests_failed"],
+                result["responses_5xx"],
+                result["streams_malformed"],
+                result["leaked_blocks"],
+                result["storm"]["idle_after_s"],
+                f"{result['ttft_ms']['p50']} / {result['ttft_ms']['p99']}",
+                killed if killed == "skipped" else killed["restart_s"],
+                passed,
+            ]
+        ],
+    )
 
 
 def report(args: argparse.Namespace, result: dict, facts: dict, passed: bool) -> None:
-    payload = envelope("load", clients=args.clients, turns=args.turns, max_tokens=args.max_tokens,
-                       max_queued_requests=args.max_queued_requests, model=args.model,
-                       server=facts, passed=passed, result=result)
+    payload = envelope(
+        "load",
+        clients=args.clients,
+        turns=args.turns,
+        max_tokens=args.max_tokens,
+        max_queued_requests=args.max_queued_requests,
+        model=args.model,
+        server=facts,
+        passed=passed,
+        result=result,
+    )
     out = Path(args.out)
     md = _summary_table(result, passed)
     counts = {k: result[f"requests_{k}"] for k in ("completed", "rejected_429", "failed")}
-    png = bar_plot(out / "load.png", f"{args.clients} streaming clients, max_tokens {args.max_tokens}",
-                   {"requests (load + storm)": {**counts, "left on purpose": result["clients_left_on_purpose"]},
-                    "TTFT (load phase)": result["ttft_ms"], "inter-token latency": result["itl_ms"]},
-                   "count / ms")
+    png = bar_plot(
+        out / "load.png",
+        f"{args.clients} streaming clients, max_tokens {args.max_tokens}",
+        {
+            "requests (load + storm)": {**counts, "left on purpose": result["clients_left_on_purpose"]},
+            "TTFT (load phase)": result["ttft_ms"],
+            "inter-token latency": result["itl_ms"],
+        },
+        "count / ms",
+    )
     md.append(f"\n![load]({png.name})" if png else "")
     paths = write_outputs(out, "load", payload, md)
     print_paths({**paths, **({"png": png} if png else {})})
-    print(f"requests completed {result['requests_completed']}, rejected {result['requests_rejected_429']}, "
-          f"failed {result['requests_failed']}, leaked blocks {result['leaked_blocks']}, "
-          f"TTFT p50 {result['ttft_ms']['p50']} ms p99 {result['ttft_ms']['p99']} ms")
+    print(
+        f"requests completed {result['requests_completed']}, rejected {result['requests_rejected_429']}, "
+        f"failed {result['requests_failed']}, leaked blocks {result['leaked_blocks']}, "
+        f"TTFT p50 {result['ttft_ms']['p50']} ms p99 {result['ttft_ms']['p99']} ms"
+    )
     print(json.dumps({k: v for k, v in result.items() if k != "errors"}))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.clients < 1 or args.turns < 1 or args.max_tokens < 1:
-        raise ValueError(f"--clients {args.clients}, --turns {args.turns} and --max-tokens "
-                         f"{args.max_tokens} must be >= 1")
+        raise ValueError(
+            f"--clients {args.clients}, --turns {args.turns} and --max-tokens {args.max_tokens} must be >= 1"
+        )
     result, facts = drive(args)
     passed = verdict(result)
     report(args, result, facts, passed)

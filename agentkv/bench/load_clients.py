@@ -1,6 +1,7 @@
 """The streaming clients of `agentkv bench load`: one chat stream per client and turn, each
 response judged as a complete well-formed SSE stream, a 429 in OpenAI's rate-limit shape,
 a client that left on purpose, or a failure."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,17 @@ class Tally:
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
-        keys = ("completed", "rejected", "rejected_without_retry_after", "failed", "server_errors",
-                "malformed", "left", "cut", "tokens")
+        keys = (
+            "completed",
+            "rejected",
+            "rejected_without_retry_after",
+            "failed",
+            "server_errors",
+            "malformed",
+            "left",
+            "cut",
+            "tokens",
+        )
         return {**{k: getattr(self, k) for k in keys}, "seconds": round(self.seconds, 2)}
 
 
@@ -140,14 +150,23 @@ def _judge(tally: Tally, events: list[str], stamps: list[float], start: float) -
 
 
 def chat_body(model: str, max_tokens: int, i: int, turn: int) -> dict:
-    return {"model": model, "max_tokens": max_tokens, "temperature": 0.7, "seed": i * 1000 + turn,
-            "stream": True, "stream_options": {"include_usage": True},
-            "messages": [{"role": "system", "content": "You are a helpful agent."},
-                         {"role": "user", "content": f"Client {i}, turn {turn}: name a fruit."}]}
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0.7,
+        "seed": i * 1000 + turn,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [
+            {"role": "system", "content": "You are a helpful agent."},
+            {"role": "user", "content": f"Client {i}, turn {turn}: name a fruit."},
+        ],
+    }
 
 
-async def run_clients(base: str, model: str, max_tokens: int, plans: list[Plan], *, turns: int = 1,
-                      killed: bool = False) -> Tally:
+async def run_clients(
+    base: str, model: str, max_tokens: int, plans: list[Plan], *, turns: int = 1, killed: bool = False
+) -> Tally:
     """One client per plan, all at once, each `turns` requests back to back: the tally."""
     import httpx
 

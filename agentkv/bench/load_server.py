@@ -1,5 +1,6 @@
 """The server process `agentkv bench load` drives: `agentkv serve` in a child process on a free
 127.0.0.1 port (so it can be killed with SIGKILL and restarted), and its /metrics read back."""
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,7 @@ def free_port() -> int:
 class ServerProcess:
     """`agentkv serve MODEL FLAGS` on 127.0.0.1:`port`; `start()` waits for /health 200."""
 
-    def __init__(self, model: str, flags: list[str], port: int | None = None,
-                 log_path: str | None = None) -> None:
+    def __init__(self, model: str, flags: list[str], port: int | None = None, log_path: str | None = None) -> None:
         self.model, self.flags = model, flags
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -63,8 +63,20 @@ class ServerProcess:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "agentkv.cli", "serve", self.model, "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "warning", *self.flags]
+        return [
+            sys.executable,
+            "-m",
+            "agentkv.cli",
+            "serve",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *self.flags,
+        ]
 
     def start(self, timeout_s: float = 600.0) -> float:
         """Start and wait until it serves: the seconds that took. Raises if it exits first."""
@@ -75,8 +87,9 @@ class ServerProcess:
             self.proc = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT)
         while time.perf_counter() - t0 < timeout_s:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {' '.join(self.command)}"
-                                   f" (log: {self.log_path})")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}: {' '.join(self.command)} (log: {self.log_path})"
+                )
             try:
                 if httpx.get(f"{self.base}/health", timeout=5).status_code == 200:
                     return time.perf_counter() - t0
@@ -115,10 +128,13 @@ def pool_state(base: str) -> PoolState:
     import httpx
 
     m = parse_metrics(httpx.get(f"{base}/metrics", timeout=30).text)
-    return PoolState(used=int(m["agentkv_kv_blocks_used"]), free=int(m["agentkv_kv_blocks_free"]),
-                     cached=int(m.get("agentkv_kv_blocks_cached", 0)),
-                     running=int(m["agentkv_num_requests_running"]),
-                     waiting=int(m["agentkv_num_requests_waiting"]))
+    return PoolState(
+        used=int(m["agentkv_kv_blocks_used"]),
+        free=int(m["agentkv_kv_blocks_free"]),
+        cached=int(m.get("agentkv_kv_blocks_cached", 0)),
+        running=int(m["agentkv_num_requests_running"]),
+        waiting=int(m["agentkv_num_requests_waiting"]),
+    )
 
 
 def wait_idle(base: str, timeout_s: float, poll_s: float = 0.05) -> tuple[float | None, PoolState]:

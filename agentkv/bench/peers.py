@@ -2,6 +2,7 @@
 transformers — driven one way: whether they are installed, loading them on a GGUF, their
 prefill and decode timing, and how llama.cpp was built. Peers are imported only here, inside
 the function that needs them, so the core never depends on them."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -12,8 +13,10 @@ from typing import Any
 
 THREADS = 2  # every engine, ours and the peers, runs this many threads
 PEERS = {"llamacpp": "llama_cpp", "transformers": "transformers"}
-INSTALL = {"llamacpp": "make bench (builds llama-cpp-python for this CPU, ~10 min on 2 cores)",
-           "transformers": "pip install '.[test]'"}
+INSTALL = {
+    "llamacpp": "make bench (builds llama-cpp-python for this CPU, ~10 min on 2 cores)",
+    "transformers": "pip install '.[test]'",
+}
 
 
 def missing(peer: str) -> str | None:
@@ -34,8 +37,9 @@ def load_llamacpp(model_path: str, n_ctx: int, n_batch: int = 512):
     """A llama-cpp-python Llama on the GGUF at `model_path`, THREADS threads, quiet."""
     from llama_cpp import Llama
 
-    return Llama(model_path=model_path, n_threads=THREADS, n_threads_batch=THREADS,
-                 n_ctx=n_ctx, n_batch=n_batch, verbose=False)
+    return Llama(
+        model_path=model_path, n_threads=THREADS, n_threads_batch=THREADS, n_ctx=n_ctx, n_batch=n_batch, verbose=False
+    )
 
 
 def llamacpp_build() -> dict[str, Any]:
@@ -46,23 +50,24 @@ def llamacpp_build() -> dict[str, Any]:
         return skipped(reason)
     import llama_cpp
 
-    return {"version": metadata.version("llama_cpp_python"),
-            "system_info": llama_cpp.llama_print_system_info().decode().strip()}
+    return {
+        "version": metadata.version("llama_cpp_python"),
+        "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+    }
 
 
 def load_transformers(model_path: str):
     """HF transformers' causal LM, f32 weights dequantized from the same GGUF, eval mode, with
     generation never stopping early (no EOS: the same greedy choice as ignore_eos)."""
-    import torch
     from pathlib import Path
 
+    import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(THREADS)
     os.environ["HF_HUB_OFFLINE"] = "1"
     path = Path(model_path)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -84,8 +89,7 @@ def time_llamacpp(llm, ids: list[int], decode_len: int, repeats: int = 1) -> dic
     t0 = time.perf_counter()
     for _ in range(decode_len):
         llm.eval([llm.sample(temp=0.0)])
-    return {"prefill_tok_s": len(ids) / prefill_s,
-            "decode_tok_s": decode_len / (time.perf_counter() - t0)}
+    return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": decode_len / (time.perf_counter() - t0)}
 
 
 def time_transformers(model, ids: list[int], decode_len: int, repeats: int = 1) -> dict[str, float]:
@@ -100,11 +104,10 @@ def time_transformers(model, ids: list[int], decode_len: int, repeats: int = 1) 
         model(x[:, :32])  # warm-up
         prefill_s = best_of(lambda: model(x), repeats)
         t0 = time.perf_counter()
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=decode_len,
-                             min_new_tokens=decode_len, do_sample=False)
+        out = model.generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=decode_len, min_new_tokens=decode_len, do_sample=False
+        )
         total = time.perf_counter() - t0
     if out.shape[1] - len(ids) != decode_len:
-        raise RuntimeError(f"transformers generated {out.shape[1] - len(ids)} tokens, "
-                           f"asked for {decode_len}")
-    return {"prefill_tok_s": len(ids) / prefill_s,
-            "decode_tok_s": decode_len / max(total - prefill_s, 1e-9)}
+        raise RuntimeError(f"transformers generated {out.shape[1] - len(ids)} tokens, asked for {decode_len}")
+    return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": decode_len / max(total - prefill_s, 1e-9)}

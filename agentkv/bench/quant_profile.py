@@ -1,5 +1,6 @@
 """Where agentkv's time goes, for `agentkv bench quant`: cProfile of prefill and decode steps
 split by kernel category, and the weight bytes a model holds resident."""
+
 from __future__ import annotations
 
 import cProfile
@@ -54,8 +55,11 @@ def profile_agentkv(engine, ids: list[int]) -> dict:
 def _profile_steps(engine, ids: list[int]) -> dict:
     from agentkv.runtime.params import SamplingParams
 
-    engine.add_request(f"profile-{time.monotonic_ns()}", ids,
-                       SamplingParams(max_tokens=PROFILE_DECODE_STEPS + 1, temperature=0.0, ignore_eos=True))
+    engine.add_request(
+        f"profile-{time.monotonic_ns()}",
+        ids,
+        SamplingParams(max_tokens=PROFILE_DECODE_STEPS + 1, temperature=0.0, ignore_eos=True),
+    )
     result = {}
     prof = cProfile.Profile()
     prof.runcall(engine.step)
@@ -92,7 +96,15 @@ def summarize(prof: cProfile.Profile, per: int = 1, top: int = 12) -> dict:
         cat = category(filename, func)
         shares[cat] = shares.get(cat, 0.0) + v[2] / total
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
-    return {"ms_per_step": 1e3 * total / per,
-            "shares": {k: round(v, 4) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])},
-            "top": [{"function": f"{Path(f).name}:{line}:{fn}" if f != "~" else fn, "calls": v[1],
-                     "self_ms_per_step": round(1e3 * v[2] / per, 3)} for (f, line, fn), v in rows]}
+    return {
+        "ms_per_step": 1e3 * total / per,
+        "shares": {k: round(v, 4) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])},
+        "top": [
+            {
+                "function": f"{Path(f).name}:{line}:{fn}" if f != "~" else fn,
+                "calls": v[1],
+                "self_ms_per_step": round(1e3 * v[2] / per, 3),
+            }
+            for (f, line, fn), v in rows
+        ],
+    }

@@ -1,30 +1,38 @@
 """`agentkv bench agents` output: the per-workload Markdown table and the three-panel PNG."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
-from agentkv.bench.common import envelope, fmt as _fmt, header, save_figure, write_json
+from agentkv.bench.common import envelope, header, save_figure, write_json
+from agentkv.bench.common import fmt as _fmt
 from agentkv.bench.isolate import failed, why
+
 
 def markdown(summary: dict) -> str:
     """One workload's table: an arm a row, plus accounting, exactness and targets."""
     arms = summary["arms"]
     base = arms.get("agentkv", {}).get("wall_s")
-    lines = [f"### {summary['workload']} — {json.dumps(summary['params'])}", "",
-             "| arm | wall s | × agentkv | prefill computed | hit rate | TTFT p50 s | TTFT p95 s "
-             "| decode tok/s | peak RSS MiB | how it runs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {summary['workload']} — {json.dumps(summary['params'])}",
+        "",
+        "| arm | wall s | × agentkv | prefill computed | hit rate | TTFT p50 s | TTFT p95 s "
+        "| decode tok/s | peak RSS MiB | how it runs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in arms.items():
         if failed(r):
             lines.append(f"| {name} | {why(r)} | | | | | | | | |")
             continue
         rel = r["wall_s"] / base if base else None
-        lines.append(f"| {name} | {_fmt(r['wall_s'], '.1f')} | {_fmt(rel)} | {_fmt(r['prefill_computed'])} "
-                     f"| {_fmt(r['hit_rate'], '.1%')} | {_fmt(r['ttft_p50_s'], '.3f')} "
-                     f"| {_fmt(r['ttft_p95_s'], '.3f')} | {_fmt(r['decode_tok_s'], '.1f')} "
-                     f"| {_fmt(r['peak_rss_mib'], '.0f')} | {r['notes']} |")
+        lines.append(
+            f"| {name} | {_fmt(r['wall_s'], '.1f')} | {_fmt(rel)} | {_fmt(r['prefill_computed'])} "
+            f"| {_fmt(r['hit_rate'], '.1%')} | {_fmt(r['ttft_p50_s'], '.3f')} "
+            f"| {_fmt(r['ttft_p95_s'], '.3f')} | {_fmt(r['decode_tok_s'], '.1f')} "
+            f"| {_fmt(r['peak_rss_mib'], '.0f')} | {r['notes']} |"
+        )
     lines += ["", *_facts(summary)]
     return "\n".join(lines) + "\n"
 
@@ -34,22 +42,34 @@ def _facts(summary: dict) -> list[str]:
     acc = summary.get("accounting") or {}
     if acc:
         rb = acc["radixbench"]
-        out.append(f"- accounting: {rb['total_tokens']} prompt tokens, radixbench reuse "
-                   f"{rb['reused_tokens']} ({rb['hit_rate']:.1%}, ceiling {rb['token_ceiling']:.1f}×); "
-                   f"agentkv expected hits {acc['agentkv_expected_hits']}, measured "
-                   f"{acc.get('agentkv_measured_hits')}, per-request match: {acc.get('agentkv_hits_match')}")
+        out.append(
+            f"- accounting: {rb['total_tokens']} prompt tokens, radixbench reuse "
+            f"{rb['reused_tokens']} ({rb['hit_rate']:.1%}, ceiling {rb['token_ceiling']:.1f}×); "
+            f"agentkv expected hits {acc['agentkv_expected_hits']}, measured "
+            f"{acc.get('agentkv_measured_hits')}, per-request match: {acc.get('agentkv_hits_match')}"
+        )
     if summary.get("formulas"):
         out.append(f"- docs/design.md formulas: {json.dumps(summary['formulas'])}")
     ex = summary.get("exactness") or {}
     exact = {True: "true", False: "FALSE", None: "not checked (run agentkv-nocache)"}[ex.get("exact")]
-    out.append(f"- exactness (agentkv cache on == off, greedy tokens): {exact}; "
-               f"agreement with agentkv: {json.dumps(ex.get('agreement', {}))}")
+    out.append(
+        f"- exactness (agentkv cache on == off, greedy tokens): {exact}; "
+        f"agreement with agentkv: {json.dumps(ex.get('agreement', {}))}"
+    )
     for name, t in (summary.get("targets") or {}).items():
-        out.append(f"- target {name}: {t['ratio']:.2f}× (need {'>=' if t['need'] > 1 else '>'} "
-                   f"{t['need']:g}×) — {'met' if t['met'] else 'MISSED'}")
+        out.append(
+            f"- target {name}: {t['ratio']:.2f}× (need {'>=' if t['need'] > 1 else '>'} "
+            f"{t['need']:g}×) — {'met' if t['met'] else 'MISSED'}"
+        )
     if summary.get("profile"):
-        out += ["", f"cProfile of the {summary['profile']['arm']} arm (top by cumulative time):", "",
-                "```", *summary["profile"]["top"], "```"]
+        out += [
+            "",
+            f"cProfile of the {summary['profile']['arm']} arm (top by cumulative time):",
+            "",
+            "```",
+            *summary["profile"]["top"],
+            "```",
+        ]
     return out
 
 

@@ -4,6 +4,7 @@ The pool only counts references; the KV tensors themselves live behind the backe
 by the same `BlockId`. A block is shared by whoever holds a reference to it (running
 requests, radix tree nodes) and returns to the free list when the last reference is freed.
 """
+
 from __future__ import annotations
 
 import heapq

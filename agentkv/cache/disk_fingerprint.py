@@ -14,6 +14,7 @@ each chain instead (`disk_hash.root_hash`), so namespaces never share a block ei
 
 Pure Python: the caller passes the backend's identity as plain values.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,17 @@ class Fingerprint(NamedTuple):
     @property
     def digest(self) -> str:
         """Hex SHA-256 over every field, in order (stable across processes and machines)."""
-        text = json.dumps([self.weights_digest, list(self.backend_identity), self.backend_fingerprint,
-                           self.block_size, list(self.kv_shape), self.kv_dtype, self.layout_version])
+        text = json.dumps(
+            [
+                self.weights_digest,
+                list(self.backend_identity),
+                self.backend_fingerprint,
+                self.block_size,
+                list(self.kv_shape),
+                self.kv_dtype,
+                self.layout_version,
+            ]
+        )
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -103,13 +113,15 @@ def weights_digest(path: Path, cache_dir: Path) -> str:
     return digest
 
 
-def fingerprint_for(model_path: Path, cache_dir: Path, backend: object, block_size: int,
-                    kv_spec: object) -> Fingerprint:
+def fingerprint_for(
+    model_path: Path, cache_dir: Path, backend: object, block_size: int, kv_spec: object
+) -> Fingerprint:
     """The fingerprint of `backend` (a hal Backend: its `identity`, `fingerprint`, `kv_dtype`)
     running the model at `model_path` with a KV store shaped like `kv_spec` (a hal KVSpec).
     Duck-typed so that cache/ imports no backend. Reads the model's bytes unless
     `cache_dir` already holds their digest for the same path, size and mtime."""
     identity = tuple(backend.identity)  # type: ignore[attr-defined]
     shape = (kv_spec.num_layers, kv_spec.num_kv_heads, kv_spec.head_dim)  # type: ignore[attr-defined]
-    return Fingerprint(weights_digest(model_path, cache_dir), identity,
-                       backend.fingerprint, block_size, shape, backend.kv_dtype)  # type: ignore[attr-defined]
+    return Fingerprint(
+        weights_digest(model_path, cache_dir), identity, backend.fingerprint, block_size, shape, backend.kv_dtype
+    )  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ File. One block per file, named `<h[j] hex>.kvb`:
 The header states the layout version, fingerprint, key, namespace, token ids, payload shape
 `[num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]`, dtype and payload length.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,6 +50,7 @@ def namespace_text(namespace: Hashable) -> str | None:
     """The namespace as canonical JSON, or None when it cannot be persisted: only str, int,
     bool, None and tuples of them are stable across processes (Python's hash() is not). A
     per-request namespace (prompt logprobs) is never worth persisting either."""
+
     def plain(value: object) -> bool:
         if isinstance(value, tuple):
             return all(plain(v) for v in value)
@@ -68,12 +70,13 @@ def root_hash(fingerprint: str, namespace: str) -> bytes:
 def block_hashes(root: bytes, token_ids: Sequence[int], block_size: int, num_blocks: int) -> list[bytes]:
     """h[0..num_blocks) of the chain from `root` (the caller ensures the blocks are full)."""
     if num_blocks * block_size > len(token_ids):
-        raise ValueError(f"{num_blocks} blocks of {block_size} need {num_blocks * block_size} "
-                         f"tokens, got {len(token_ids)}")
+        raise ValueError(
+            f"{num_blocks} blocks of {block_size} need {num_blocks * block_size} tokens, got {len(token_ids)}"
+        )
     pack = struct.Struct(f"<{block_size}i").pack
     out, parent = [], root
     for j in range(num_blocks):
-        parent = hashlib.sha256(parent + pack(*token_ids[j * block_size:(j + 1) * block_size])).digest()
+        parent = hashlib.sha256(parent + pack(*token_ids[j * block_size : (j + 1) * block_size])).digest()
         out.append(parent)
     return out
 
@@ -99,7 +102,7 @@ def decode_block(data: bytes, expected: BlockHeader) -> bytes:
     if hashlib.sha256(body).digest() != digest:
         raise BadBlockFile("checksum mismatch (corrupt or truncated)")
     try:
-        fields = json.loads(body[_HEAD.size:_HEAD.size + text_len])
+        fields = json.loads(body[_HEAD.size : _HEAD.size + text_len])
         header = BlockHeader(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     except (ValueError, TypeError) as exc:
         raise BadBlockFile(f"unreadable header: {exc}") from None
@@ -107,7 +110,7 @@ def decode_block(data: bytes, expected: BlockHeader) -> bytes:
         got = getattr(header, name)
         if got != want:
             raise BadBlockFile(f"{name} is {str(got)[:80]}, expected {str(want)[:80]}")
-    payload = body[_HEAD.size + text_len:]
+    payload = body[_HEAD.size + text_len :]
     if len(payload) != header.payload_bytes:
         raise BadBlockFile(f"payload has {len(payload)} bytes, header says {header.payload_bytes}")
     return payload

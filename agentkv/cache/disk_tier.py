@@ -16,6 +16,7 @@ Thread use: `offer`, `fetch`, `flush`, `close` from the engine thread; the write
 only writes files and updates the index under the lock. Pure Python: the block bytes come
 from the `read_block` hook the engine passes (backend.read_block on its KV store).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -64,8 +65,9 @@ class DiskStats(NamedTuple):
 class DiskTier:
     """KV blocks on disk under one fingerprint, LRU within `capacity_bytes`."""
 
-    def __init__(self, directory: Path, fingerprint: Fingerprint, capacity_bytes: int,
-                 read_block: Callable[[BlockId], bytes]) -> None:
+    def __init__(
+        self, directory: Path, fingerprint: Fingerprint, capacity_bytes: int, read_block: Callable[[BlockId], bytes]
+    ) -> None:
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes={capacity_bytes} must be >= 1")
         self.fingerprint = fingerprint
@@ -127,8 +129,16 @@ class DiskTier:
         self._unlink(self._path(key))
 
     def _header(self, key: str, namespace: str, token_ids: Sequence[int]) -> BlockHeader:
-        return BlockHeader(LAYOUT_VERSION, self.fp_hex, key, namespace, tuple(int(t) for t in token_ids),
-                           self.shape, self.fingerprint.kv_dtype, self.block_bytes)
+        return BlockHeader(
+            LAYOUT_VERSION,
+            self.fp_hex,
+            key,
+            namespace,
+            tuple(int(t) for t in token_ids),
+            self.shape,
+            self.fingerprint.kv_dtype,
+            self.block_bytes,
+        )
 
     def keys(self, namespace: str, token_ids: Sequence[int], num_blocks: int) -> list[str]:
         """Hex keys (file stems) of the first `num_blocks` blocks of `token_ids` in `namespace`
@@ -160,7 +170,7 @@ class DiskTier:
             if full_queue:
                 self.flush()  # shutting down: waiting is allowed, losing the block is not
             payload = self._read_block(blocks[j])
-            header = self._header(key, ns, token_ids[j * self.block_size:(j + 1) * self.block_size])
+            header = self._header(key, ns, token_ids[j * self.block_size : (j + 1) * self.block_size])
             with self._lock:
                 self._pending[key] = (header, payload)
                 self._pending_bytes += len(payload)
@@ -223,8 +233,7 @@ class DiskTier:
             return False
 
     # -- reading ------------------------------------------------------------------------------
-    def fetch(self, namespace: Hashable, token_ids: Sequence[int], first_block: int,
-              max_blocks: int) -> list[bytes]:
+    def fetch(self, namespace: Hashable, token_ids: Sequence[int], first_block: int, max_blocks: int) -> list[bytes]:
         """Payloads of blocks first_block, first_block+1, ... of the prefix `token_ids` as far
         as the disk (or the write queue) has them, verified, at most `max_blocks`. A bad file
         ends the run there: it is counted and deleted, and the caller computes the rest."""
@@ -234,7 +243,7 @@ class DiskTier:
         keys = self.keys(ns, token_ids, first_block + max_blocks)
         payloads: list[bytes] = []
         for j in range(first_block, first_block + max_blocks):
-            payload = self._read(keys[j], ns, token_ids[j * self.block_size:(j + 1) * self.block_size])
+            payload = self._read(keys[j], ns, token_ids[j * self.block_size : (j + 1) * self.block_size])
             if payload is None:
                 break
             payloads.append(payload)
@@ -277,8 +286,7 @@ class DiskTier:
             namespace, token_ids = cache.path_of(node)
             first = node.start // bs
             ends = range(first, node.end // bs)
-            self.offer(namespace, token_ids, {j: node.blocks[j - first] for j in ends
-                                              if (j + 1) * bs > node.start})
+            self.offer(namespace, token_ids, {j: node.blocks[j - first] for j in ends if (j + 1) * bs > node.start})
 
         return on_evict
 

@@ -15,6 +15,7 @@ alone (a hit that ends mid-block is copied first: see `share`).
 
 Entries in different namespaces (cache_salt, model, adapter) never share: one root each.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -31,11 +32,17 @@ class Node:
     """One edge of the tree. `lock_ref` counts locks on this node itself: the ancestors of
     a locked node always have a child, so leaf-only eviction never reaches them."""
 
-    __slots__ = ("parent", "children", "start", "tokens", "blocks", "lock_ref",
-                 "last_access", "node_id")
+    __slots__ = ("parent", "children", "start", "tokens", "blocks", "lock_ref", "last_access", "node_id")
 
-    def __init__(self, parent: Node | None, start: int, tokens: tuple[int, ...],
-                 blocks: list[BlockId], node_id: int, last_access: int) -> None:
+    def __init__(
+        self,
+        parent: Node | None,
+        start: int,
+        tokens: tuple[int, ...],
+        blocks: list[BlockId],
+        node_id: int,
+        last_access: int,
+    ) -> None:
         self.parent = parent
         self.children: dict[int, Node] = {}
         self.start = start
@@ -81,8 +88,7 @@ class RadixCache:
     """Token-exact prefix cache over a `BlockPool`; holds one pool reference per block
     listed by each node. Single-threaded: the scheduler calls it between steps."""
 
-    def __init__(self, pool: BlockPool, block_size: int,
-                 now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, pool: BlockPool, block_size: int, now: Callable[[], float] = time.monotonic) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be >= 1")
         self._now = now  # seconds, for pin expiry only (LRU order uses the logical clock)
@@ -133,8 +139,9 @@ class RadixCache:
         for node, _ in path:
             node.last_access = self._clock
 
-    def match(self, namespace: Hashable, tokens: Sequence[int], max_len: int | None = None,
-              *, record: bool = True) -> MatchResult:
+    def match(
+        self, namespace: Hashable, tokens: Sequence[int], max_len: int | None = None, *, record: bool = True
+    ) -> MatchResult:
         """Longest cached token-exact prefix of `tokens[:max_len]` (no mutation of the tree).
 
         The engine passes max_len = len(prompt) - 1 so at least one token is left to compute
@@ -143,7 +150,7 @@ class RadixCache:
         `last_node` while using them.
         """
         if max_len is not None:
-            tokens = tokens[:max(max_len, 0)]
+            tokens = tokens[: max(max_len, 0)]
         root = self.root(namespace)
         path = self._walk(root, tokens)
         table: list[BlockId] = []
@@ -199,8 +206,7 @@ class RadixCache:
         table.extend(dst for _, dst in copies)
         return SharedPrefix(table, copies)
 
-    def insert(self, namespace: Hashable, tokens: Sequence[int],
-               block_table: Sequence[BlockId]) -> int:
+    def insert(self, namespace: Hashable, tokens: Sequence[int], block_table: Sequence[BlockId]) -> int:
         """Cache `tokens`, whose KV is in `block_table`; returns how many tokens were new.
 
         Mutates the tree: splits a node where `tokens` diverge inside its edge and adds one
@@ -211,8 +217,7 @@ class RadixCache:
             return 0
         num_needed = (len(tokens) - 1) // self.block_size + 1
         if len(block_table) < num_needed:
-            raise ValueError(f"block_table has {len(block_table)} blocks, "
-                             f"{len(tokens)} tokens need {num_needed}")
+            raise ValueError(f"block_table has {len(block_table)} blocks, {len(tokens)} tokens need {num_needed}")
         root = self.root(namespace)
         path = self._walk(root, tokens)
         self._touch(root, path)
@@ -244,12 +249,11 @@ class RadixCache:
         assert 0 < num_upper < len(node.tokens) and node.parent is not None
         split_at = node.start + num_upper
         first = node.start // self.block_size
-        upper_blocks = node.blocks[:(split_at - 1) // self.block_size - first + 1]
-        lower_blocks = node.blocks[split_at // self.block_size - first:]
+        upper_blocks = node.blocks[: (split_at - 1) // self.block_size - first + 1]
+        lower_blocks = node.blocks[split_at // self.block_size - first :]
         if split_at % self.block_size:
             self.pool.incref(lower_blocks[0])
-        upper = Node(node.parent, node.start, node.tokens[:num_upper], upper_blocks,
-                     next(self._ids), node.last_access)
+        upper = Node(node.parent, node.start, node.tokens[:num_upper], upper_blocks, next(self._ids), node.last_access)
         node.parent.children[node.tokens[0]] = upper
         node.parent = upper
         node.start, node.tokens, node.blocks = split_at, node.tokens[num_upper:], lower_blocks
@@ -383,5 +387,4 @@ class RadixCache:
                 raise RuntimeError(f"{node} has a negative lock count: bug")
         for block, count in self.block_refs().items():
             if self.pool.refcount(block) < count:
-                raise RuntimeError(f"block {block}: tree holds {count} refs, pool "
-                                   f"{self.pool.refcount(block)}: bug")
+                raise RuntimeError(f"block {block}: tree holds {count} refs, pool {self.pool.refcount(block)}: bug")

@@ -4,6 +4,7 @@
 Peers come from the `bench` extra (`make bench` builds llama-cpp-python for this CPU); a
 peer that is not installed is reported as skipped, never as a pass.
 """
+
 from __future__ import annotations
 
 import argparse

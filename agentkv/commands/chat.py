@@ -2,6 +2,7 @@
 
 `/reset` starts over; Ctrl-D (end of input) quits. Each turn reuses the KV of the previous
 ones through the prefix cache, so only the new message is prefilled."""
+
 from __future__ import annotations
 
 import sys

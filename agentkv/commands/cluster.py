@@ -8,6 +8,7 @@ GET /health with 200, starts `python -m sglang_router.launch_router` in front of
 for the router's /health, then serves until interrupted and stops every process on exit.
 Every port opened (workers, router, the router's Prometheus metrics) binds to --host,
 loopback by default. `Cluster` is the same thing as a context manager for tests and benches."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Sequence
+from collections.abc import Sequence
 
 from agentkv.commands.config_flags import FLAGS, add_engine_arguments
 from agentkv.runtime.config import knob_default
@@ -103,9 +104,24 @@ class Cluster:
     def start(self) -> None:
         spec = self.spec
         for port in spec.worker_ports:
-            self.workers.append(_spawn([sys.executable, "-m", "agentkv.cli", "serve", spec.model,
-                                        "--host", spec.host, "--port", str(port),
-                                        "--log-level", "warning", *spec.worker_args]))
+            self.workers.append(
+                _spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "agentkv.cli",
+                        "serve",
+                        spec.model,
+                        "--host",
+                        spec.host,
+                        "--port",
+                        str(port),
+                        "--log-level",
+                        "warning",
+                        *spec.worker_args,
+                    ]
+                )
+            )
         deadline = time.monotonic() + spec.startup_timeout_s
         for proc, url in zip(self.workers, spec.worker_urls):
             wait_healthy(url, proc, deadline, what="worker")
@@ -148,21 +164,43 @@ def launch_router(spec: ClusterSpec, deadline: float) -> subprocess.Popen:
 def router_command(spec: ClusterSpec) -> list[str]:
     """The `launch_router` command line. The health check runs every few seconds and one
     failure marks a worker unhealthy, so a dead worker leaves the rotation quickly."""
-    return [sys.executable, "-m", ROUTER_MODULE, "--worker-urls", *spec.worker_urls,
-            "--policy", spec.policy, "--host", spec.host, "--port", str(spec.router_port),
-            "--prometheus-host", spec.host, "--prometheus-port", str(spec.prometheus_port),
-            "--health-check-interval-secs", str(spec.health_check_interval_s),
-            "--health-failure-threshold", "1", "--health-check-timeout-secs", "2",
-            "--cb-failure-threshold", "2", "--retry-max-retries", "3",
-            "--log-level", "warn", *spec.router_args]
+    return [
+        sys.executable,
+        "-m",
+        ROUTER_MODULE,
+        "--worker-urls",
+        *spec.worker_urls,
+        "--policy",
+        spec.policy,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.router_port),
+        "--prometheus-host",
+        spec.host,
+        "--prometheus-port",
+        str(spec.prometheus_port),
+        "--health-check-interval-secs",
+        str(spec.health_check_interval_s),
+        "--health-failure-threshold",
+        "1",
+        "--health-check-timeout-secs",
+        "2",
+        "--cb-failure-threshold",
+        "2",
+        "--retry-max-retries",
+        "3",
+        "--log-level",
+        "warn",
+        *spec.router_args,
+    ]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, deadline: float, *, what: str) -> None:
     """Poll `url`/health until 200; raise ClusterError if `proc` exits or time runs out."""
     while True:
         if proc.poll() is not None:
-            raise ClusterError(f"{what} at {url} exited with code {proc.returncode} before "
-                               f"it was healthy")
+            raise ClusterError(f"{what} at {url} exited with code {proc.returncode} before it was healthy")
         with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -208,25 +246,38 @@ def worker_flags(args: argparse.Namespace) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--replicas", type=int, default=2, help="local workers to start")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address every port binds to (workers, router, router metrics)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address every port binds to (workers, router, router metrics)"
+    )
     parser.add_argument("--router-port", type=int, default=30000)
-    parser.add_argument("--worker-base-port", type=int, default=None,
-                        help="first worker port (default: router port + 1)")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="router Prometheus port (default: router port + replicas + 1)")
+    parser.add_argument(
+        "--worker-base-port", type=int, default=None, help="first worker port (default: router port + 1)"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="router Prometheus port (default: router port + replicas + 1)"
+    )
     parser.add_argument("--policy", default="cache_aware", choices=POLICIES)
-    parser.add_argument("--router-arg", action="append", default=[],
-                        help="extra launch_router argument (repeatable), e.g. --router-arg=--api-key=K")
+    parser.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        help="extra launch_router argument (repeatable), e.g. --router-arg=--api-key=K",
+    )
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     extra = ["--served-model-name", args.served_model_name or args.model]
-    return ClusterSpec(model=args.model, replicas=args.replicas, host=args.host,
-                       router_port=args.router_port, worker_base_port=args.worker_base_port,
-                       metrics_port=args.metrics_port, policy=args.policy,
-                       worker_args=tuple(worker_flags(args) + extra),
-                       router_args=tuple(args.router_arg))
+    return ClusterSpec(
+        model=args.model,
+        replicas=args.replicas,
+        host=args.host,
+        router_port=args.router_port,
+        worker_base_port=args.worker_base_port,
+        metrics_port=args.metrics_port,
+        policy=args.policy,
+        worker_args=tuple(worker_flags(args) + extra),
+        router_args=tuple(args.router_arg),
+    )
 
 
 def router_available() -> bool:
@@ -237,8 +288,7 @@ def router_available() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     if not router_available():
-        print("agentkv cluster: the router is not installed; pip install 'agentkv[cluster]'",
-              file=sys.stderr)
+        print("agentkv cluster: the router is not installed; pip install 'agentkv[cluster]'", file=sys.stderr)
         return 2
     try:
         spec = spec_from_args(args)
@@ -246,8 +296,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentkv cluster: {exc}", file=sys.stderr)
         return 2
     with Cluster(spec) as cluster:
-        print(f"router {spec.router_url} -> workers {' '.join(spec.worker_urls)} "
-              f"(policy {spec.policy}, metrics {spec.host}:{spec.prometheus_port})", flush=True)
+        print(
+            f"router {spec.router_url} -> workers {' '.join(spec.worker_urls)} "
+            f"(policy {spec.policy}, metrics {spec.host}:{spec.prometheus_port})",
+            flush=True,
+        )
         with contextlib.suppress(KeyboardInterrupt):
             _serve_until_exit(cluster)
     return 0
@@ -264,8 +317,9 @@ def _serve_until_exit(cluster: Cluster) -> None:
 
 def _spawn(cmd: list[str]) -> subprocess.Popen:
     # Own process group: a Ctrl-C in the terminal reaches this launcher, which stops the rest.
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
 
 
 def _url_host(host: str) -> str:

@@ -1,4 +1,5 @@
 """Flags shared by the commands that load a model and sample from it."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,10 +9,23 @@ from agentkv.runtime.params import SamplingParams
 
 # The engine knobs of the offline commands: every knob but the serving ones (the name an HTTP
 # client uses, the bound on queued HTTP requests).
-OFFLINE_KNOBS = ("backend", "weights", "max_model_len", "block_size", "enable_prefix_cache",
-                 "kv_cache_blocks", "kv_cache_memory", "kv_cache_dir", "kv_disk_size",
-                 "kv_write_through", "max_num_seqs", "max_num_batched_tokens", "chunk_size",
-                 "speculative", "num_speculative_tokens")
+OFFLINE_KNOBS = (
+    "backend",
+    "weights",
+    "max_model_len",
+    "block_size",
+    "enable_prefix_cache",
+    "kv_cache_blocks",
+    "kv_cache_memory",
+    "kv_cache_dir",
+    "kv_disk_size",
+    "kv_write_through",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "chunk_size",
+    "speculative",
+    "num_speculative_tokens",
+)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +49,15 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 def sampling_params(args) -> SamplingParams:
     return SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-        seed=args.seed, stop=tuple(args.stop), logprobs=args.logprobs)
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        logprobs=args.logprobs,
+    )

@@ -5,14 +5,23 @@
     config = config_from_args(args)     # the EngineConfig; a bad value raises the config's ValueError
 
 Used by serve, generate and chat; bench can call the same two functions."""
+
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from agentkv.runtime.config import (
-    DEFAULT_KV_DISK, DEFAULT_KV_MEMORY, WEIGHTS_MODES, EngineConfig, engine_config, knob_default, knob_type,
-    parse_size)
+    DEFAULT_KV_DISK,
+    DEFAULT_KV_MEMORY,
+    WEIGHTS_MODES,
+    EngineConfig,
+    engine_config,
+    knob_default,
+    knob_type,
+    parse_size,
+)
 from agentkv.sched.draft import DRAFTERS
 
 MODEL_HELP = "alias (smollm2, gemma3-270m, minilm), a .gguf file or a HF folder"
@@ -35,35 +44,50 @@ class Flag(NamedTuple):
         return self.option or "--" + self.knob.replace("_", "-")
 
 
-FLAGS: dict[str, Flag] = {f.knob: f for f in (
-    Flag("backend", "compute backend: cpu (compiled kernels, the default), torch (portable), torch-cuda, reference"),
-    Flag("weights", "keep quantized weights quantized (resident) or dequantize at load (f32)",
-         choices=WEIGHTS_MODES),
-    Flag("max_model_len", "longest sequence in tokens (default: the model's context length)"),
-    Flag("served_model_name", "the name clients use (default: MODEL)"),
-    Flag("block_size", "tokens per KV block"),
-    Flag("enable_prefix_cache", "share the KV of common prefixes between requests",
-         option="--prefix-cache"),
-    Flag("kv_cache_blocks", "KV cache size in blocks", exclusive="kv"),
-    Flag("kv_cache_memory", f"KV cache size, e.g. 512MiB, 2GiB (default: {DEFAULT_KV_MEMORY >> 30}GiB)",
-         parse=parse_size, exclusive="kv"),
-    Flag("kv_cache_dir", "keep full KV blocks in files under DIR too: hits across evictions and restarts"),
-    Flag("kv_disk_size", f"the KV disk tier's budget, e.g. 50GiB (default: {DEFAULT_KV_DISK >> 30}GiB)",
-         parse=parse_size),
-    Flag("kv_write_through", "write KV blocks to disk when they are cached, not when evicted from RAM"),
-    Flag("max_num_seqs", "sequences running at once"),
-    Flag("max_num_batched_tokens", "tokens computed per step, decodes and prefills together"),
-    Flag("chunk_size", "longest prefill chunk of one sequence (default: the step's token budget)"),
-    Flag("speculative", "speculative decoding with this drafter (default: off); outputs are unchanged",
-         choices=tuple(sorted(DRAFTERS))),
-    Flag("num_speculative_tokens", "most tokens drafted per request per step"),
-    Flag("max_queued_requests", "requests that may wait beyond --max-num-seqs; more get 429 "
-         "(default: no bound)"),
-)}
+FLAGS: dict[str, Flag] = {
+    f.knob: f
+    for f in (
+        Flag(
+            "backend", "compute backend: cpu (compiled kernels, the default), torch (portable), torch-cuda, reference"
+        ),
+        Flag(
+            "weights", "keep quantized weights quantized (resident) or dequantize at load (f32)", choices=WEIGHTS_MODES
+        ),
+        Flag("max_model_len", "longest sequence in tokens (default: the model's context length)"),
+        Flag("served_model_name", "the name clients use (default: MODEL)"),
+        Flag("block_size", "tokens per KV block"),
+        Flag("enable_prefix_cache", "share the KV of common prefixes between requests", option="--prefix-cache"),
+        Flag("kv_cache_blocks", "KV cache size in blocks", exclusive="kv"),
+        Flag(
+            "kv_cache_memory",
+            f"KV cache size, e.g. 512MiB, 2GiB (default: {DEFAULT_KV_MEMORY >> 30}GiB)",
+            parse=parse_size,
+            exclusive="kv",
+        ),
+        Flag("kv_cache_dir", "keep full KV blocks in files under DIR too: hits across evictions and restarts"),
+        Flag(
+            "kv_disk_size",
+            f"the KV disk tier's budget, e.g. 50GiB (default: {DEFAULT_KV_DISK >> 30}GiB)",
+            parse=parse_size,
+        ),
+        Flag("kv_write_through", "write KV blocks to disk when they are cached, not when evicted from RAM"),
+        Flag("max_num_seqs", "sequences running at once"),
+        Flag("max_num_batched_tokens", "tokens computed per step, decodes and prefills together"),
+        Flag("chunk_size", "longest prefill chunk of one sequence (default: the step's token budget)"),
+        Flag(
+            "speculative",
+            "speculative decoding with this drafter (default: off); outputs are unchanged",
+            choices=tuple(sorted(DRAFTERS)),
+        ),
+        Flag("num_speculative_tokens", "most tokens drafted per request per step"),
+        Flag("max_queued_requests", "requests that may wait beyond --max-num-seqs; more get 429 (default: no bound)"),
+    )
+}
 
 
 def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """`parse` whose ValueError argparse reports word for word (it hides a plain ValueError)."""
+
     def convert(text: str) -> Any:
         try:
             return parse(text)
@@ -92,8 +116,9 @@ def _add_flag(target: Any, flag: Flag) -> None:
     target.add_argument(flag.flag, **kw)
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser, *, knobs: Sequence[str] | None = None,
-                         model_positional: bool = True) -> None:
+def add_engine_arguments(
+    parser: argparse.ArgumentParser, *, knobs: Sequence[str] | None = None, model_positional: bool = True
+) -> None:
     """Add MODEL (unless `model_positional` is False) and one flag per knob in `knobs`
     (default: every knob) to `parser` (mutates it)."""
     if model_positional:

@@ -1,4 +1,5 @@
 """`agentkv generate MODEL PROMPT... [sampling flags]`: complete prompts, batched."""
+
 from __future__ import annotations
 
 import json
@@ -31,10 +32,19 @@ def run(args) -> int:
         return 2
     for prompt, out in zip(args.prompt, outputs):
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": out.text, "token_ids": out.token_ids,
-                              "finish_reason": out.finish_reason, "prompt_len": out.prompt_len,
-                              "cached_len": out.cached_len,
-                              "logprobs": [lp._asdict() for lp in out.logprobs] if out.logprobs else None}))
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "text": out.text,
+                        "token_ids": out.token_ids,
+                        "finish_reason": out.finish_reason,
+                        "prompt_len": out.prompt_len,
+                        "cached_len": out.cached_len,
+                        "logprobs": [lp._asdict() for lp in out.logprobs] if out.logprobs else None,
+                    }
+                )
+            )
         else:
             print(prompt + out.text)
     return 0

@@ -1,4 +1,5 @@
 """`agentkv inspect MODEL [--json]`: architecture, tensor formats, hparams and tokenizer summary."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,17 +17,39 @@ from agentkv.formats.resolve import open_model
 from agentkv.formats.source import ModelSource
 
 SPECIAL_TOKENS = ("bos", "eos", "unk", "pad")
-_GGUF_SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "unk": "unknown_token_id",
-                      "pad": "padding_token_id"}
-KEY_HPARAMS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-               "head_dim", "norm_eps", "rope_theta", "rope_scaling", "rope_theta_local",
-               "sliding_window", "tie_embeddings", "attn_logit_softcap", "final_logit_softcap",
-               "query_pre_attn_scalar", "pooling", "expert_count", "experts_per_token", "shared_experts")
+_GGUF_SPECIAL_KEYS = {
+    "bos": "bos_token_id",
+    "eos": "eos_token_id",
+    "unk": "unknown_token_id",
+    "pad": "padding_token_id",
+}
+KEY_HPARAMS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_theta_local",
+    "sliding_window",
+    "tie_embeddings",
+    "attn_logit_softcap",
+    "final_logit_softcap",
+    "query_pre_attn_scalar",
+    "pooling",
+    "expert_count",
+    "experts_per_token",
+    "shared_experts",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL",
-                        help="a .gguf file, a HF folder, or an alias (smollm2, gemma3-270m, minilm)")
+    parser.add_argument(
+        "model", metavar="MODEL", help="a .gguf file, a HF folder, or an alias (smollm2, gemma3-270m, minilm)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -46,8 +69,9 @@ def summarize(source: ModelSource) -> dict[str, Any]:
     formats: dict[str, dict[str, int]] = {}
     for name in source.tensor_names():
         info = source.tensor(name)
-        row = formats.setdefault(_format_name(source, name, info.qtype),
-                                 {"num_tensors": 0, "num_bytes": 0, "num_params": 0})
+        row = formats.setdefault(
+            _format_name(source, name, info.qtype), {"num_tensors": 0, "num_bytes": 0, "num_params": 0}
+        )
         row["num_tensors"] += 1
         row["num_bytes"] += info.num_bytes
         row["num_params"] += int(np.prod(info.shape, dtype=np.int64))
@@ -66,7 +90,8 @@ def summarize(source: ModelSource) -> dict[str, Any]:
         "vocab_size": hp.vocab_size,
         "hparams": hparams,
         "sliding_window_layers": resolved.get("sliding_window_layers"),
-        "tokenizer": _gguf_tokenizer(source.metadata) if source.kind == "gguf"
+        "tokenizer": _gguf_tokenizer(source.metadata)
+        if source.kind == "gguf"
         else _folder_tokenizer(source.path, source.metadata),
     }
 
@@ -109,8 +134,12 @@ def _gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:
         if token_id is not None:
             text = tokens[token_id] if 0 <= token_id < len(tokens) else None
             special[role] = {"id": int(token_id), "text": text}
-    return {"kind": metadata.get("tokenizer.ggml.model"), "vocab_size": len(tokens),
-            "special_tokens": special, "chat_template": "tokenizer.chat_template" in metadata}
+    return {
+        "kind": metadata.get("tokenizer.ggml.model"),
+        "vocab_size": len(tokens),
+        "special_tokens": special,
+        "chat_template": "tokenizer.chat_template" in metadata,
+    }
 
 
 def _token_text(value: Any) -> str | None:
@@ -138,8 +167,12 @@ def _folder_tokenizer(folder: Path, metadata: dict[str, Any]) -> dict[str, Any]:
         text = _token_text(tok_config.get(f"{role}_token"))
         if text is not None:
             special[role] = {"id": tokenizer.token_to_id(text), "text": text}
-    return {"kind": kind, "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
-            "special_tokens": special, "chat_template": has_template}
+    return {
+        "kind": kind,
+        "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
+        "special_tokens": special,
+        "chat_template": has_template,
+    }
 
 
 def _human_bytes(num_bytes: int) -> str:
@@ -165,8 +198,9 @@ def render(report: dict[str, Any]) -> str:
         f"{'format':<8} {'tensors':>8} {'params':>14} {'bytes':>14}  cpu weights",
     ]
     for name, row in report["formats"].items():
-        lines.append(f"{name:<8} {row['num_tensors']:>8} {row['num_params']:>14,} {row['num_bytes']:>14,}"
-                     f"  {row['cpu_weights']}")
+        lines.append(
+            f"{name:<8} {row['num_tensors']:>8} {row['num_params']:>14,} {row['num_bytes']:>14,}  {row['cpu_weights']}"
+        )
     lines.append("")
     lines += [f"{key:<22} {value}" for key, value in report["hparams"].items() if value is not None]
     if report["sliding_window_layers"]:

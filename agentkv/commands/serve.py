@@ -7,12 +7,14 @@ or a configuration the model contradicts (e.g. --max-model-len larger than
 or the engine thread died while serving (in-flight requests got a 503 first). Without an
 explicit --max-model-len, a KV pool smaller than the model's context clamps the served
 max_model_len to what the pool holds, and the log says so."""
+
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from agentkv.commands.config_flags import add_engine_arguments, config_from_args
 from agentkv.runtime.config import parse_size
@@ -22,21 +24,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY'; repeat "
-                             "for several keys, each its own tenant with its own prefix cache")
-    parser.add_argument("--api-keys-file", default=None, metavar="PATH",
-                        help="more keys, one per line: 'KEY' or 'KEY TENANT' (keys of one "
-                             "tenant share its cache); '#' starts a comment")
-    parser.add_argument("--max-fanout", type=int, default=64,
-                        help="most sequences one request may start, prompts x n (default: 64)")
-    parser.add_argument("--max-body-bytes", type=parse_size, default=16 << 20,
-                        help="largest request body, e.g. 16MiB; larger gets 413 (default: 16MiB)")
-    parser.add_argument("--sse-keepalive-s", type=float, default=15.0,
-                        help="a quiet stream gets an SSE ': keep-alive' comment this often "
-                             "(default: 15)")
-    parser.add_argument("--strict-request-fields", action="store_true",
-                        help="answer unknown request fields with a 400 (default: log and ignore)")
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY'; repeat "
+        "for several keys, each its own tenant with its own prefix cache",
+    )
+    parser.add_argument(
+        "--api-keys-file",
+        default=None,
+        metavar="PATH",
+        help="more keys, one per line: 'KEY' or 'KEY TENANT' (keys of one "
+        "tenant share its cache); '#' starts a comment",
+    )
+    parser.add_argument(
+        "--max-fanout", type=int, default=64, help="most sequences one request may start, prompts x n (default: 64)"
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=parse_size,
+        default=16 << 20,
+        help="largest request body, e.g. 16MiB; larger gets 413 (default: 16MiB)",
+    )
+    parser.add_argument(
+        "--sse-keepalive-s",
+        type=float,
+        default=15.0,
+        help="a quiet stream gets an SSE ': keep-alive' comment this often (default: 15)",
+    )
+    parser.add_argument(
+        "--strict-request-fields",
+        action="store_true",
+        help="answer unknown request fields with a 400 (default: log and ignore)",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -77,8 +99,9 @@ def loader(args: argparse.Namespace) -> Any:
     return load
 
 
-def serve_app(make_app: Callable[[Callable[[int, str], None]], Any], *, host: str, port: int,
-              log_level: str = "info") -> int:
+def serve_app(
+    make_app: Callable[[Callable[[int, str], None]], Any], *, host: str, port: int, log_level: str = "info"
+) -> int:
     """Run the app `make_app(on_fatal)` builds until shutdown; the exit code: 0, or the one
     the app's `on_fatal(code, why)` asked for (it also stops the server)."""
     import uvicorn
@@ -109,15 +132,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         load = loader(args)
         keys = api_keys(args)
-        limits = ServerLimits(max_fanout=args.max_fanout, max_body_bytes=args.max_body_bytes,
-                              sse_keepalive_s=args.sse_keepalive_s)
+        limits = ServerLimits(
+            max_fanout=args.max_fanout, max_body_bytes=args.max_body_bytes, sse_keepalive_s=args.sse_keepalive_s
+        )
     except (ValueError, OSError) as exc:  # a bad flag value or keys file: say which, exit 2
         print(f"agentkv serve: {exc}", file=sys.stderr)
         return 2
 
     def make_app(on_fatal: Callable[[int, str], None]) -> Any:
-        return create_app(load, api_key=keys, served_model_name=args.served_model_name or args.model,
-                          strict_request_fields=args.strict_request_fields, limits=limits,
-                          on_fatal=on_fatal)
+        return create_app(
+            load,
+            api_key=keys,
+            served_model_name=args.served_model_name or args.model,
+            strict_request_fields=args.strict_request_fields,
+            limits=limits,
+            on_fatal=on_fatal,
+        )
 
     return serve_app(make_app, host=args.host, port=args.port, log_level=args.log_level.lower())

@@ -1,4 +1,5 @@
 """`agentkv witness --backend NAME [--model MODEL] [--json]`: op-by-op and whole-model checks."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,7 @@ def run(args) -> int:
             rows.append(witness_model(args.model, backend, reference, args.weights))
     ok = all(r.status == "PASS" for r in rows)
     if args.json:
-        print(json.dumps({"backend": args.backend, "ok": ok, "rows": [r._asdict() for r in rows]},
-                         default=str))
+        print(json.dumps({"backend": args.backend, "ok": ok, "rows": [r._asdict() for r in rows]}, default=str))
     else:
         print(_table(rows))
         counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
@@ -43,6 +43,8 @@ def _table(rows: list[WitnessRow]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         am = "-" if r.argmax_match is None else ("yes" if r.argmax_match else "NO")
-        lines.append(f"{r.op:<28} {r.shape:<34} {r.max_abs:>10.3g} {r.cosine:>12.9f} {am:>6} "
-                     f"{r.floor:>9.6g}  {r.status}{'  ' + r.note if r.note else ''}")
+        lines.append(
+            f"{r.op:<28} {r.shape:<34} {r.max_abs:>10.3g} {r.cosine:>12.9f} {am:>6} "
+            f"{r.floor:>9.6g}  {r.status}{'  ' + r.note if r.note else ''}"
+        )
     return "\n".join(lines)

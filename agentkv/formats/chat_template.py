@@ -6,6 +6,7 @@ that does not HTML-escape, `raise_exception`, `strftime_now`, a safe `dict` and 
 that refuses underscore names. Messages lose their None-valued keys, and reasoning under an old
 name is also offered as `reasoning_content`/`thinking`, as HF does before rendering.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,13 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # jinja's own tojson HTML-escapes '<', '>', '&' and "'"; HF's does not.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -70,7 +76,8 @@ class _TemplateNamespace(jinja2.utils.Namespace):
     def _check_name(name: Any) -> None:
         if isinstance(name, str) and name.startswith("_"):
             raise jinja2.exceptions.SecurityError(
-                f"chat templates cannot store underscore-prefixed attributes on a namespace, got {name!r}")
+                f"chat templates cannot store underscore-prefixed attributes on a namespace, got {name!r}"
+            )
 
 
 @lru_cache(maxsize=32)
@@ -101,19 +108,27 @@ def _prepare_messages(messages: list[Any]) -> list[dict[str, Any]]:
 class ChatTemplate:
     """A compiled chat template. Immutable; `render` is safe to call from many threads."""
 
-    def __init__(self, source: str, bos_token: str | None = None, eos_token: str | None = None,
-                 origin: str = "<memory>", **special_tokens: str | None) -> None:
+    def __init__(
+        self,
+        source: str,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        origin: str = "<memory>",
+        **special_tokens: str | None,
+    ) -> None:
         """`special_tokens` (e.g. `pad_token`, `unk_token`) are offered to the template like
         HF's `special_tokens_map`; `origin` names the file in errors."""
         self.source = source
         self.origin = origin
-        self.special_tokens = {k: v for k, v in dict(bos_token=bos_token, eos_token=eos_token,
-                                                      **special_tokens).items() if v is not None}
+        self.special_tokens = {
+            k: v for k, v in dict(bos_token=bos_token, eos_token=eos_token, **special_tokens).items() if v is not None
+        }
         try:
             self._template = _compile(source)
         except jinja2.exceptions.TemplateSyntaxError as exc:
-            raise ChatTemplateError(f"{origin}: chat template does not compile: {exc.message} "
-                                    f"(line {exc.lineno})") from exc
+            raise ChatTemplateError(
+                f"{origin}: chat template does not compile: {exc.message} (line {exc.lineno})"
+            ) from exc
 
     @property
     def bos_token(self) -> str | None:
@@ -128,9 +143,14 @@ class ChatTemplate:
         """Whether the template text reads a `tools` variable at all."""
         return bool(_TOOLS_REFERENCE.search(self.source))
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
-               **kwargs: Any) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> str:
         """The prompt text for `messages` (OpenAI-shaped dicts). Pure: inputs are not mutated.
 
         Extra `kwargs` (e.g. `enable_thinking`) reach the template as variables and override
@@ -139,8 +159,13 @@ class ChatTemplate:
             raise ChatTemplateError(f"{self.origin}: cannot render an empty conversation; give at least one message")
         variables = {**self.special_tokens, **kwargs}
         try:
-            return self._template.render(messages=_prepare_messages(messages), tools=tools, documents=documents,
-                                         add_generation_prompt=add_generation_prompt, **variables)
+            return self._template.render(
+                messages=_prepare_messages(messages),
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
         except jinja2.exceptions.TemplateError as exc:
             raise ChatTemplateError(f"{self.origin}: chat template raised: {exc.message or exc}") from exc
 
@@ -175,8 +200,9 @@ def require_chat_template(source: Any, template: str | None = None) -> ChatTempl
     loaded = load_chat_template(source, template)
     if loaded is None:
         _, where, _ = _find_template(source)
-        raise ChatTemplateError(f"{source.path}: the model has no chat template ({where} is absent) and none "
-                                f"was given; pass one explicitly")
+        raise ChatTemplateError(
+            f"{source.path}: the model has no chat template ({where} is absent) and none was given; pass one explicitly"
+        )
     return loaded
 
 
@@ -186,8 +212,12 @@ def _find_template(source: Any) -> tuple[str | None, str, dict[str, str | None]]
         meta = source.metadata
         tokens = meta.get("tokenizer.ggml.tokens") or []
         names = {}
-        for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                          ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+        for role, key in (
+            ("bos_token", "bos_token_id"),
+            ("eos_token", "eos_token_id"),
+            ("unk_token", "unknown_token_id"),
+            ("pad_token", "padding_token_id"),
+        ):
             token_id = meta.get(f"tokenizer.ggml.{key}")
             names[role] = tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else None
         return meta.get("tokenizer.chat_template"), "GGUF key tokenizer.chat_template", names

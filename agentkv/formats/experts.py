@@ -8,6 +8,7 @@ view of expert e is `data[e]`, still memory-mapped. A HF folder saved by transfo
     qwen2moe / qwen3moe / olmoe:  model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight
     mixtral:                      model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -17,12 +18,18 @@ from agentkv.formats.source import ModelSource, TensorInfo
 
 EXPERT_PROJECTIONS = ("gate", "up", "down")
 _HF_PATTERNS = {
-    "gate": ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
-             "model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight"),
-    "up": ("model.layers.{i}.mlp.experts.{e}.up_proj.weight",
-           "model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight"),
-    "down": ("model.layers.{i}.mlp.experts.{e}.down_proj.weight",
-             "model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight"),
+    "gate": (
+        "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight",
+    ),
+    "up": (
+        "model.layers.{i}.mlp.experts.{e}.up_proj.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight",
+    ),
+    "down": (
+        "model.layers.{i}.mlp.experts.{e}.down_proj.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight",
+    ),
 }
 
 
@@ -48,18 +55,22 @@ def expert_tensors(source: ModelSource, layer: int, projection: str, num_experts
     if source.has_tensor(name):
         info = source.tensor(name)
         if len(info.shape) != 3 or info.shape[0] != num_experts:
-            raise FormatError(f"{source.path}: tensor {name!r} has shape {list(info.shape)}, expected "
-                              f"[{num_experts} experts, out, in]")
-        views = tuple(TensorInfo(f"{name}[{e}]", info.shape[1:], info.qtype, info.data[e])
-                      for e in range(num_experts))
+            raise FormatError(
+                f"{source.path}: tensor {name!r} has shape {list(info.shape)}, expected "
+                f"[{num_experts} experts, out, in]"
+            )
+        views = tuple(TensorInfo(f"{name}[{e}]", info.shape[1:], info.qtype, info.data[e]) for e in range(num_experts))
         return ExpertTensors(views, (name,))
     for pattern in _HF_PATTERNS[projection]:
         names = [pattern.format(i=layer, e=e) for e in range(num_experts)]
         if source.has_tensor(names[0]):
             missing = [n for n in names if not source.has_tensor(n)]
             if missing:
-                raise FormatError(f"{source.path}: missing tensor {missing[0]!r} "
-                                  f"({num_experts} experts expected in layer {layer})")
+                raise FormatError(
+                    f"{source.path}: missing tensor {missing[0]!r} ({num_experts} experts expected in layer {layer})"
+                )
             return ExpertTensors(tuple(source.tensor(n) for n in names), tuple(names))
-    raise FormatError(f"{source.path}: missing tensor {name!r} (or its per-expert HF tensors) "
-                      f"needed by a mixture-of-experts layer {layer}")
+    raise FormatError(
+        f"{source.path}: missing tensor {name!r} (or its per-expert HF tensors) "
+        f"needed by a mixture-of-experts layer {layer}"
+    )

@@ -1,6 +1,7 @@
 """The sampling defaults a model ships: HF `generation_config.json` beside a safetensors
 folder's weights. GGUF files carry none (no key of the format holds sampling defaults), so a
 GGUF model has no defaults and requests fall back to the engine's own."""
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,7 @@ IndexError, a short tensor silently becomes a smaller array. `_CheckedReader` bo
 read and checks every tensor's byte range before gguf-py slices it, so each failure is a
 GGUFError that names the file and the tensor or key at fault.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,8 +29,9 @@ class _TensorSpan:
 
     __slots__ = ("name", "qtype", "shape", "start", "num_bytes")
 
-    def __init__(self, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...],
-                 start: int, num_bytes: int) -> None:
+    def __init__(
+        self, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...], start: int, num_bytes: int
+    ) -> None:
         self.name, self.qtype, self.shape = name, qtype, shape
         self.start, self.num_bytes = start, num_bytes
 
@@ -61,13 +63,15 @@ class _CheckedReader(GGUFReader):
         dtype = np.dtype(dtype)
         end = int(offset) + dtype.itemsize * int(count)
         if end > len(self.data):
-            raise GGUFError(f"{self._path}: truncated header: a read at byte {int(offset)} needs "
-                            f"{end} bytes, the file has {len(self.data)}")
+            raise GGUFError(
+                f"{self._path}: truncated header: a read at byte {int(offset)} needs "
+                f"{end} bytes, the file has {len(self.data)}"
+            )
         if self._mapping_tensors:
             return super()._get(offset, dtype, count, override_order)
         if self._plain is None or self._plain.base is not self.data:
             self._plain = self.data.view(np.ndarray)
-        arr = self._plain[int(offset):end].view(dtype)
+        arr = self._plain[int(offset) : end].view(dtype)
         return arr.view(arr.dtype.newbyteorder(override_order or self.byte_order))
 
     def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any], list[int], list[Any]]:
@@ -93,10 +97,10 @@ class _CheckedReader(GGUFReader):
         for _ in range(count):
             if offs + 8 > size:
                 self._get(offs, np.uint64)  # raises the truncated-header GGUFError
-            length = int.from_bytes(buf[offs:offs + 8], "little")
+            length = int.from_bytes(buf[offs : offs + 8], "little")
             if offs + 8 + length > size:
                 self._get(offs + 8, np.uint8, length)
-            parts.append(buf[offs + 8:offs + 8 + length])
+            parts.append(buf[offs + 8 : offs + 8 + length])
             offs += 8 + length
         return offs
 
@@ -105,12 +109,16 @@ class _CheckedReader(GGUFReader):
         file_size = len(self.data)
         for span, after in zip(spans, [*spans[1:], None]):
             if span.end > file_size:
-                raise GGUFError(f"{self._path}: truncated file: {span.describe()} needs bytes "
-                                f"{span.start}..{span.end}, the file has {file_size}")
+                raise GGUFError(
+                    f"{self._path}: truncated file: {span.describe()} needs bytes "
+                    f"{span.start}..{span.end}, the file has {file_size}"
+                )
             if after is not None and span.end > after.start:
-                raise GGUFError(f"{self._path}: {span.describe()} needs {span.num_bytes} bytes for "
-                                f"its shape and type, but {after.describe()} starts "
-                                f"{after.start - span.start} bytes after it")
+                raise GGUFError(
+                    f"{self._path}: {span.describe()} needs {span.num_bytes} bytes for "
+                    f"its shape and type, but {after.describe()} starts "
+                    f"{after.start - span.start} bytes after it"
+                )
         self._mapping_tensors = True
         super()._build_tensors(start_offs, fields)
 
@@ -126,8 +134,10 @@ class _CheckedReader(GGUFReader):
         ne = [int(d) for d in dims]
         shape = tuple(reversed(ne))
         if ne and ne[0] % block_size:
-            raise GGUFError(f"{self._path}: tensor {name!r} ({qtype.name} {list(shape)}): row length "
-                            f"{ne[0]} is not a multiple of the {qtype.name} block size {block_size}")
+            raise GGUFError(
+                f"{self._path}: tensor {name!r} ({qtype.name} {list(shape)}): row length "
+                f"{ne[0]} is not a multiple of the {qtype.name} block size {block_size}"
+            )
         num_bytes = int(np.prod(ne, dtype=np.int64)) * type_size // block_size
         return _TensorSpan(name, qtype, shape, int(start_offs) + int(offset_tensor[0]), num_bytes)
 
@@ -169,8 +179,7 @@ class GGUFSource(ModelSource):
         except _READER_ERRORS as exc:
             raise GGUFError(f"{self.path}: cannot decode metadata: {type(exc).__name__}: {exc}") from exc
         self._tensors: dict[str, TensorInfo] = {
-            t.name: TensorInfo(t.name, tuple(int(d) for d in reversed(t.shape.tolist())),
-                               int(t.tensor_type), t.data)
+            t.name: TensorInfo(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), int(t.tensor_type), t.data)
             for t in self._reader.tensors
         }
         self._hparams: HParams | None = None

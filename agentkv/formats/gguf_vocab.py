@@ -13,6 +13,7 @@ GGUF converter (`integrations/gguf/gguf_tokenizer_mapping.py`) does, so ids matc
 Tokens typed CONTROL (3) become special added tokens and USER_DEFINED (4) plain added tokens,
 so both match whole when they appear in text.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,11 +29,23 @@ CONTROL, USER_DEFINED = 3, 4
 BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 # llama.cpp's end-of-generation spellings (llama-vocab.cpp): a turn ends on any of them.
-EOG_SPELLINGS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|endoftext|>",
-    "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<end_of_turn>",
-    "<｜end▁of▁sentence｜>",
-})
+EOG_SPELLINGS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|endoftext|>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<end_of_turn>",
+        "<｜end▁of▁sentence｜>",
+    }
+)
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -48,8 +61,7 @@ _GPT4O_SPLIT = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _SPLIT_PRES = {
-    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe"),
-                    _LLAMA3_SPLIT),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe"), _LLAMA3_SPLIT),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), _GPT4O_SPLIT),
 }
@@ -73,15 +85,19 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def _byte_level_pre_tokenizer(pre: str, path: Any) -> pre_tokenizers.PreTokenizer:
     if pre in _SPLIT_PRES:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_SPLIT_PRES[pre]), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_SPLIT_PRES[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     if pre in _DIGIT_PRES:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
     if pre in _GPT2_PRES:
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     known = sorted({*_SPLIT_PRES, *_DIGIT_PRES, *_GPT2_PRES})
@@ -110,8 +126,9 @@ def generate_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tup
     first (transformers' `generate_merges`, whose order the HF oracle uses)."""
     merges = []
     for merge, score in scores.items():
-        local = [(merge[:k], merge[k:], score) for k in range(1, len(merge))
-                 if merge[:k] in vocab and merge[k:] in vocab]
+        local = [
+            (merge[:k], merge[k:], score) for k in range(1, len(merge)) if merge[:k] in vocab and merge[k:] in vocab
+        ]
         local.sort(key=lambda x: (vocab[x[0]], vocab[x[1]]))
         merges.extend(local)
     merges.sort(key=lambda v: (v[2], len(v[0]), len(v[1])), reverse=True)
@@ -133,8 +150,11 @@ def sentencepiece_backend(meta: dict[str, Any], path: Any) -> _Backend:
             raise TokenizerError(f"{path}: tokenizer.ggml.scores is missing; a 'llama' vocabulary needs it")
         ranks = dict(zip(tokens, scores))
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    merges = ([tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
-              if "tokenizer.ggml.merges" in meta else generate_merges(vocab, ranks))
+    merges = (
+        [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+        if "tokenizer.ggml.merges" in meta
+        else generate_merges(vocab, ranks)
+    )
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None else None
     backend = _Backend(BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
@@ -148,7 +168,8 @@ def sentencepiece_backend(meta: dict[str, Any], path: Any) -> _Backend:
     else:
         prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
         backend.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement="▁", prepend_scheme="first" if prefix else "never", split=False)
+            replacement="▁", prepend_scheme="first" if prefix else "never", split=False
+        )
         if prefix:
             steps.append(decoders.Strip(content=" ", left=1))
     backend.decoder = decoders.Sequence(steps)
@@ -168,8 +189,15 @@ def add_typed_tokens(backend: _Backend, meta: dict[str, Any]) -> None:
         backend.add_tokens(user)
 
 
-def set_bos_eos(backend: _Backend, bos: str | None, bos_id: int | None,
-                 eos: str | None, eos_id: int | None, add_bos: bool, add_eos: bool) -> None:
+def set_bos_eos(
+    backend: _Backend,
+    bos: str | None,
+    bos_id: int | None,
+    eos: str | None,
+    eos_id: int | None,
+    add_bos: bool,
+    add_eos: bool,
+) -> None:
     """Install the post-processor that adds BOS/EOS on `encode(..., add_special_tokens=True)`."""
     add_bos, add_eos = add_bos and bos is not None, add_eos and eos is not None
     if not (add_bos or add_eos):
@@ -182,8 +210,8 @@ def set_bos_eos(backend: _Backend, bos: str | None, bos_id: int | None,
 
     specials = ([(bos, bos_id)] if add_bos else []) + ([(eos, eos_id)] if add_eos and eos != bos else [])
     backend.post_processor = processors.TemplateProcessing(
-        single=side("$A", 0), pair=f"{side('$A', 0)} {side('$B', 1)}",
-        special_tokens=specials)
+        single=side("$A", 0), pair=f"{side('$A', 0)} {side('$B', 1)}", special_tokens=specials
+    )
 
 
 def token_name(value: Any) -> str | None:

@@ -2,6 +2,7 @@
 
 Only the fields every family shares are read here; a family's own keys (and their
 defaults) are read from `HParams.raw` by that family's config in models/."""
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,9 @@ def _gguf_vocab_size(keys: _GGUFKeys, metadata: dict[str, Any]) -> int:
         return keys.need_int("vocab_size")
     tokens = metadata.get("tokenizer.ggml.tokens")
     if not tokens:
-        raise GGUFError(f"{keys.path}: missing required hparam key {keys.arch}.vocab_size "
-                        "(and no tokenizer.ggml.tokens to count)")
+        raise GGUFError(
+            f"{keys.path}: missing required hparam key {keys.arch}.vocab_size (and no tokenizer.ggml.tokens to count)"
+        )
     return len(tokens)
 
 
@@ -164,8 +166,9 @@ def hparams_from_config(config: dict[str, Any], path: Path) -> HParams:
         config = {**config["text_config"], "model_type": config["text_config"].get("model_type", "gemma3")}
     model_type = _need(config, "model_type", path)
     if model_type not in HF_ARCH:
-        raise SafetensorsError(f"{path}: config.json model_type {model_type!r} is not supported "
-                               f"(supported: {', '.join(sorted(HF_ARCH))})")
+        raise SafetensorsError(
+            f"{path}: config.json model_type {model_type!r} is not supported (supported: {', '.join(sorted(HF_ARCH))})"
+        )
     arch = HF_ARCH[model_type]
     hidden = int(_need(config, "hidden_size", path))
     num_heads = int(_need(config, "num_attention_heads", path))

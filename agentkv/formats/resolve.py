@@ -1,10 +1,12 @@
 """Model names → files: the packaged-model aliases and `open_model`, which picks the reader."""
+
 from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from agentkv.formats.errors import ModelNotFoundError
 from agentkv.formats.source import ModelSource
@@ -54,16 +56,21 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
         path = Path(name).expanduser()
         if path.exists():
             return path
-        raise ModelNotFoundError(f"{name!r}: no such file or folder, and not a model alias "
-                                 f"(aliases: {', '.join(sorted(ALIASES))})")
+        raise ModelNotFoundError(
+            f"{name!r}: no such file or folder, and not a model alias (aliases: {', '.join(sorted(ALIASES))})"
+        )
     try:
         path = alias.locate()
     except ModuleNotFoundError as exc:
-        raise ModelNotFoundError(f"model alias {name!r} needs the package {alias.package!r} "
-                                 f"({exc.name} is not installed): pip install {alias.pip_name}") from exc
+        raise ModelNotFoundError(
+            f"model alias {name!r} needs the package {alias.package!r} "
+            f"({exc.name} is not installed): pip install {alias.pip_name}"
+        ) from exc
     if not path.exists():
-        raise ModelNotFoundError(f"model alias {name!r}: package {alias.package!r} is installed "
-                                 f"but {path} is missing; reinstall with pip install {alias.pip_name}")
+        raise ModelNotFoundError(
+            f"model alias {name!r}: package {alias.package!r} is installed "
+            f"but {path} is missing; reinstall with pip install {alias.pip_name}"
+        )
     return path
 
 
@@ -72,8 +79,10 @@ def open_model(name_or_path: str | Path) -> ModelSource:
     path = resolve_model_path(name_or_path)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{path}: a folder without config.json is not a model "
-                                     "(expected a HF folder with config.json and *.safetensors)")
+            raise ModelNotFoundError(
+                f"{path}: a folder without config.json is not a model "
+                "(expected a HF folder with config.json and *.safetensors)"
+            )
         from agentkv.formats.safetensors import SafetensorsSource
 
         return SafetensorsSource(path)

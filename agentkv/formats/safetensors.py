@@ -10,6 +10,7 @@ short or inconsistent file fails with a SafetensorsError naming the file and ten
   file:   │  <u64      │ {"name": {...}, ...}  │ ...............................          │
           └────────────┴──────────────────────┴─ starts at 8 + n ─────────────────────────┘
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,8 +75,9 @@ def read_header(file: Path) -> tuple[dict[str, Any], int]:
             raise SafetensorsError(f"{file}: truncated header: {size} bytes, need at least 8")
         (header_len,) = struct.unpack("<Q", head)
         if 8 + header_len > size:
-            raise SafetensorsError(f"{file}: truncated header: header length {header_len} "
-                                   f"runs past the end of the {size}-byte file")
+            raise SafetensorsError(
+                f"{file}: truncated header: header length {header_len} runs past the end of the {size}-byte file"
+            )
         raw = fh.read(header_len)
     try:
         header = json.loads(raw)
@@ -89,17 +91,21 @@ def _entry(file: Path, name: str, spec: Any, data_start: int, size: int) -> _Ent
     """Validate one header record against its shape, dtype and the file size."""
     if not isinstance(spec, dict) or spec.get("dtype") not in DTYPES:
         dtype = spec.get("dtype") if isinstance(spec, dict) else spec
-        raise SafetensorsError(f"{file}: tensor {name!r} has unsupported dtype {dtype!r} "
-                               f"(supported: {', '.join(DTYPES)})")
+        raise SafetensorsError(
+            f"{file}: tensor {name!r} has unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})"
+        )
     shape = tuple(int(d) for d in spec.get("shape", []))
     begin, end = (int(o) for o in spec.get("data_offsets", (0, 0)))
     expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[spec["dtype"]][0].itemsize
     if end - begin != expected:
-        raise SafetensorsError(f"{file}: tensor {name!r} ({spec['dtype']} {list(shape)}) needs "
-                               f"{expected} bytes, its data_offsets [{begin}, {end}] hold {end - begin}")
+        raise SafetensorsError(
+            f"{file}: tensor {name!r} ({spec['dtype']} {list(shape)}) needs "
+            f"{expected} bytes, its data_offsets [{begin}, {end}] hold {end - begin}"
+        )
     if data_start + end > size:
-        raise SafetensorsError(f"{file}: truncated file: tensor {name!r} ends at byte "
-                               f"{data_start + end}, the file has {size}")
+        raise SafetensorsError(
+            f"{file}: truncated file: tensor {name!r} ends at byte {data_start + end}, the file has {size}"
+        )
     return _Entry(file, name, spec["dtype"], shape, data_start + begin)
 
 
@@ -114,8 +120,9 @@ def _array(entry: _Entry) -> np.ndarray:
     dtype = DTYPES[entry.dtype][0]
     if 0 in entry.shape:
         return np.zeros(entry.shape, dtype=dtype)  # np.memmap cannot map zero bytes
-    return np.memmap(entry.file, dtype=dtype, mode="r", offset=entry.start,
-                     shape=entry.shape or (1,)).reshape(entry.shape)
+    return np.memmap(entry.file, dtype=dtype, mode="r", offset=entry.start, shape=entry.shape or (1,)).reshape(
+        entry.shape
+    )
 
 
 class SafetensorsSource(ModelSource):
@@ -176,8 +183,9 @@ class SafetensorsSource(ModelSource):
             name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias")) if name_map else None
             name = name or hf_name
             if name in self._entries:
-                raise SafetensorsError(f"{file}: tensor {hf_name!r} maps to {name!r}, already "
-                                       f"provided by {self._entries[name].hf_name!r}")
+                raise SafetensorsError(
+                    f"{file}: tensor {hf_name!r} maps to {name!r}, already provided by {self._entries[name].hf_name!r}"
+                )
             self._entries[name] = entry
 
     def _name_map(self) -> Any:

@@ -4,6 +4,7 @@ Tensor names are canonical GGUF names everywhere (`token_embd.weight`, `blk.3.at
 `output_norm.weight`); the safetensors reader maps HF names onto them with gguf-py's
 `TensorNameMap`. Shapes are numpy order (rows first): a linear weight is `[out, in]`.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -1,35 +1,53 @@
 """Tokenizers built from a GGUF's embedded vocabulary (`gguf_vocab`) or a tokenizer.json, and
 streaming decode that never emits half a character."""
+
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from tokenizers import Tokenizer as _Backend
 
 from agentkv.formats.errors import TokenizerError
-from agentkv.formats.gguf_vocab import (BYTE_TOKEN, EOG_SPELLINGS, add_typed_tokens, byte_level_backend,
-                                        sentencepiece_backend, set_bos_eos, token_name)
+from agentkv.formats.gguf_vocab import (
+    BYTE_TOKEN,
+    EOG_SPELLINGS,
+    add_typed_tokens,
+    byte_level_backend,
+    sentencepiece_backend,
+    set_bos_eos,
+    token_name,
+)
 
 
 class Tokenizer:
     """Text <-> token ids for one model. Immutable after construction; thread-safe for reads."""
 
-    def __init__(self, backend: _Backend, *, bos_id: int | None = None, eos_id: int | None = None,
-                 pad_id: int | None = None, unk_id: int | None = None, eot_ids: Iterable[int] = (),
-                 vocab_size: int | None = None, origin: str = "<memory>") -> None:
+    def __init__(
+        self,
+        backend: _Backend,
+        *,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        pad_id: int | None = None,
+        unk_id: int | None = None,
+        eot_ids: Iterable[int] = (),
+        vocab_size: int | None = None,
+        origin: str = "<memory>",
+    ) -> None:
         self.backend = backend
         self.bos_id, self.eos_id, self.pad_id, self.unk_id = bos_id, eos_id, pad_id, unk_id
         self.origin = origin
         self._vocab_size = vocab_size or backend.get_vocab_size(with_added_tokens=True)
-        self.eos_ids: frozenset[int] = frozenset(
-            i for i in (eos_id, *eot_ids) if i is not None)
+        self.eos_ids: frozenset[int] = frozenset(i for i in (eos_id, *eot_ids) if i is not None)
         added = backend.get_added_tokens_decoder()
         self.special_ids: frozenset[int] = frozenset(
             [i for i, tok in added.items() if tok.special]
-            + [i for i in (bos_id, eos_id, pad_id, unk_id) if i is not None])
+            + [i for i in (bos_id, eos_id, pad_id, unk_id) if i is not None]
+        )
 
     @classmethod
     def from_gguf_metadata(cls, metadata: dict[str, Any], path: Any) -> Tokenizer:
@@ -43,29 +61,49 @@ class Tokenizer:
         elif model == "llama":
             backend = sentencepiece_backend(metadata, path)
         else:
-            raise TokenizerError(f"{path}: tokenizer.ggml.model = {model!r} is not supported; "
-                                 f"supported: ['gpt2', 'llama']")
+            raise TokenizerError(
+                f"{path}: tokenizer.ggml.model = {model!r} is not supported; supported: ['gpt2', 'llama']"
+            )
         add_typed_tokens(backend, metadata)
         tokens = metadata["tokenizer.ggml.tokens"]
-        ids = {role: metadata.get(f"tokenizer.ggml.{key}") for role, key in (
-            ("bos", "bos_token_id"), ("eos", "eos_token_id"), ("pad", "padding_token_id"),
-            ("unk", "unknown_token_id"))}
+        ids = {
+            role: metadata.get(f"tokenizer.ggml.{key}")
+            for role, key in (
+                ("bos", "bos_token_id"),
+                ("eos", "eos_token_id"),
+                ("pad", "padding_token_id"),
+                ("unk", "unknown_token_id"),
+            )
+        }
         for role, i in ids.items():
             if i is not None and not 0 <= i < len(tokens):
-                raise TokenizerError(f"{path}: tokenizer.ggml.{role} id = {i} is outside the vocabulary "
-                                     f"[0, {len(tokens)})")
+                raise TokenizerError(
+                    f"{path}: tokenizer.ggml.{role} id = {i} is outside the vocabulary [0, {len(tokens)})"
+                )
         name = {role: (tokens[i] if i is not None else None) for role, i in ids.items()}
         add_bos = metadata.get("tokenizer.ggml.add_bos_token", model == "llama")
         add_eos = metadata.get("tokenizer.ggml.add_eos_token", False)
         set_bos_eos(backend, name["bos"], ids["bos"], name["eos"], ids["eos"], bool(add_bos), bool(add_eos))
         eot = [metadata.get(k) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")]
         eot += [i for i, t in enumerate(tokens) if t in EOG_SPELLINGS]
-        return cls(backend, bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["pad"], unk_id=ids["unk"],
-                   eot_ids=[i for i in eot if i is not None], vocab_size=len(tokens), origin=str(path))
+        return cls(
+            backend,
+            bos_id=ids["bos"],
+            eos_id=ids["eos"],
+            pad_id=ids["pad"],
+            unk_id=ids["unk"],
+            eot_ids=[i for i in eot if i is not None],
+            vocab_size=len(tokens),
+            origin=str(path),
+        )
 
     @classmethod
-    def from_file(cls, path: str | Path, tokenizer_config: dict[str, Any] | None = None,
-                  model_config: dict[str, Any] | None = None) -> Tokenizer:
+    def from_file(
+        cls,
+        path: str | Path,
+        tokenizer_config: dict[str, Any] | None = None,
+        model_config: dict[str, Any] | None = None,
+    ) -> Tokenizer:
         """Load a `tokenizer.json` (or a folder holding one). Special-token roles come from
         `tokenizer_config` (default: the folder's tokenizer_config.json) and eos ids from
         `model_config` (config.json's `eos_token_id`, an int or a list)."""
@@ -92,8 +130,15 @@ class Tokenizer:
         eot = extra if isinstance(extra, list) else [extra]
         vocab = backend.get_vocab(with_added_tokens=True)
         eot += [i for t, i in vocab.items() if t in EOG_SPELLINGS]
-        return cls(backend, bos_id=role_ids["bos"], eos_id=role_ids["eos"], pad_id=role_ids["pad"],
-                   unk_id=role_ids["unk"], eot_ids=[i for i in eot if i is not None], origin=str(file))
+        return cls(
+            backend,
+            bos_id=role_ids["bos"],
+            eos_id=role_ids["eos"],
+            pad_id=role_ids["pad"],
+            unk_id=role_ids["unk"],
+            eot_ids=[i for i in eot if i is not None],
+            origin=str(file),
+        )
 
     @functools.cached_property
     def byte_token_ids(self) -> frozenset[int]:
@@ -165,8 +210,8 @@ class IncrementalDecoder:
 
     def _window_texts(self) -> tuple[str, str]:
         decode = self.tokenizer.decode
-        window = self.ids[self._prefix_offset:]
-        done = decode(self.ids[self._prefix_offset:self._read_offset], self.skip_special_tokens)
+        window = self.ids[self._prefix_offset :]
+        done = decode(self.ids[self._prefix_offset : self._read_offset], self.skip_special_tokens)
         return done, decode(window, self.skip_special_tokens)
 
     def push(self, token_id: int) -> str:
@@ -178,13 +223,13 @@ class IncrementalDecoder:
         if len(text) <= len(done) or text.endswith("\ufffd"):
             return ""
         self._prefix_offset, self._read_offset = self._read_offset, len(self.ids)
-        return text[len(done):]
+        return text[len(done) :]
 
     def flush(self) -> str:
         """The text still held back (e.g. an unfinished character at the end of the stream)."""
         done, text = self._window_texts()
         self._prefix_offset = self._read_offset = len(self.ids)
-        return text[len(done):]
+        return text[len(done) :]
 
 
 def load_tokenizer(source: Any) -> Tokenizer:

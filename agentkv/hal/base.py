@@ -7,6 +7,7 @@ Batch invariance is part of the contract (docs/design.md, "exactness"): for ever
 of one row's result depend only on that row's inputs, never on how many rows share the
 call, where a chunk starts, or what else is in the batch.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -101,8 +102,9 @@ class Backend(ABC):
         """Copy a host array (activations, ids) onto the backend."""
 
     @abstractmethod
-    def upload_weight(self, name: str, data: np.ndarray, qtype: int, shape: tuple[int, ...],
-                      resident: bool = True) -> Weight:
+    def upload_weight(
+        self, name: str, data: np.ndarray, qtype: int, shape: tuple[int, ...], resident: bool = True
+    ) -> Weight:
         """Make a weight resident. `data` is raw blocks for quantized qtypes (as a GGUF holds
         them) or a float array. With `resident`, a qtype in `resident_qtypes` stays quantized;
         otherwise it is dequantized to f32 once, here."""
@@ -162,8 +164,15 @@ class Backend(ABC):
         """Plain activation (BERT's GELU)."""
 
     # -- fused glue (defaults composed from the ops above; a backend may fuse them) ---------
-    def add_norm(self, h: Tensor, delta: Tensor, weight: Weight, eps: float, unit_offset: bool = False,
-                 post_weight: Weight | None = None) -> tuple[Tensor, Tensor]:
+    def add_norm(
+        self,
+        h: Tensor,
+        delta: Tensor,
+        weight: Weight,
+        eps: float,
+        unit_offset: bool = False,
+        post_weight: Weight | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """A residual step and the next norm: `h_new = h + (rms_norm(delta, post_weight) if
         post_weight else delta)`, `normed = rms_norm(h_new, weight)`; h, delta `[n, d]` ->
         (h_new, normed), both `[n, d]`. Covers llama's `h + attn; ffn_norm(h)` and gemma's
@@ -186,9 +195,16 @@ class Backend(ABC):
             gate, up = self.split(x, [width // 2, width // 2])
         return self.gated_act(gate, up, kind)
 
-    def attention_inputs(self, qkv: Tensor | list[Tensor], meta: AttnMeta, kv: Any, layer: int,
-                         spec: AttentionSpec, q_norm: Weight | None = None,
-                         k_norm: Weight | None = None) -> Tensor:
+    def attention_inputs(
+        self,
+        qkv: Tensor | list[Tensor],
+        meta: AttnMeta,
+        kv: Any,
+        layer: int,
+        spec: AttentionSpec,
+        q_norm: Weight | None = None,
+        k_norm: Weight | None = None,
+    ) -> Tensor:
         """Everything between the q/k/v projection and attention. `qkv` is the fused
         projection `[n, (h + 2 kvh) hd]` or the list `[q, k, v]` of an unfused layer:
 
@@ -202,12 +218,16 @@ class Backend(ABC):
             parts = list(qkv)
         else:
             if qkv.shape[-1] != sum(sizes):
-                raise ValueError(f"attention_inputs: qkv has {qkv.shape[-1]} columns, expected "
-                                 f"(num_heads + 2 * num_kv_heads) * head_dim = {sum(sizes)}")
+                raise ValueError(
+                    f"attention_inputs: qkv has {qkv.shape[-1]} columns, expected "
+                    f"(num_heads + 2 * num_kv_heads) * head_dim = {sum(sizes)}"
+                )
             parts = self.split(qkv, sizes)
         n, hd = parts[0].shape[0], spec.head_dim
-        q, k, v = (self.reshape(p, (n, heads, hd))
-                   for p, heads in zip(parts, (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads)))
+        q, k, v = (
+            self.reshape(p, (n, heads, hd))
+            for p, heads in zip(parts, (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads))
+        )
         if q_norm is not None:
             q = self.rms_norm(q, q_norm, spec.eps, spec.unit_offset)
         if k_norm is not None:
@@ -231,8 +251,17 @@ class Backend(ABC):
         A token's bits never depend on which other tokens share the call."""
         raise NotImplementedError(f"{self.name}: moe_ffn")
 
-    def decoder_block(self, h: Tensor, x: Tensor, layer: DecoderLayer, spec: BlockSpec, meta: AttnMeta,
-                      kv: Any, index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
+    def decoder_block(
+        self,
+        h: Tensor,
+        x: Tensor,
+        layer: DecoderLayer,
+        spec: BlockSpec,
+        meta: AttnMeta,
+        kv: Any,
+        index: int,
+        next_norm: Weight,
+    ) -> tuple[Tensor, Tensor]:
         """One decoder block on the residual `h` `[n, d]` and its normed input `x` `[n, d]`:
 
             x -> qkv -> attention_inputs -> attention -> o;  h, x = add_norm(h, ., ffn.norm)
@@ -249,8 +278,14 @@ class Backend(ABC):
         out = self.attention(q, kv, index, meta, a.scale, window=a.window)
         o = self.matmul(self.reshape(out, (q.shape[0], a.num_heads * a.head_dim)), att.o)
         h, x = self.add_norm(h, o, layer.ffn.norm, a.eps, a.unit_offset, post_weight=att.post_norm)
-        return self.add_norm(h, self.ffn(x, layer.ffn, spec.ffn), next_norm, a.eps, a.unit_offset,
-                             post_weight=getattr(layer.ffn, "post_norm", None))
+        return self.add_norm(
+            h,
+            self.ffn(x, layer.ffn, spec.ffn),
+            next_norm,
+            a.eps,
+            a.unit_offset,
+            post_weight=getattr(layer.ffn, "post_norm", None),
+        )
 
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...
@@ -286,15 +321,21 @@ class Backend(ABC):
         raise NotImplementedError(f"{self.name}: write_block")
 
     @abstractmethod
-    def attention(self, q: Tensor, kv: Any, layer: int, meta: AttnMeta, scale: float,
-                  window: int | None = None, softcap: float | None = None) -> Tensor:
+    def attention(
+        self,
+        q: Tensor,
+        kv: Any,
+        layer: int,
+        meta: AttnMeta,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> Tensor:
         """Causal attention of `[n, h, hd]` queries over each sequence's paged K/V (which
         already holds this step's rows). GQA when h > kvh. `window` keeps only the last
         `window` positions (key pos > query pos - window). -> `[n, h, hd]`."""
 
     @abstractmethod
-    def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens: tuple[int, ...],
-                        scale: float) -> Tensor:
+    def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens: tuple[int, ...], scale: float) -> Tensor:
         """Bidirectional attention within each sequence (encoders), no cache.
         q/k/v `[n, h, hd]`, rows grouped by sequence."""
-

@@ -13,6 +13,7 @@ plus one `@ffn_op.register` function, and attention never changes.
       attention: AttentionSpec      heads, kv heads, head dim, rope, scale, window, eps, offset
       ffn:       DenseFFNSpec | MoEFFNSpec   activation | experts, top-k, renormalisation
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,7 @@ def _require(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if not isinstance(value, Weight):
-            raise MissingWeight(f"{type(obj).__name__}.{name}: a required weight is missing "
-                                f"(got {value!r})")
+            raise MissingWeight(f"{type(obj).__name__}.{name}: a required weight is missing (got {value!r})")
 
 
 # ------------------------------------------------------------------------------- specs
@@ -64,8 +64,9 @@ class AttentionSpec:
             if getattr(self, name) <= 0:
                 raise ValueError(f"AttentionSpec.{name} must be > 0, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"AttentionSpec.num_heads={self.num_heads} must be a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"AttentionSpec.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
         if self.rope.dim > self.head_dim:
             raise ValueError(f"AttentionSpec.rope.dim={self.rope.dim} exceeds head_dim={self.head_dim}")
         if self.window is not None and self.window <= 0:
@@ -187,8 +188,7 @@ class AttentionWeights:
         if not isinstance(self.qkv, Projection):
             raise MissingWeight(f"AttentionWeights.qkv: a required projection is missing (got {self.qkv!r})")
         if len(self.qkv.weights) not in (1, 3):
-            raise ValueError(f"AttentionWeights.qkv: fused q+k+v or its 3 parts, got "
-                             f"{len(self.qkv.weights)} weights")
+            raise ValueError(f"AttentionWeights.qkv: fused q+k+v or its 3 parts, got {len(self.qkv.weights)} weights")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +206,7 @@ class DenseFFN:
         if not isinstance(self.gate_up, Projection):
             raise MissingWeight(f"DenseFFN.gate_up: a required projection is missing (got {self.gate_up!r})")
         if len(self.gate_up.weights) not in (1, 2):
-            raise ValueError(f"DenseFFN.gate_up: fused gate+up or its 2 parts, got "
-                             f"{len(self.gate_up.weights)} weights")
+            raise ValueError(f"DenseFFN.gate_up: fused gate+up or its 2 parts, got {len(self.gate_up.weights)} weights")
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +227,10 @@ class Experts:
                 if not isinstance(w, Weight):
                     raise MissingWeight(f"Experts.{name}[{e}]: a required weight is missing (got {w!r})")
         if not len(self.gate) == len(self.up) == len(self.down) > 0:
-            raise ValueError(f"Experts: {len(self.gate)} gate, {len(self.up)} up and {len(self.down)} "
-                             "down weights; each expert needs all three")
+            raise ValueError(
+                f"Experts: {len(self.gate)} gate, {len(self.up)} up and {len(self.down)} "
+                "down weights; each expert needs all three"
+            )
 
     @property
     def num_experts(self) -> int:
@@ -268,8 +269,7 @@ class MoEFFN:
         if not isinstance(self.experts, Experts):
             raise MissingWeight(f"MoEFFN.experts: expected Experts, got {self.experts!r}")
         if self.router.shape[0] != self.experts.num_experts:
-            raise ValueError(f"MoEFFN.router has {self.router.shape[0]} rows for "
-                             f"{self.experts.num_experts} experts")
+            raise ValueError(f"MoEFFN.router has {self.router.shape[0]} rows for {self.experts.num_experts} experts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,8 +315,9 @@ def _moe_ffn(weights: MoEFFN, backend: Backend, x: Tensor, spec: MoEFFNSpec) -> 
     if not isinstance(spec, MoEFFNSpec):
         raise TypeError(f"a MoEFFN needs a MoEFFNSpec, got {spec!r}")
     if spec.num_experts != weights.experts.num_experts:
-        raise ValueError(f"MoEFFNSpec.num_experts={spec.num_experts} but the layer has "
-                         f"{weights.experts.num_experts} experts")
+        raise ValueError(
+            f"MoEFFNSpec.num_experts={spec.num_experts} but the layer has {weights.experts.num_experts} experts"
+        )
     return backend.moe_ffn(x, weights, spec)
 
 

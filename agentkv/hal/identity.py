@@ -1,4 +1,5 @@
 """Backend identity: what a backend's bits depend on, and its fingerprint for cache keys."""
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Declared weight layouts: how a weight's resident data is laid out, and the check ops run."""
+
 from __future__ import annotations
 
 from enum import Enum

@@ -8,6 +8,7 @@ Fixed orders, so that a row's bits never depend on the batch:
 - mixture of experts: one token at a time, its chosen experts in its own top-k order.
 Readable first, fast second.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from agentkv.hal.base import (AttnMeta, Backend, Capabilities, KVSpec, Layout, RopeSpec, RopeStyle, Tensor, Weight,
-                             check_layout)
+from agentkv.hal.base import (
+    AttnMeta,
+    Backend,
+    Capabilities,
+    KVSpec,
+    Layout,
+    RopeSpec,
+    RopeStyle,
+    Tensor,
+    Weight,
+    check_layout,
+)
 from agentkv.hal.rope import rope_tables
 
 F32 = 0  # gguf.GGMLQuantizationType.F32
@@ -117,7 +128,7 @@ class ReferenceBackend(Backend):
         xs = x.raw.copy()
         rot = xs[..., : spec.dim]
         if spec.style is RopeStyle.NEOX:
-            a, b = rot[..., : spec.dim // 2], rot[..., spec.dim // 2:]
+            a, b = rot[..., : spec.dim // 2], rot[..., spec.dim // 2 :]
             rot[...] = np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
         else:
             a, b = rot[..., 0::2].copy(), rot[..., 1::2].copy()
@@ -182,14 +193,21 @@ class ReferenceBackend(Backend):
         arr = np.frombuffer(data, "<f4").reshape(s.num_layers, 2, s.block_size, s.num_kv_heads, s.head_dim)
         kv.k[:, block], kv.v[:, block] = arr[:, 0], arr[:, 1]
 
-    def attention(self, q: Tensor, kv: RefKV, layer: int, meta: AttnMeta, scale: float,
-                  window: int | None = None, softcap: float | None = None) -> Tensor:
+    def attention(
+        self,
+        q: Tensor,
+        kv: RefKV,
+        layer: int,
+        meta: AttnMeta,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> Tensor:
         qs = q.raw
         n, h, hd = qs.shape
         kvh = kv.spec.num_kv_heads
         out = np.empty_like(qs)
-        for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens,
-                                           meta.block_tables):
+        for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables):
             blocks = np.asarray(table, dtype=np.int64)
             keys = kv.k[layer, blocks].reshape(-1, kvh, hd)[:ctx].transpose(1, 2, 0)  # [kvh, hd, ctx]
             vals = kv.v[layer, blocks].reshape(-1, kvh, hd)[:ctx].transpose(1, 0, 2)  # [kvh, ctx, hd]
@@ -197,7 +215,7 @@ class ReferenceBackend(Backend):
                 pos = int(meta.positions[r])
                 lo = max(0, pos + 1 - window) if window else 0
                 qr = qs[r].reshape(kvh, h // kvh, hd)
-                out[r] = _attend_row(qr, keys[:, :, lo:pos + 1], vals[:, lo:pos + 1], scale, softcap).reshape(h, hd)
+                out[r] = _attend_row(qr, keys[:, :, lo : pos + 1], vals[:, lo : pos + 1], scale, softcap).reshape(h, hd)
         return Tensor(out)
 
     def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens, scale: float) -> Tensor:
@@ -207,8 +225,8 @@ class ReferenceBackend(Backend):
         out = np.empty_like(qs)
         start = 0
         for length in seq_lens:
-            keys = ks[start:start + length].transpose(1, 2, 0)
-            vals = vs[start:start + length].transpose(1, 0, 2)
+            keys = ks[start : start + length].transpose(1, 2, 0)
+            vals = vs[start : start + length].transpose(1, 0, 2)
             for r in range(start, start + length):
                 qr = qs[r].reshape(kvh, h // kvh, hd)
                 out[r] = _attend_row(qr, keys, vals, scale, None).reshape(h, hd)
@@ -237,8 +255,7 @@ def _softmax(v: np.ndarray) -> np.ndarray:
     return e / e.sum(dtype=np.float32)
 
 
-def _attend_row(qr: np.ndarray, keys: np.ndarray, vals: np.ndarray, scale: float,
-                softcap: float | None) -> np.ndarray:
+def _attend_row(qr: np.ndarray, keys: np.ndarray, vals: np.ndarray, scale: float, softcap: float | None) -> np.ndarray:
     """One query row: qr `[kvh, g, hd]`, keys `[kvh, hd, L]`, vals `[kvh, L, hd]` -> `[kvh, g, hd]`."""
     scores = np.matmul(qr, np.ascontiguousarray(keys)) * np.float32(scale)
     if softcap:

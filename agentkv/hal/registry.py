@@ -1,9 +1,11 @@
 """Backend registry: backends register by name and are imported only when chosen. `lookup`
 never falls back: it returns the named backend or raises, naming the cause."""
+
 from __future__ import annotations
 
 import importlib
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from agentkv.hal.base import Backend, BackendClass, BackendUnavailable
 

@@ -2,6 +2,7 @@
 
 Every backend gathers rows of the same tables, so a position's cos/sin never depends on
 the batch. Scaling rules follow HF transformers' `modeling_rope_utils`."""
+
 from __future__ import annotations
 
 import math

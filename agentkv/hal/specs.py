@@ -1,5 +1,6 @@
 """The shapes the compute contract passes around: rotary embedding specs, the paged KV store's
 shape and one step's attention metadata (re-exported by `hal.base`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """The model interface the runner drives: load weights through a backend, run one step."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -45,12 +46,14 @@ class Model(ABC):
         """Upload one tensor from the source; None for an absent optional tensor."""
         if not self.source.has_tensor(name):
             if required:
-                raise FormatError(f"{self.source.path}: missing tensor {name!r} needed by "
-                                  f"{type(self).__name__} ({self.hparams.arch})")
+                raise FormatError(
+                    f"{self.source.path}: missing tensor {name!r} needed by {type(self).__name__} ({self.hparams.arch})"
+                )
             return None
         info = self.source.tensor(name)
-        w = self.backend.upload_weight(name, info.data, info.qtype, info.shape,
-                                       resident=self.options.weights == "resident")
+        w = self.backend.upload_weight(
+            name, info.data, info.qtype, info.shape, resident=self.options.weights == "resident"
+        )
         self.weight_formats[name] = w.qtype
         return w
 
@@ -68,8 +71,7 @@ class Model(ABC):
         storing their K/V into `kv`; return logits `[len(logit_rows), vocab]` for the rows asked."""
 
 
-def attention_weights(model: Model, i: int, post_norm: bool = False,
-                      qk_norms: bool | None = None) -> AttentionWeights:
+def attention_weights(model: Model, i: int, post_norm: bool = False, qk_norms: bool | None = None) -> AttentionWeights:
     """Layer i's attention from its canonical GGUF tensor names (`blk.{i}.attn_*`): biases
     where the file has them; q/k norms required (`qk_norms` True), absent (False) or where the
     file has them (None); the post norm when the family asks for it. q/k/v are stacked where
@@ -77,20 +79,27 @@ def attention_weights(model: Model, i: int, post_norm: bool = False,
     w = lambda name, required=True: model.weight(f"blk.{i}.{name}", required)  # noqa: E731
     qk = lambda name: w(name, True) if qk_norms else w(name, False) if qk_norms is None else None  # noqa: E731
     parts = ("q", "k", "v")
-    qkv = Projection(tuple(w(f"attn_{p}.weight") for p in parts),
-                     tuple(w(f"attn_{p}.bias", False) for p in parts))
-    return AttentionWeights(norm=w("attn_norm.weight"), qkv=qkv.fused(model.backend, f"blk.{i}.q+k+v"),
-                            o=w("attn_output.weight"), q_norm=qk("attn_q_norm.weight"),
-                            k_norm=qk("attn_k_norm.weight"),
-                            post_norm=w("post_attention_norm.weight") if post_norm else None)
+    qkv = Projection(tuple(w(f"attn_{p}.weight") for p in parts), tuple(w(f"attn_{p}.bias", False) for p in parts))
+    return AttentionWeights(
+        norm=w("attn_norm.weight"),
+        qkv=qkv.fused(model.backend, f"blk.{i}.q+k+v"),
+        o=w("attn_output.weight"),
+        q_norm=qk("attn_q_norm.weight"),
+        k_norm=qk("attn_k_norm.weight"),
+        post_norm=w("post_attention_norm.weight") if post_norm else None,
+    )
 
 
 def dense_ffn(model: Model, i: int, post_norm: bool = False) -> DenseFFN:
     """Layer i's dense gated FFN (`blk.{i}.ffn_*`), gate|up stacked where the backend fuses."""
     w = lambda name: model.weight(f"blk.{i}.{name}")  # noqa: E731
     gate_up = Projection((w("ffn_gate.weight"), w("ffn_up.weight")))
-    return DenseFFN(norm=w("ffn_norm.weight"), gate_up=gate_up.fused(model.backend, f"blk.{i}.gate+up"),
-                    down=w("ffn_down.weight"), post_norm=w("post_ffw_norm.weight") if post_norm else None)
+    return DenseFFN(
+        norm=w("ffn_norm.weight"),
+        gate_up=gate_up.fused(model.backend, f"blk.{i}.gate+up"),
+        down=w("ffn_down.weight"),
+        post_norm=w("post_ffw_norm.weight") if post_norm else None,
+    )
 
 
 def decoder_layer(model: Model, i: int, post_norms: bool = False, qk_norms: bool | None = None) -> DecoderLayer:

@@ -7,11 +7,13 @@ normalisation as sentence-transformers does.
                 h = LN(h + down(gelu(up(h))))      layer_output_norm
     embedding = normalise(pool(h))                 pool: config.pooling (mean | cls | last)
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +26,11 @@ POOLING = ("mean", "cls", "last")
 # llama.cpp's enum llama_pooling_type, as stored in `<arch>.pooling_type`.
 GGUF_POOLING = {0: None, 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 # sentence-transformers' 1_Pooling/config.json flags, in the order they are tried.
-FOLDER_POOLING = (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
-                  ("pooling_mode_lasttoken", "last"))
+FOLDER_POOLING = (
+    ("pooling_mode_cls_token", "cls"),
+    ("pooling_mode_mean_tokens", "mean"),
+    ("pooling_mode_lasttoken", "last"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +67,9 @@ class BertModel(Model):
         hp = self.hparams
         self.pooling = self.config.pooling or "cls"  # a bare BERT folder (no 1_Pooling/) pools [CLS]
         if self.pooling not in POOLING:
-            raise ValueError(f"{source.path}: pooling {self.pooling!r} is not supported "
-                             f"(supported: {', '.join(POOLING)})")
+            raise ValueError(
+                f"{source.path}: pooling {self.pooling!r} is not supported (supported: {', '.join(POOLING)})"
+            )
         self.scale = 1.0 / math.sqrt(hp.head_dim)
         self.word = self.weight("token_embd.weight")
         self.position = self.weight("position_embd.weight")
@@ -74,20 +80,28 @@ class BertModel(Model):
     def _layer(self, i: int) -> dict:
         w = lambda name: self.weight(f"blk.{i}.{name}")  # noqa: E731
         return {
-            "q": w("attn_q.weight"), "q_bias": w("attn_q.bias"),
-            "k": w("attn_k.weight"), "k_bias": w("attn_k.bias"),
-            "v": w("attn_v.weight"), "v_bias": w("attn_v.bias"),
-            "o": w("attn_output.weight"), "o_bias": w("attn_output.bias"),
+            "q": w("attn_q.weight"),
+            "q_bias": w("attn_q.bias"),
+            "k": w("attn_k.weight"),
+            "k_bias": w("attn_k.bias"),
+            "v": w("attn_v.weight"),
+            "v_bias": w("attn_v.bias"),
+            "o": w("attn_output.weight"),
+            "o_bias": w("attn_output.bias"),
             "attn_norm": (w("attn_output_norm.weight"), w("attn_output_norm.bias")),
-            "up": w("ffn_up.weight"), "up_bias": w("ffn_up.bias"),
-            "down": w("ffn_down.weight"), "down_bias": w("ffn_down.bias"),
+            "up": w("ffn_up.weight"),
+            "up_bias": w("ffn_up.bias"),
+            "down": w("ffn_down.weight"),
+            "down_bias": w("ffn_down.bias"),
             "out_norm": (w("layer_output_norm.weight"), w("layer_output_norm.bias")),
         }
 
     def forward(self, token_ids, meta, kv, logit_rows) -> Tensor:
         """Not available: an encoder has no causal step, KV cache or logits — use `embed`."""
-        raise NotImplementedError("BERT is an embedding encoder (bidirectional, no KV cache, "
-                                  "no LM head): call embed(token_id_lists) instead of forward")
+        raise NotImplementedError(
+            "BERT is an embedding encoder (bidirectional, no KV cache, "
+            "no LM head): call embed(token_id_lists) instead of forward"
+        )
 
     def embed(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
         """L2-normalised sentence embeddings `[batch, hidden]` float32, one per id list (each
@@ -110,8 +124,7 @@ class BertModel(Model):
         for i, ids in enumerate(token_id_lists):
             bad = [t for t in ids if not 0 <= int(t) < hp.vocab_size]
             if bad:
-                raise ValueError(f"sequence {i} has token id {bad[0]} outside the vocabulary "
-                                 f"0..{hp.vocab_size - 1}")
+                raise ValueError(f"sequence {i} has token id {bad[0]} outside the vocabulary 0..{hp.vocab_size - 1}")
         return seq_lens
 
     def _encode(self, ids: np.ndarray, positions: np.ndarray, seq_lens: tuple[int, ...]) -> Tensor:
@@ -120,11 +133,11 @@ class BertModel(Model):
         h = be.add(h, be.embedding(self.token_types, np.zeros_like(ids)))  # single-segment input
         h = be.layer_norm(h, *self.embd_norm, hp.norm_eps)
         for layer in self.layers:
-            h = be.layer_norm(be.add(h, self._attention(layer, h, seq_lens)), *layer["attn_norm"],
-                              hp.norm_eps)
+            h = be.layer_norm(be.add(h, self._attention(layer, h, seq_lens)), *layer["attn_norm"], hp.norm_eps)
             ffn = be.act(be.matmul(h, layer["up"], layer["up_bias"]), "gelu")
-            h = be.layer_norm(be.add(h, be.matmul(ffn, layer["down"], layer["down_bias"])),
-                              *layer["out_norm"], hp.norm_eps)
+            h = be.layer_norm(
+                be.add(h, be.matmul(ffn, layer["down"], layer["down_bias"])), *layer["out_norm"], hp.norm_eps
+            )
         return h  # [n, d]
 
     def _attention(self, layer: dict, x: Tensor, seq_lens: tuple[int, ...]) -> Tensor:
@@ -143,8 +156,7 @@ class BertModel(Model):
             return hidden[starts]
         if self.pooling == "last":
             return hidden[starts + np.asarray(seq_lens) - 1]
-        return np.stack([hidden[s:s + n].mean(axis=0, dtype=np.float32)
-                         for s, n in zip(starts, seq_lens)])
+        return np.stack([hidden[s : s + n].mean(axis=0, dtype=np.float32) for s, n in zip(starts, seq_lens)])
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:

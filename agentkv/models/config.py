@@ -3,6 +3,7 @@
 formats/ reads only the fields every family has; each family's config (`LlamaConfig`,
 `Gemma3Config`, `BertConfig`) reads its extra keys here and applies its own defaults.
 Errors name the file and the key, as the readers' do."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -53,8 +54,9 @@ def periodic_layers(num_layers: int, period: int) -> tuple[bool, ...]:
     return tuple((i + 1) % period != 0 for i in range(num_layers))
 
 
-def sliding_layers(keys: SourceKeys, window: int | None,
-                   period: int | None) -> tuple[int | None, tuple[bool, ...] | None]:
+def sliding_layers(
+    keys: SourceKeys, window: int | None, period: int | None
+) -> tuple[int | None, tuple[bool, ...] | None]:
     """(window, which layers slide) from the file's per-layer pattern where it has one; else
     every `period`-th layer global (a family default), or, with no period, every layer slides."""
     if not window:
@@ -64,8 +66,9 @@ def sliding_layers(keys: SourceKeys, window: int | None,
         pattern = keys.get("attention.sliding_window_pattern", None)
         if isinstance(pattern, list):
             if len(pattern) != n:
-                raise keys.error(f"{keys.arch}.attention.sliding_window_pattern has {len(pattern)} entries, "
-                                 f"expected block_count={n}")
+                raise keys.error(
+                    f"{keys.arch}.attention.sliding_window_pattern has {len(pattern)} entries, expected block_count={n}"
+                )
             return int(window), tuple(bool(p) for p in pattern)
         if isinstance(pattern, int) and pattern > 0:
             return int(window), periodic_layers(n, pattern)

@@ -6,6 +6,7 @@ appears here.
     x ─ attn_norm ─ attention ─ post_attention_norm ─(+x)─ h
     h ─ ffn_norm ─ gated MLP ─ post_ffw_norm ─(+h)─ next layer
 """
+
 from __future__ import annotations
 
 import math
@@ -64,17 +65,27 @@ class Gemma3Config:
         window, layers = sliding_layers(keys, keys.get("attention.sliding_window", "sliding_window"), SWA_PERIOD)
         # llama.cpp scales gemma3 queries by 1/sqrt(key_length) (the 270M..12B configs agree).
         scalar = float(hp.head_dim) if keys.gguf else opt_float(keys.raw.get("query_pre_attn_scalar"))
-        return cls(hp, unit_offset=not keys.gguf, sliding_window=window, sliding_window_layers=layers,
-                   rope_theta_local=_local_rope_theta(keys), query_pre_attn_scalar=scalar,
-                   attn_logit_softcap=opt_float(keys.get("attn_logit_softcapping", "attn_logit_softcapping")),
-                   final_logit_softcap=opt_float(keys.get("final_logit_softcapping", "final_logit_softcapping")))
+        return cls(
+            hp,
+            unit_offset=not keys.gguf,
+            sliding_window=window,
+            sliding_window_layers=layers,
+            rope_theta_local=_local_rope_theta(keys),
+            query_pre_attn_scalar=scalar,
+            attn_logit_softcap=opt_float(keys.get("attn_logit_softcapping", "attn_logit_softcapping")),
+            final_logit_softcap=opt_float(keys.get("final_logit_softcapping", "final_logit_softcapping")),
+        )
 
     def summary(self) -> dict[str, Any]:
         """The family-resolved hparams `agentkv inspect` reports."""
-        return {"rope_theta_local": self.rope_theta_local, "sliding_window": self.sliding_window,
-                "attn_logit_softcap": self.attn_logit_softcap, "final_logit_softcap": self.final_logit_softcap,
-                "query_pre_attn_scalar": self.query_pre_attn_scalar,
-                "sliding_window_layers": layer_letters(self.sliding_window_layers)}
+        return {
+            "rope_theta_local": self.rope_theta_local,
+            "sliding_window": self.sliding_window,
+            "attn_logit_softcap": self.attn_logit_softcap,
+            "final_logit_softcap": self.final_logit_softcap,
+            "query_pre_attn_scalar": self.query_pre_attn_scalar,
+            "sliding_window_layers": layer_letters(self.sliding_window_layers),
+        }
 
 
 class Gemma3Model(Model):
@@ -87,18 +98,30 @@ class Gemma3Model(Model):
         # Gemma rotates halves (neox) in both HF and GGUF layouts. Rope scaling, when a
         # config has it, applies to the global layers only (transformers' rope_parameters
         # keep "sliding_attention" at the default rule).
-        self.rope_global = RopeSpec(dim=hp.head_dim, theta=hp.rope_theta, style=RopeStyle.NEOX,
-                                    scaling=hp.rope_scaling)
-        self.rope_local = RopeSpec(dim=hp.head_dim, theta=cfg.rope_theta_local or LOCAL_ROPE_THETA,
-                                   style=RopeStyle.NEOX)
+        self.rope_global = RopeSpec(dim=hp.head_dim, theta=hp.rope_theta, style=RopeStyle.NEOX, scaling=hp.rope_scaling)
+        self.rope_local = RopeSpec(
+            dim=hp.head_dim, theta=cfg.rope_theta_local or LOCAL_ROPE_THETA, style=RopeStyle.NEOX
+        )
         scale = (cfg.query_pre_attn_scalar or hp.head_dim) ** -0.5
         # No attention softcap: Gemma 3 dropped it (transformers keeps the config field but
         # never passes it to attention; llama.cpp's gemma3 graph has none either).
         ffn = DenseFFNSpec("gelu_tanh")
-        self.blocks = [BlockSpec(AttentionSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim,
-                                               self.rope_local if self._local(i) else self.rope_global, scale,
-                                               cfg.sliding_window if self._local(i) else None, hp.norm_eps,
-                                               self.unit_offset), ffn) for i in range(hp.num_layers)]
+        self.blocks = [
+            BlockSpec(
+                AttentionSpec(
+                    hp.num_heads,
+                    hp.num_kv_heads,
+                    hp.head_dim,
+                    self.rope_local if self._local(i) else self.rope_global,
+                    scale,
+                    cfg.sliding_window if self._local(i) else None,
+                    hp.norm_eps,
+                    self.unit_offset,
+                ),
+                ffn,
+            )
+            for i in range(hp.num_layers)
+        ]
         # transformers multiplies the embedding rows by sqrt(hidden) cast to the activation
         # dtype (float32 here): np.float32 inside backend.scale rounds it the same way.
         self.embed_scale = math.sqrt(hp.hidden_size)

@@ -1,5 +1,6 @@
 """Llama-family decoder: Llama 2/3 (SmolLM2), Mistral (sliding window), Qwen2 (qkv bias),
 Qwen3 (per-head q/k RMSNorm). One readable page; quantization never appears here."""
+
 from __future__ import annotations
 
 import math
@@ -38,14 +39,20 @@ class LlamaConfig:
         if keys.raw.get("model_type") == "qwen2" and not keys.raw.get("use_sliding_window"):
             window = None  # Qwen2 configs carry a window they do not use unless told to
         window, layers = sliding_layers(keys, window, period=None)
-        return cls(hp, rope_dim=int(keys.get("rope.dimension_count", None, hp.head_dim)),
-                   interleaved=keys.gguf and hp.arch in ("llama", "mistral"),
-                   sliding_window=window, sliding_window_layers=layers)
+        return cls(
+            hp,
+            rope_dim=int(keys.get("rope.dimension_count", None, hp.head_dim)),
+            interleaved=keys.gguf and hp.arch in ("llama", "mistral"),
+            sliding_window=window,
+            sliding_window_layers=layers,
+        )
 
     def summary(self) -> dict[str, Any]:
         """The family-resolved hparams `agentkv inspect` reports."""
-        return {"sliding_window": self.sliding_window,
-                "sliding_window_layers": layer_letters(self.sliding_window_layers)}
+        return {
+            "sliding_window": self.sliding_window,
+            "sliding_window_layers": layer_letters(self.sliding_window_layers),
+        }
 
 
 class LlamaModel(Model):
@@ -56,15 +63,29 @@ class LlamaModel(Model):
         hp, cfg = self.hparams, self.config
         # llama.cpp's converter permutes GGUF llama q/k rows so that rope pairs are adjacent
         # (interleaved); HF weights and GGUF qwen keep the halves (neox) layout.
-        self.rope = RopeSpec(dim=cfg.rope_dim, theta=hp.rope_theta,
-                             style=RopeStyle.INTERLEAVED if cfg.interleaved else RopeStyle.NEOX,
-                             scaling=self._rope_scaling(source))
+        self.rope = RopeSpec(
+            dim=cfg.rope_dim,
+            theta=hp.rope_theta,
+            style=RopeStyle.INTERLEAVED if cfg.interleaved else RopeStyle.NEOX,
+            scaling=self._rope_scaling(source),
+        )
         scale = 1.0 / math.sqrt(hp.head_dim)
         ffn = DenseFFNSpec("silu")
-        self.blocks = [BlockSpec(AttentionSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim, self.rope, scale,
-                                               cfg.sliding_window if self._windowed(i) else None, hp.norm_eps),
-                                 ffn)
-                       for i in range(hp.num_layers)]
+        self.blocks = [
+            BlockSpec(
+                AttentionSpec(
+                    hp.num_heads,
+                    hp.num_kv_heads,
+                    hp.head_dim,
+                    self.rope,
+                    scale,
+                    cfg.sliding_window if self._windowed(i) else None,
+                    hp.norm_eps,
+                ),
+                ffn,
+            )
+            for i in range(hp.num_layers)
+        ]
         self.embed = self.weight("token_embd.weight")
         self.layers = [decoder_layer(self, i) for i in range(hp.num_layers)]
         self.norm = self.weight("output_norm.weight")

@@ -6,6 +6,7 @@ experts stay in the file's format. One readable page; quantization never appears
     x ─ attn_norm ─ attention ─(+x)─ h
     h ─ ffn_norm ─ router ─ top-k experts, weighted ─(+ shared expert)─(+h)─ next layer
 """
+
 from __future__ import annotations
 
 import logging
@@ -84,22 +85,34 @@ class MoEConfig:
         if raw.get("clip_qkv") is not None:
             raise keys.error(f"clip_qkv={raw['clip_qkv']!r} is not supported")
         shared = SHARED_EXPERTS.get(hp.arch, 0)
-        return cls(hp, LlamaConfig.from_keys(keys), num, used, norm,
-                   expert_ffn_len=int(keys.get("expert_feed_forward_length", "moe_intermediate_size",
-                                               hp.intermediate_size)),
-                   num_shared_experts=shared,
-                   shared_ffn_len=int(keys.get("expert_shared_feed_forward_length",
-                                               "shared_expert_intermediate_size", hp.intermediate_size))
-                   if shared else None,
-                   weights_scale=float(keys.get("expert_weights_scale", "routed_scaling_factor", 0.0)) or 1.0,
-                   whole_qk_norm=hp.arch in WHOLE_QK_NORM)
+        return cls(
+            hp,
+            LlamaConfig.from_keys(keys),
+            num,
+            used,
+            norm,
+            expert_ffn_len=int(keys.get("expert_feed_forward_length", "moe_intermediate_size", hp.intermediate_size)),
+            num_shared_experts=shared,
+            shared_ffn_len=int(
+                keys.get("expert_shared_feed_forward_length", "shared_expert_intermediate_size", hp.intermediate_size)
+            )
+            if shared
+            else None,
+            weights_scale=float(keys.get("expert_weights_scale", "routed_scaling_factor", 0.0)) or 1.0,
+            whole_qk_norm=hp.arch in WHOLE_QK_NORM,
+        )
 
     def summary(self) -> dict[str, Any]:
         """The family-resolved hparams `agentkv inspect` reports."""
-        return {**self.attention.summary(), "expert_count": self.num_experts,
-                "experts_per_token": self.experts_per_token, "shared_experts": self.num_shared_experts,
-                "expert_ffn_length": self.expert_ffn_len, "shared_expert_ffn_length": self.shared_ffn_len,
-                "expert_weights_norm": self.norm_topk}
+        return {
+            **self.attention.summary(),
+            "expert_count": self.num_experts,
+            "experts_per_token": self.experts_per_token,
+            "shared_experts": self.num_shared_experts,
+            "expert_ffn_length": self.expert_ffn_len,
+            "shared_expert_ffn_length": self.shared_ffn_len,
+            "expert_weights_norm": self.norm_topk,
+        }
 
 
 class MoEModel(Model):
@@ -109,29 +122,49 @@ class MoEModel(Model):
         super().__init__(source, backend, options)
         hp, cfg = self.hparams, self.config
         att = cfg.attention
-        self.rope = RopeSpec(dim=att.rope_dim, theta=hp.rope_theta,
-                             style=RopeStyle.INTERLEAVED if att.interleaved else RopeStyle.NEOX,
-                             scaling=hp.rope_scaling)
-        self.moe_spec = MoEFFNSpec(cfg.num_experts, cfg.experts_per_token, cfg.norm_topk,
-                                   weights_scale=cfg.weights_scale)
+        self.rope = RopeSpec(
+            dim=att.rope_dim,
+            theta=hp.rope_theta,
+            style=RopeStyle.INTERLEAVED if att.interleaved else RopeStyle.NEOX,
+            scaling=hp.rope_scaling,
+        )
+        self.moe_spec = MoEFFNSpec(
+            cfg.num_experts, cfg.experts_per_token, cfg.norm_topk, weights_scale=cfg.weights_scale
+        )
         self.expert_formats: dict[str, tuple[int, int]] = {}  # file tensor -> (file qtype, resident qtype)
         self.embed = self.weight("token_embd.weight")
         self.layers = [self._layer(i) for i in range(hp.num_layers)]
         # OLMoE's q/k norms `[h * hd]`, `[kvh * hd]` per layer (applied in `_olmoe_block`)
-        self.proj_norms = [(self.weight(f"blk.{i}.attn_q_norm.weight"), self.weight(f"blk.{i}.attn_k_norm.weight"))
-                           for i in range(hp.num_layers)] if cfg.whole_qk_norm else []
+        self.proj_norms = (
+            [
+                (self.weight(f"blk.{i}.attn_q_norm.weight"), self.weight(f"blk.{i}.attn_k_norm.weight"))
+                for i in range(hp.num_layers)
+            ]
+            if cfg.whole_qk_norm
+            else []
+        )
         self.blocks = [self._block_spec(i) for i in range(hp.num_layers)]
         self.norm = self.weight("output_norm.weight")
         self.head = self.embed if hp.tie_embeddings else self.weight("output.weight")
-        log.info("%s: %d experts, %d per token, %d shared; %s", hp.arch, cfg.num_experts,
-                 cfg.experts_per_token, cfg.num_shared_experts, self.experts_summary())
+        log.info(
+            "%s: %d experts, %d per token, %d shared; %s",
+            hp.arch,
+            cfg.num_experts,
+            cfg.experts_per_token,
+            cfg.num_shared_experts,
+            self.experts_summary(),
+        )
 
     def _block_spec(self, i: int) -> BlockSpec:
         hp, att = self.hparams, self.config.attention
         window = att.sliding_window if att.sliding_window and att.sliding_window_layers[i] else None
         ffn = self.moe_spec if isinstance(self.layers[i].ffn, MoEFFN) else DenseFFNSpec("silu")
-        return BlockSpec(AttentionSpec(hp.num_heads, hp.num_kv_heads, hp.head_dim, self.rope,
-                                       1.0 / math.sqrt(hp.head_dim), window, hp.norm_eps), ffn)
+        return BlockSpec(
+            AttentionSpec(
+                hp.num_heads, hp.num_kv_heads, hp.head_dim, self.rope, 1.0 / math.sqrt(hp.head_dim), window, hp.norm_eps
+            ),
+            ffn,
+        )
 
     def _layer(self, i: int) -> DecoderLayer:
         """Layer i: llama attention (per-head q/k norms where the file has them, except OLMoE's
@@ -143,18 +176,25 @@ class MoEModel(Model):
         w = lambda name, required=True: self.weight(f"blk.{i}.{name}", required)  # noqa: E731
         shared = None
         if self.config.num_shared_experts:
-            shared = SharedExpert(Projection((w("ffn_gate_shexp.weight"), w("ffn_up_shexp.weight"))),
-                                  w("ffn_down_shexp.weight"), self._row_weight(f"blk.{i}.ffn_gate_inp_shexp.weight"))
-        return DecoderLayer(attention, MoEFFN(w("ffn_norm.weight"), w("ffn_gate_inp.weight"),
-                                              self._experts(i), shared))
+            shared = SharedExpert(
+                Projection((w("ffn_gate_shexp.weight"), w("ffn_up_shexp.weight"))),
+                w("ffn_down_shexp.weight"),
+                self._row_weight(f"blk.{i}.ffn_gate_inp_shexp.weight"),
+            )
+        return DecoderLayer(attention, MoEFFN(w("ffn_norm.weight"), w("ffn_gate_inp.weight"), self._experts(i), shared))
 
     def _row_weight(self, name: str) -> Weight | None:
         """A `[d]` (GGUF) or `[1, d]` (HF) gate vector as a one-row linear weight `[1, d]`."""
         if not self.source.has_tensor(name):
             return None
         info = self.source.tensor(name)
-        w = self.backend.upload_weight(name, np.asarray(info.data).reshape(1, -1), info.qtype, (1, info.shape[-1]),
-                                       resident=self.options.weights == "resident")
+        w = self.backend.upload_weight(
+            name,
+            np.asarray(info.data).reshape(1, -1),
+            info.qtype,
+            (1, info.shape[-1]),
+            resident=self.options.weights == "resident",
+        )
         self.weight_formats[name] = w.qtype
         return tiled_gate(self.backend, w)
 
@@ -164,9 +204,11 @@ class MoEModel(Model):
         for projection in EXPERT_PROJECTIONS:
             tensors = expert_tensors(self.source, i, projection, self.config.num_experts)
             parts[projection] = tuple(
-                self.backend.upload_weight(v.name, v.data, v.qtype, v.shape,
-                                           resident=self.options.weights == "resident")
-                for v in tensors.views)
+                self.backend.upload_weight(
+                    v.name, v.data, v.qtype, v.shape, resident=self.options.weights == "resident"
+                )
+                for v in tensors.views
+            )
             for name in tensors.sources:
                 self.weight_formats[name] = parts[projection][0].qtype
                 self.expert_formats[name] = (tensors.views[0].qtype, parts[projection][0].qtype)
@@ -182,8 +224,9 @@ class MoEModel(Model):
         fell = Counter(name(f) for f, r in self.expert_formats.values() if f != r)
         parts = [f"{n} {q}" for q, n in sorted(kept.items())] + [f"{n} {q} as stored" for q, n in sorted(plain.items())]
         text = f"{len(self.expert_formats)} expert tensors resident: " + (", ".join(parts) or "none")
-        return text + (f"; dequantized to f32: {', '.join(f'{n} {q}' for q, n in sorted(fell.items()))}"
-                       if fell else "")
+        return text + (
+            f"; dequantized to f32: {', '.join(f'{n} {q}' for q, n in sorted(fell.items()))}" if fell else ""
+        )
 
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
         be = self.backend
@@ -195,8 +238,17 @@ class MoEModel(Model):
             h, x = block(h, x, layer, self.blocks[i], meta, kv, i, next_norm)
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
 
-    def _olmoe_block(self, h: Tensor, x: Tensor, layer: DecoderLayer, spec: BlockSpec, meta: AttnMeta,
-                     kv, index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
+    def _olmoe_block(
+        self,
+        h: Tensor,
+        x: Tensor,
+        layer: DecoderLayer,
+        spec: BlockSpec,
+        meta: AttnMeta,
+        kv,
+        index: int,
+        next_norm: Weight,
+    ) -> tuple[Tensor, Tensor]:
         """`Backend.decoder_block` with OLMoE's q/k RMSNorm over the whole projection
         (`[h * hd]`, `[kvh * hd]`) before the heads are split and rotated."""
         be, a = self.backend, spec.attention

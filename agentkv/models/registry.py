@@ -1,4 +1,5 @@
 """Model registry keyed by canonical (GGUF) architecture name."""
+
 from __future__ import annotations
 
 import importlib
@@ -33,8 +34,7 @@ def supported() -> list[str]:
 
 def model_class(arch: str) -> type[Model]:
     if arch not in _FAMILIES:
-        raise UnsupportedArchitecture(
-            f"architecture {arch!r} is not supported; supported: {', '.join(supported())}")
+        raise UnsupportedArchitecture(f"architecture {arch!r} is not supported; supported: {', '.join(supported())}")
     module_name, attr = _FAMILIES[arch].split(":")
     return getattr(importlib.import_module(module_name), attr)
 

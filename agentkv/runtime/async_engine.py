@@ -8,6 +8,7 @@ asyncio queues.
         ▲                                                            │
         └──────── loop.call_soon_threadsafe(queue.put_nowait, output) ◄┘
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,9 @@ import logging
 import queue
 import threading
 import uuid
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any
 
 import numpy as np
 
@@ -76,9 +78,14 @@ def _served_len(engine: Engine) -> int:
     capacity = engine.num_blocks * engine.block_size
     if capacity >= engine.max_model_len:
         return engine.max_model_len
-    log.warning("max_model_len clamped to %d tokens (from %d): the KV pool holds %d blocks x %d "
-                "tokens; raise --kv-cache-blocks / --kv-cache-memory for longer sequences",
-                capacity, engine.max_model_len, engine.num_blocks, engine.block_size)
+    log.warning(
+        "max_model_len clamped to %d tokens (from %d): the KV pool holds %d blocks x %d "
+        "tokens; raise --kv-cache-blocks / --kv-cache-memory for longer sequences",
+        capacity,
+        engine.max_model_len,
+        engine.num_blocks,
+        engine.block_size,
+    )
     return capacity
 
 
@@ -133,9 +140,16 @@ class AsyncEngine:
         return self._dead is None
 
     # -- requests -------------------------------------------------------------------------
-    def generate(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams,
-                 *, constraint: Any = None, namespace: Hashable = None,
-                 index: int = 0) -> RequestStream:
+    def generate(
+        self,
+        request_id: str | None,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        constraint: Any = None,
+        namespace: Hashable = None,
+        index: int = 0,
+    ) -> RequestStream:
         """Queue a request and return the stream of its outputs (the last has `finished`).
 
         Admission happens here, at the call, before anything is awaited: it raises ValueError
@@ -179,8 +193,7 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self._send(AbortRequest(request_id))
 
-    async def pin_prefix(self, token_ids: list[int], namespace: Hashable = None,
-                         ttl_s: float = 300.0) -> int:
+    async def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
         """Engine.pin_prefix, applied by the engine thread between steps."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
@@ -243,8 +256,7 @@ class AsyncEngine:
 
     def _add(self, m: AddRequest) -> None:
         try:
-            self.engine.add_request(m.request_id, m.prompt_ids, m.params, m.constraint,
-                                    m.namespace, m.index)
+            self.engine.add_request(m.request_id, m.prompt_ids, m.params, m.constraint, m.namespace, m.index)
         except ValueError as e:
             self._deliver(m.request_id, e)
 

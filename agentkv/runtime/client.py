@@ -3,9 +3,11 @@
 AsyncEngine satisfies it; the server depends on this protocol instead of on AsyncEngine, so
 another engine (a remote one, a test double of the server's own making) only has to match it.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator, Hashable, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Hashable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from agentkv.formats.chat_template import ChatTemplate
@@ -42,9 +44,16 @@ class EngineClient(Protocol):
     async def shutdown(self) -> None:
         """Stop serving; requests still running get no further outputs."""
 
-    def generate(self, request_id: str | None, prompt_ids: list[int], params: SamplingParams,
-                 *, constraint: Any = None, namespace: Hashable = None,
-                 index: int = 0) -> AsyncIterator[RequestOutput]:
+    def generate(
+        self,
+        request_id: str | None,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        constraint: Any = None,
+        namespace: Hashable = None,
+        index: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs; the last has `finished`."""
 
     async def abort(self, request_id: str) -> None:

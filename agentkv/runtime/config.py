@@ -1,5 +1,6 @@
 """Engine configuration: composed frozen dataclasses, validated where they are built; each knob
 has one owner field, and `KNOBS` names every knob once for keyword overrides and CLI flags."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,16 +19,16 @@ MAX_BLOCK_SIZE = 1024
 MAX_SPECULATIVE_TOKENS = 64
 
 
-def _check_int(name: str, value: object, low: int, high: int | None = None, *,
-               optional: bool = False) -> None:
+def _check_int(name: str, value: object, low: int, high: int | None = None, *, optional: bool = False) -> None:
     """ValueError naming the field, the value and the allowed range (bools are not ints here)."""
     if value is None and optional:
         return
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
     if not ok or (high is not None and value > high):
         allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name}={value!r} is out of range: allowed "
-                         f"{'None or ' if optional else ''}an integer {allowed}")
+        raise ValueError(
+            f"{name}={value!r} is out of range: allowed {'None or ' if optional else ''}an integer {allowed}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +93,9 @@ class EngineConfig:
         if not isinstance(self.scheduler, SchedulerConfig):
             raise ValueError(f"scheduler={self.scheduler!r} must be a SchedulerConfig")
         if self.speculative is not None and self.speculative not in DRAFTERS:
-            raise ValueError(f"speculative={self.speculative!r} is not allowed: use None or one "
-                             f"of {', '.join(sorted(DRAFTERS))}")
+            raise ValueError(
+                f"speculative={self.speculative!r} is not allowed: use None or one of {', '.join(sorted(DRAFTERS))}"
+            )
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
 
 
@@ -107,25 +109,28 @@ class Knob(NamedTuple):
     field: str
 
 
-KNOBS: dict[str, Knob] = {k.name: k for k in (
-    Knob("backend", "", "backend"),
-    Knob("weights", "", "weights"),
-    Knob("max_model_len", "", "max_model_len"),
-    Knob("served_model_name", "", "served_model_name"),
-    Knob("speculative", "", "speculative"),
-    Knob("num_speculative_tokens", "", "num_speculative_tokens"),
-    Knob("block_size", "cache", "block_size"),
-    Knob("enable_prefix_cache", "cache", "enable_prefix_cache"),
-    Knob("kv_cache_blocks", "cache", "num_blocks"),
-    Knob("kv_cache_memory", "cache", "memory_bytes"),
-    Knob("kv_cache_dir", "cache", "disk_dir"),
-    Knob("kv_disk_size", "cache", "disk_bytes"),
-    Knob("kv_write_through", "cache", "write_through"),
-    Knob("max_num_seqs", "scheduler", "max_num_seqs"),
-    Knob("max_num_batched_tokens", "scheduler", "max_num_batched_tokens"),
-    Knob("chunk_size", "scheduler", "chunk_size"),
-    Knob("max_queued_requests", "", "max_queued_requests"),
-)}
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob("backend", "", "backend"),
+        Knob("weights", "", "weights"),
+        Knob("max_model_len", "", "max_model_len"),
+        Knob("served_model_name", "", "served_model_name"),
+        Knob("speculative", "", "speculative"),
+        Knob("num_speculative_tokens", "", "num_speculative_tokens"),
+        Knob("block_size", "cache", "block_size"),
+        Knob("enable_prefix_cache", "cache", "enable_prefix_cache"),
+        Knob("kv_cache_blocks", "cache", "num_blocks"),
+        Knob("kv_cache_memory", "cache", "memory_bytes"),
+        Knob("kv_cache_dir", "cache", "disk_dir"),
+        Knob("kv_disk_size", "cache", "disk_bytes"),
+        Knob("kv_write_through", "cache", "write_through"),
+        Knob("max_num_seqs", "scheduler", "max_num_seqs"),
+        Knob("max_num_batched_tokens", "scheduler", "max_num_batched_tokens"),
+        Knob("chunk_size", "scheduler", "chunk_size"),
+        Knob("max_queued_requests", "", "max_queued_requests"),
+    )
+}
 _SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig}
 
 
@@ -157,8 +162,7 @@ def with_overrides(config: EngineConfig, **overrides: Any) -> EngineConfig:
     unknown name is a TypeError listing the known ones."""
     unknown = sorted(set(overrides) - set(KNOBS) - set(_SECTIONS))
     if unknown:
-        raise TypeError(f"unknown engine setting {unknown[0]!r}; known: "
-                        f"{', '.join([*_SECTIONS, *KNOBS])}")
+        raise TypeError(f"unknown engine setting {unknown[0]!r}; known: {', '.join([*_SECTIONS, *KNOBS])}")
     top = {k: overrides[k] for k in _SECTIONS if k in overrides}
     nested: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
     for name, value in overrides.items():
@@ -182,11 +186,21 @@ def engine_config(model: str | EngineConfig, **overrides: Any) -> EngineConfig:
 
 def parse_size(text: str) -> int:
     """'512MiB', '2G', '1000000' -> bytes; a bad value raises ValueError naming it."""
-    units = {"": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
-             "g": 1e9, "gb": 1e9, "gib": 1 << 30}
+    units = {
+        "": 1,
+        "k": 1e3,
+        "kb": 1e3,
+        "kib": 1024,
+        "m": 1e6,
+        "mb": 1e6,
+        "mib": 1 << 20,
+        "g": 1e9,
+        "gb": 1e9,
+        "gib": 1 << 30,
+    }
     s = text.strip().lower()
     num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num):]
+    unit = s[len(num) :]
     try:
         value = float(num) * units[unit]
     except (ValueError, KeyError):

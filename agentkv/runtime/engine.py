@@ -2,14 +2,16 @@
 
 Synchronous and single-threaded by design; `AsyncEngine` drives it from its own thread.
 """
+
 from __future__ import annotations
 
 import itertools
 import logging
 import math
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
-from typing import Any, Hashable
+from typing import Any
 
 import numpy as np
 
@@ -23,15 +25,13 @@ from agentkv.hal.registry import lookup
 from agentkv.models.base import LoadOptions
 from agentkv.models.registry import load_model
 from agentkv.runtime.config import DEFAULT_KV_MEMORY, EngineConfig
-from agentkv.runtime.errors import (
-    InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError)
+from agentkv.runtime.engine_state import EngineState
+from agentkv.runtime.errors import InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError
 from agentkv.runtime.kv_disk import open_disk, write_through
 from agentkv.runtime.outputs import Counters, RequestOutput, TokenLogprob
 from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.runner import Chunk, ModelRunner
-from agentkv.runtime.sampler import (
-    SamplingState, check_logits, logsumexp, sample, token_logprob, top_logprobs)
-from agentkv.runtime.engine_state import EngineState
+from agentkv.runtime.sampler import SamplingState, check_logits, logsumexp, sample, token_logprob, top_logprobs
 from agentkv.runtime.speculation import SpeculativeEngine
 from agentkv.runtime.stop import StopChecker
 from agentkv.sched import Scheduler, SeqStatus, Sequence
@@ -104,9 +104,16 @@ class Engine(SpeculativeEngine, EngineState):
         self._by_seq: dict[int, _Request] = {}
         self._seq_ids = itertools.count()
         self._stats = self._compute_stats()
-        log.info("loaded %s (%s, %s backend) in %.1fs; KV: %d blocks x %d tokens; %s",
-                 config.model, hp.arch, self.backend.name, time.perf_counter() - t0,
-                 self.num_blocks, self.block_size, self.weights_summary())
+        log.info(
+            "loaded %s (%s, %s backend) in %.1fs; KV: %d blocks x %d tokens; %s",
+            config.model,
+            hp.arch,
+            self.backend.name,
+            time.perf_counter() - t0,
+            self.num_blocks,
+            self.block_size,
+            self.weights_summary(),
+        )
 
     def weights_summary(self) -> str:
         """Which tensors stayed quantized and which fell back to f32 (for the load log)."""
@@ -114,10 +121,10 @@ class Engine(SpeculativeEngine, EngineState):
 
         src = {n: self.source.tensor(n).qtype for n in self.model.weight_formats}
         kept = sum(1 for n, q in self.model.weight_formats.items() if q == src[n] and q not in (0, 1))
-        fell = sorted({QUANT_NAMES.get(src[n], str(src[n])) for n, q in self.model.weight_formats.items()
-                       if q != src[n]})
-        return (f"{kept} weights resident quantized"
-                + (f", dequantized to f32: {', '.join(fell)}" if fell else ""))
+        fell = sorted(
+            {QUANT_NAMES.get(src[n], str(src[n])) for n, q in self.model.weight_formats.items() if q != src[n]}
+        )
+        return f"{kept} weights resident quantized" + (f", dequantized to f32: {', '.join(fell)}" if fell else "")
 
     def _num_blocks(self) -> int:
         cc = self.config.cache
@@ -128,8 +135,10 @@ class Engine(SpeculativeEngine, EngineState):
         needed = math.ceil(self.max_model_len / self.block_size) + 1
         num = budget // per_block
         if num < needed and cc.memory_bytes is not None:
-            raise ValueError(f"kv cache memory {budget} bytes holds {num} blocks, fewer than one "
-                             f"max_model_len sequence needs ({needed}); raise it or lower max_model_len")
+            raise ValueError(
+                f"kv cache memory {budget} bytes holds {num} blocks, fewer than one "
+                f"max_model_len sequence needs ({needed}); raise it or lower max_model_len"
+            )
         return max(int(num), needed)
 
     def _check_pool_fits(self) -> None:
@@ -140,9 +149,11 @@ class Engine(SpeculativeEngine, EngineState):
         capacity = self.num_blocks * self.block_size
         if capacity >= self.max_model_len:
             return
-        message = (f"the KV pool holds {self.num_blocks} blocks x {self.block_size} = {capacity} "
-                   f"tokens, fewer than one max_model_len sequence ({self.max_model_len} tokens); "
-                   f"raise --kv-cache-blocks / --kv-cache-memory or lower --max-model-len")
+        message = (
+            f"the KV pool holds {self.num_blocks} blocks x {self.block_size} = {capacity} "
+            f"tokens, fewer than one max_model_len sequence ({self.max_model_len} tokens); "
+            f"raise --kv-cache-blocks / --kv-cache-memory or lower --max-model-len"
+        )
         if self.config.max_model_len is not None:
             raise ValueError(message)
         log.warning("%s; requests needing more than %d tokens will be refused", message, capacity)
@@ -160,17 +171,22 @@ class Engine(SpeculativeEngine, EngineState):
             raise PromptTooLongError(len(prompt_ids), self.max_model_len)
         bad = [t for t in prompt_ids if not 0 <= int(t) < self.vocab_size]
         if bad:
-            raise InvalidTokenError(f"prompt token id {bad[0]} is outside the vocabulary "
-                                    f"[0, {self.vocab_size})")
+            raise InvalidTokenError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         params.check_vocab(self.vocab_size)
         max_tokens = min(params.max_tokens, self.max_model_len - len(prompt_ids))
         num_needed = -(-(len(prompt_ids) + max_tokens) // self.block_size)
         if num_needed > self.num_blocks:
-            raise KVCapacityError(len(prompt_ids), max_tokens, num_needed, self.num_blocks,
-                                  self.block_size)
+            raise KVCapacityError(len(prompt_ids), max_tokens, num_needed, self.num_blocks, self.block_size)
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    constraint: Any = None, namespace: Hashable = None, index: int = 0) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        constraint: Any = None,
+        namespace: Hashable = None,
+        index: int = 0,
+    ) -> None:
         """Queue a request (mutates). Raises ValueError subclasses for bad input, and then
         nothing of the request stays registered. `index` is the request's place among the n
         choices of one API call (seeds it as seed + index)."""
@@ -181,12 +197,19 @@ class Engine(SpeculativeEngine, EngineState):
         ns = (self.model_name, namespace)
         if params.prompt_logprobs is not None:
             ns = (*ns, "prompt-logprobs", request_id)  # every prompt row's logits are needed: no hit
-        seq = Sequence(seq_id=next(self._seq_ids), namespace=ns,
-                       prompt_ids=list(map(int, prompt_ids)), max_tokens=max_tokens)
-        req = _Request(request_id, seq, params, SamplingState.create(params, prompt_ids, index),
-                       StopChecker(replace(params, max_tokens=max_tokens), self.tokenizer.eos_ids),
-                       IncrementalDecoder(self.tokenizer, params.skip_special_tokens),
-                       constraint, arrival=time.perf_counter())
+        seq = Sequence(
+            seq_id=next(self._seq_ids), namespace=ns, prompt_ids=list(map(int, prompt_ids)), max_tokens=max_tokens
+        )
+        req = _Request(
+            request_id,
+            seq,
+            params,
+            SamplingState.create(params, prompt_ids, index),
+            StopChecker(replace(params, max_tokens=max_tokens), self.tokenizer.eos_ids),
+            IncrementalDecoder(self.tokenizer, params.skip_special_tokens),
+            constraint,
+            arrival=time.perf_counter(),
+        )
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         req.draft = self._draft_length(params, constraint)
@@ -248,7 +271,7 @@ class Engine(SpeculativeEngine, EngineState):
             if chunk.logits is None:
                 continue
             n = len(chunk.token_ids) if chunk.logits == "all" else 1
-            rows, row = logits[row:row + n], row + n
+            rows, row = logits[row : row + n], row + n
             req = self._by_seq[sc.seq.seq_id]
             try:
                 result = self._sample_chunk(req, sc, chunk.logits, rows)
@@ -258,8 +281,9 @@ class Engine(SpeculativeEngine, EngineState):
             if result is not None:
                 sampled.append((req, result))
         outputs = [self._fail(req, e) for req, e in failed]
-        self.scheduler.on_tokens({req.seq.seq_id: [x.token_id for x in r] if isinstance(r, list)
-                                  else r.token_id for req, r in sampled})
+        self.scheduler.on_tokens(
+            {req.seq.seq_id: [x.token_id for x in r] if isinstance(r, list) else r.token_id for req, r in sampled}
+        )
         for req, result in sampled:
             try:
                 verified = isinstance(result, list)
@@ -305,8 +329,9 @@ class Engine(SpeculativeEngine, EngineState):
                 break
             lse = logsumexp(logits_row)
             tok = prompt[target]
-            req.prompt_logprobs.append(TokenLogprob(tok, token_logprob(logits_row[tok], lse),
-                                                    top_logprobs(logits_row, lse, k)))
+            req.prompt_logprobs.append(
+                TokenLogprob(tok, token_logprob(logits_row[tok], lse), top_logprobs(logits_row, lse, k))
+            )
 
     def _advance(self, req: _Request, result) -> RequestOutput:
         finished = self._take(req, result)
@@ -332,7 +357,7 @@ class Engine(SpeculativeEngine, EngineState):
                 new_text = ""
         req.text += new_text
         if decision.trim_text_to is not None:
-            req.text = req.text[:decision.trim_text_to]
+            req.text = req.text[: decision.trim_text_to]
         finished = decision.finished
         if not finished and req.constraint is not None and req.constraint.is_finished():
             finished, req.finish_reason = True, "stop"
@@ -345,16 +370,22 @@ class Engine(SpeculativeEngine, EngineState):
     def _emit(self, req: _Request, finished: bool) -> RequestOutput:
         hold = 0 if finished else req.stop.holdback_len(req.text)
         upto = max(req.sent_chars, len(req.text) - hold)
-        delta = req.text[req.sent_chars:upto]
+        delta = req.text[req.sent_chars : upto]
         ids = req.sampling.output_ids
         out = RequestOutput(
-            request_id=req.request_id, prompt_len=len(req.seq.prompt_ids),
-            cached_len=req.seq.cached_len, text=req.text[:upto], delta_text=delta,
-            token_ids=list(ids), delta_token_ids=list(ids[req.sent_tokens:]),
-            logprobs=req.logprobs[req.sent_tokens:] if req.params.logprobs is not None else None,
+            request_id=req.request_id,
+            prompt_len=len(req.seq.prompt_ids),
+            cached_len=req.seq.cached_len,
+            text=req.text[:upto],
+            delta_text=delta,
+            token_ids=list(ids),
+            delta_token_ids=list(ids[req.sent_tokens :]),
+            logprobs=req.logprobs[req.sent_tokens :] if req.params.logprobs is not None else None,
             prompt_logprobs=req.prompt_logprobs if not req.first_sent else None,
-            finished=finished, finish_reason=req.finish_reason if finished else None,
-            stop_reason=req.stop_reason if finished else None)
+            finished=finished,
+            finish_reason=req.finish_reason if finished else None,
+            stop_reason=req.stop_reason if finished else None,
+        )
         req.sent_chars, req.sent_tokens, req.first_sent = upto, len(ids), True
         if finished:
             self._requests.pop(req.request_id, None)

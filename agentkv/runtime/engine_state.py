@@ -1,8 +1,9 @@
 """The engine's introspection and cache upkeep: the published stats snapshot, prefix pins,
 freeing the cache, the disk tier's loads and close."""
+
 from __future__ import annotations
 
-from typing import Hashable
+from collections.abc import Hashable
 
 from agentkv.runtime.outputs import EngineStats
 
@@ -25,20 +26,26 @@ class EngineState:
         """Engine thread only: walks the radix tree."""
         c = self.cache
         return EngineStats(
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            kv_blocks_used=self.pool.num_used, kv_blocks_free=self.pool.num_free,
-            prefix_queried_tokens=c.queried_tokens, prefix_hit_tokens=c.hit_tokens,
-            evicted_blocks=c.evicted_blocks, preemptions=self.scheduler.preemptions,
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_blocks_used=self.pool.num_used,
+            kv_blocks_free=self.pool.num_free,
+            prefix_queried_tokens=c.queried_tokens,
+            prefix_hit_tokens=c.hit_tokens,
+            evicted_blocks=c.evicted_blocks,
+            preemptions=self.scheduler.preemptions,
             prompt_tokens=self.counters.prompt_tokens,
             generation_tokens=self.counters.generation_tokens,
             computed_tokens=self.counters.computed_tokens,
             kv_blocks_cached=sum(1 for b, n in c.block_refs().items() if self.pool.refcount(b) == n),
-            backend=self.backend.name, isa=self.backend.identity.isa,
+            backend=self.backend.name,
+            isa=self.backend.identity.isa,
             kernel_build=self.backend.identity.kernel_build,
             disk=self.disk.stats() if self.disk is not None else None,
             spec_drafted_tokens=self.counters.spec_drafted_tokens,
             spec_accepted_tokens=self.counters.spec_accepted_tokens,
-            spec_verify_steps=self.counters.spec_verify_steps)
+            spec_verify_steps=self.counters.spec_verify_steps,
+        )
 
     def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
         """Keep the cached prefix of `token_ids` (in a request `namespace`) from eviction for

@@ -13,8 +13,10 @@ class PromptTooLongError(ValueError):
 
     def __init__(self, prompt_len: int, max_model_len: int):
         self.prompt_len, self.max_model_len = prompt_len, max_model_len
-        super().__init__(f"prompt has {prompt_len} tokens but the model's context is "
-                         f"{max_model_len} tokens (max_model_len); shorten the prompt")
+        super().__init__(
+            f"prompt has {prompt_len} tokens but the model's context is "
+            f"{max_model_len} tokens (max_model_len); shorten the prompt"
+        )
 
 
 class InvalidTokenError(ValueError):
@@ -25,15 +27,15 @@ class KVCapacityError(ValueError):
     """A prompt + max_tokens that needs more KV blocks than the whole pool holds: it could
     never run, however long it waited."""
 
-    def __init__(self, prompt_len: int, max_tokens: int, num_needed: int, num_blocks: int,
-                 block_size: int):
+    def __init__(self, prompt_len: int, max_tokens: int, num_needed: int, num_blocks: int, block_size: int):
         self.prompt_len, self.max_tokens = prompt_len, max_tokens
         self.num_needed, self.num_blocks = num_needed, num_blocks
         super().__init__(
             f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) needs {num_needed} KV "
             f"blocks of {block_size} tokens, but the whole KV pool has {num_blocks} blocks "
             f"({num_blocks * block_size} tokens); lower max_tokens or the prompt, or raise "
-            f"--kv-cache-blocks / --kv-cache-memory")
+            f"--kv-cache-blocks / --kv-cache-memory"
+        )
 
 
 class NotAGeneratorError(ValueError):
@@ -54,5 +56,7 @@ class QueueFullError(RuntimeError):
 
     def __init__(self, num_in_flight: int, limit: int):
         self.num_in_flight, self.limit = num_in_flight, limit
-        super().__init__(f"the server is at capacity: {num_in_flight} requests in flight, "
-                         f"limit {limit} (max_num_seqs + max_queued_requests); retry later")
+        super().__init__(
+            f"the server is at capacity: {num_in_flight} requests in flight, "
+            f"limit {limit} (max_num_seqs + max_queued_requests); retry later"
+        )

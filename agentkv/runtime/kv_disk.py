@@ -1,5 +1,6 @@
 """The engine's side of the KV disk tier: opening it under the engine's fingerprint, and
 write-through of the blocks a step filled. The tier itself is `agentkv.cache.disk_tier`."""
+
 from __future__ import annotations
 
 import logging
@@ -25,16 +26,21 @@ def open_disk(engine: Engine) -> DiskTier | None:
     if cc.disk_dir is None or runner is None:
         return None
     backend = engine.backend
-    fingerprint = fingerprint_for(engine.source.path, Path(cc.disk_dir), backend, engine.block_size,
-                                  engine.model.kv_spec(1, engine.block_size))
-    disk = DiskTier(Path(cc.disk_dir), fingerprint, cc.disk_bytes,
-                    lambda block: backend.read_block(runner.kv, block))
+    fingerprint = fingerprint_for(
+        engine.source.path, Path(cc.disk_dir), backend, engine.block_size, engine.model.kv_spec(1, engine.block_size)
+    )
+    disk = DiskTier(Path(cc.disk_dir), fingerprint, cc.disk_bytes, lambda block: backend.read_block(runner.kv, block))
     if not cc.write_through:
         engine.cache.on_evict = disk.evict_listener(engine.cache)
     stats = disk.stats()
-    log.info("KV disk tier %s (%s): %d files, %d of %d bytes", disk.dir,
-             "write-through" if cc.write_through else "write-back", stats.num_files,
-             stats.used_bytes, cc.disk_bytes)
+    log.info(
+        "KV disk tier %s (%s): %d files, %d of %d bytes",
+        disk.dir,
+        "write-through" if cc.write_through else "write-back",
+        stats.num_files,
+        stats.used_bytes,
+        cc.disk_bytes,
+    )
     return disk
 
 

@@ -1,8 +1,10 @@
 """`LLM`: the offline entry point — load a model, generate for a list of prompts."""
+
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agentkv.runtime.config import EngineConfig, engine_config
 from agentkv.runtime.engine import Engine
@@ -24,8 +26,9 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                 params: SamplingParams | None = None) -> list[RequestOutput]:
+    def generate(
+        self, prompts: str | Sequence[str] | Sequence[Sequence[int]], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
         """Run every prompt to completion (batched); results in prompt order.
 
         Prompts are strings (tokenized with the model's own rules) or lists of token ids.

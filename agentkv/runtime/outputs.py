@@ -1,4 +1,5 @@
 """What the engine hands back: per-step request outputs and engine-wide counters."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

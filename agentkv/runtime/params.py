@@ -1,4 +1,5 @@
 """Per-request sampling parameters: OpenAI/vLLM field names and ranges, validated once at the boundary."""
+
 from __future__ import annotations
 
 import math
@@ -93,8 +94,7 @@ class SamplingParams:
         (the server calls this at the boundary; the sampler checks again per row)."""
         for token_id, _ in self.logit_bias:
             if token_id >= vocab_size:
-                raise _bad("logit_bias key", token_id,
-                           f"token ids in [0, {vocab_size - 1}] for this model")
+                raise _bad("logit_bias key", token_id, f"token ids in [0, {vocab_size - 1}] for this model")
 
     @property
     def top_k_enabled(self) -> bool:
@@ -139,8 +139,7 @@ class SamplingParams:
             "temperature": 0.0 <= self.temperature <= TEMPERATURE_LIMIT,
             "top_p": 0.0 < self.top_p <= 1.0,
             "min_p": 0.0 <= self.min_p <= 1.0,
-            "repetition_penalty": (REPETITION_PENALTY_MIN <= self.repetition_penalty
-                                   <= REPETITION_PENALTY_MAX),
+            "repetition_penalty": (REPETITION_PENALTY_MIN <= self.repetition_penalty <= REPETITION_PENALTY_MAX),
             "presence_penalty": -PENALTY_LIMIT <= self.presence_penalty <= PENALTY_LIMIT,
             "frequency_penalty": -PENALTY_LIMIT <= self.frequency_penalty <= PENALTY_LIMIT,
         }
@@ -151,8 +150,7 @@ class SamplingParams:
     def _validate_collections(self) -> None:
         for token_id, bias in self.logit_bias:
             if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
-                raise _bad(f"logit_bias[{token_id}]", bias,
-                           f"[{-LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]")
+                raise _bad(f"logit_bias[{token_id}]", bias, f"[{-LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise _bad("stop", s, "non-empty strings")
@@ -174,8 +172,7 @@ def _normalise_logit_bias(
         if not _is_int(token_id) or token_id < 0:
             raise _bad("logit_bias key", key, "token ids: ints >= 0")
         if not _is_real(bias):
-            raise _bad(f"logit_bias[{token_id}]", bias,
-                       f"finite numbers in [{-LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]")
+            raise _bad(f"logit_bias[{token_id}]", bias, f"finite numbers in [{-LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]")
         if token_id in out:
             raise ValueError(f"logit_bias key {token_id!r} is given twice")
         out[token_id] = float(bias)

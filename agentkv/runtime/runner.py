@@ -1,8 +1,10 @@
 """The model runner: turns one step's chunks into a flat batch + AttnMeta, runs the model,
 and reads back the logits rows that will be sampled (the step's only host fence)."""
+
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,8 +45,10 @@ class ModelRunner:
             pos = np.arange(c.start_pos, c.start_pos + n, dtype=np.int64)
             table = np.asarray(c.block_table, dtype=np.int64)
             if len(table) * bs < c.start_pos + n:
-                raise RuntimeError(f"block table of {len(table)} blocks cannot hold position "
-                                   f"{c.start_pos + n - 1} (block_size {bs}) — scheduler bug")
+                raise RuntimeError(
+                    f"block table of {len(table)} blocks cannot hold position "
+                    f"{c.start_pos + n - 1} (block_size {bs}) — scheduler bug"
+                )
             ids.append(np.asarray(c.token_ids, dtype=np.int64))
             positions.append(pos)
             slots.append(table[pos // bs] * bs + pos % bs)
@@ -57,7 +61,9 @@ class ModelRunner:
             query_lens=tuple(len(c.token_ids) for c in chunks),
             context_lens=tuple(c.start_pos + len(c.token_ids) for c in chunks),
             block_tables=tuple(tuple(int(b) for b in c.block_table) for c in chunks),
-            positions=np.concatenate(positions), slot_mapping=np.concatenate(slots))
+            positions=np.concatenate(positions),
+            slot_mapping=np.concatenate(slots),
+        )
         logit_rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         return np.concatenate(ids), meta, logit_rows
 

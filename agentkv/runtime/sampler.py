@@ -17,6 +17,7 @@ draw for the token at position p comes from PCG64((seed + index, p)), keyed by p
 rather than by how many draws came before, so it replays token for token however its
 tokens were produced (one per step, or several per speculative verification step).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -49,8 +50,7 @@ class SamplingState:
     seed: int | None = None  # (params.seed + index) mod 2**64; None = draw from `rng`
 
     @classmethod
-    def create(cls, params: SamplingParams, prompt_ids: Sequence[int] | np.ndarray,
-               index: int = 0) -> SamplingState:
+    def create(cls, params: SamplingParams, prompt_ids: Sequence[int] | np.ndarray, index: int = 0) -> SamplingState:
         """New state for sequence `index` of a request (0..n-1).
 
         With a seed, sequence `index` draws with seed + index (vLLM gives the n children
@@ -75,8 +75,9 @@ class SamplingState:
         self.output_ids.append(int(token_id))
 
 
-def sample(logits: np.ndarray, params: SamplingParams, state: SamplingState,
-           allowed: np.ndarray | None = None) -> SampleResult:
+def sample(
+    logits: np.ndarray, params: SamplingParams, state: SamplingState, allowed: np.ndarray | None = None
+) -> SampleResult:
     """Choose the next token from one logits row `[vocab]`.
 
     Does not modify `logits`; draws once (unless greedy) from `state.generator()`; does not append
@@ -92,8 +93,9 @@ def sample(logits: np.ndarray, params: SamplingParams, state: SamplingState,
     else:
         finite = bool(np.isfinite(processed).any())
     if not finite:
-        raise RuntimeError("every token is masked (-inf) after logit_bias, allowed mask and "
-                           "penalties: nothing can be sampled")
+        raise RuntimeError(
+            "every token is masked (-inf) after logit_bias, allowed mask and penalties: nothing can be sampled"
+        )
     if not params.greedy:
         token_id = _draw(warp(processed, params), state.generator())
     if not np.isfinite(processed[token_id]):
@@ -104,8 +106,9 @@ def sample(logits: np.ndarray, params: SamplingParams, state: SamplingState,
     return SampleResult(token_id, token_logprob(raw[token_id], lse), top_logprobs(raw, lse, params.logprobs))
 
 
-def process_logits(logits: np.ndarray, params: SamplingParams, state: SamplingState,
-                   allowed: np.ndarray | None = None) -> np.ndarray:
+def process_logits(
+    logits: np.ndarray, params: SamplingParams, state: SamplingState, allowed: np.ndarray | None = None
+) -> np.ndarray:
     """Bias, mask and penalties on a float32 copy of `logits` `[vocab]`; returns the copy."""
     out = np.array(logits, dtype=np.float32, copy=True)
     if params.logit_bias:
@@ -116,8 +119,7 @@ def process_logits(logits: np.ndarray, params: SamplingParams, state: SamplingSt
         seen = np.concatenate([state.prompt_ids, np.asarray(state.output_ids, dtype=np.int64)])
         apply_repetition_penalty(out, seen, params.repetition_penalty)
     if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
-        apply_presence_frequency(out, state.output_ids, params.presence_penalty,
-                                 params.frequency_penalty)
+        apply_presence_frequency(out, state.output_ids, params.presence_penalty, params.frequency_penalty)
     return out
 
 
@@ -126,16 +128,17 @@ def apply_logit_bias(logits: np.ndarray, bias: Sequence[tuple[int, float]]) -> N
     vocab = logits.shape[0]
     for token_id, value in bias:
         if token_id >= vocab:
-            raise ValueError(f"logit_bias token id {token_id} is out of range: allowed "
-                             f"[0, {vocab - 1}] for this model's vocab of {vocab}")
+            raise ValueError(
+                f"logit_bias token id {token_id} is out of range: allowed "
+                f"[0, {vocab - 1}] for this model's vocab of {vocab}"
+            )
         logits[token_id] += np.float32(value)
 
 
 def apply_allowed(logits: np.ndarray, allowed: np.ndarray) -> None:
     """Set logits of tokens whose `allowed` entry is False to -inf, in place."""
     if allowed.dtype != np.bool_ or allowed.shape != logits.shape:
-        raise ValueError(f"allowed mask must be bool {logits.shape}, got "
-                         f"{allowed.dtype} {allowed.shape}")
+        raise ValueError(f"allowed mask must be bool {logits.shape}, got {allowed.dtype} {allowed.shape}")
     logits[~allowed] = -np.inf
 
 
@@ -155,8 +158,7 @@ def apply_repetition_penalty(logits: np.ndarray, seen_ids: np.ndarray, penalty: 
     logits[ids] = np.where(np.isfinite(score), np.clip(scaled, -_F32_MAX, _F32_MAX), score)
 
 
-def apply_presence_frequency(logits: np.ndarray, output_ids: Sequence[int], presence: float,
-                             frequency: float) -> None:
+def apply_presence_frequency(logits: np.ndarray, output_ids: Sequence[int], presence: float, frequency: float) -> None:
     """OpenAI penalties in place over generated tokens only:
     logit -= frequency * count(token) ; logit -= presence * (count(token) > 0)."""
     if len(output_ids) == 0:

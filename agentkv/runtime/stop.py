@@ -11,6 +11,7 @@ detokenized output so far. Index regions for a stop-string search:
 A streaming server withholds `holdback_len(text)` trailing characters, because they could be
 the start of a stop string, so a delta never shows a stop string it later has to take back.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

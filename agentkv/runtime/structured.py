@@ -13,13 +13,15 @@ Ids the tokenizer does not know (model logits wider than the vocabulary) and spe
 are never allowed; a grammar ends the request itself, so EOS is never needed to close JSON.
 xgrammar is imported in the factory only, so the core imports without it.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import threading
 from collections import OrderedDict
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,8 +47,7 @@ class GrammarConstraint:
         import xgrammar as xgr
 
         # A grammar that may go on after a complete match (one call or more) ends on EOS.
-        self._matcher = xgr.GrammarMatcher(compiled,
-                                           terminate_without_stop_token=not ends_on_stop_token)
+        self._matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=not ends_on_stop_token)
         self._vocab_size = vocab_size
         self._bitmask = np.zeros((1, (vocab_size + 31) // 32), dtype=np.int32)
         self._mask: np.ndarray | None = None
@@ -80,12 +81,14 @@ def tool_call_schema(tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for tool in tools:
         fn = tool["function"]
         params = fn.get("parameters") or {"type": "object", "properties": {}}
-        options.append({
-            "type": "object",
-            "properties": {"name": {"const": fn["name"]}, "arguments": params},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
@@ -114,8 +117,9 @@ class ConstraintFactory:
         """Output is one JSON object, any keys."""
         return self.json_schema({"type": "object"})
 
-    def tool_call(self, tools: Sequence[dict[str, Any]], max_calls: int = 1,
-                  or_schema: dict[str, Any] | None = None) -> GrammarConstraint:
+    def tool_call(
+        self, tools: Sequence[dict[str, Any]], max_calls: int = 1, or_schema: dict[str, Any] | None = None
+    ) -> GrammarConstraint:
         """Output is 1 to `max_calls` `<tool_call>` blocks (newline-separated), each calling one
         of `tools` (pass a single tool for a named tool_choice) with arguments valid against its
         parameters schema -- or, given `or_schema`, one JSON value valid against it instead.
@@ -126,9 +130,11 @@ class ConstraintFactory:
         check_admits_something(schema)
         if or_schema is not None:
             check_admits_something(or_schema)
-        return self._make(("tool", schema, max_calls, or_schema),
-                          lambda: self._compile_tool_call(schema, max_calls, or_schema),
-                          max_calls > 1 or or_schema is not None)
+        return self._make(
+            ("tool", schema, max_calls, or_schema),
+            lambda: self._compile_tool_call(schema, max_calls, or_schema),
+            max_calls > 1 or or_schema is not None,
+        )
 
     def _make(self, key_obj: Any, build: Any, ends_on_stop_token: bool = False) -> GrammarConstraint:
         key = json.dumps(key_obj, sort_keys=True)
@@ -147,25 +153,28 @@ class ConstraintFactory:
 
     def _compile_schema(self, schema: dict[str, Any]) -> Any:
         try:
-            return self._compiler.compile_json_schema(
-                json.dumps(schema), any_whitespace=False, strict_mode=True)
+            return self._compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError variants
             raise ValueError(f"JSON schema is not supported for constrained decoding: {exc}") from exc
 
-    def _compile_tool_call(self, schema: dict[str, Any], max_calls: int,
-                           or_schema: dict[str, Any] | None = None) -> Any:
+    def _compile_tool_call(
+        self, schema: dict[str, Any], max_calls: int, or_schema: dict[str, Any] | None = None
+    ) -> Any:
         xgr = self._xgr
         try:
             body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
-            alternative = [] if or_schema is None else [
-                xgr.Grammar.from_json_schema(json.dumps(or_schema), any_whitespace=False)]
+            alternative = (
+                [] if or_schema is None else [xgr.Grammar.from_json_schema(json.dumps(or_schema), any_whitespace=False)]
+            )
         except Exception as exc:
             raise ValueError(f"tool parameters schema is not supported: {exc}") from exc
-        parts = [xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"), body,
-                 xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}")]
+        parts = [
+            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"),
+            body,
+            xgr.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}"),
+        ]
         sep = xgr.Grammar.from_ebnf('root ::= "\\n"')
-        options = [xgr.Grammar.concat(*_repeat(parts, sep, k))
-                   for k in range(1, max_calls + 1)] + alternative
+        options = [xgr.Grammar.concat(*_repeat(parts, sep, k)) for k in range(1, max_calls + 1)] + alternative
         grammar = options[0] if len(options) == 1 else xgr.Grammar.union(*options)
         return self._compiler.compile_grammar(grammar)
 
@@ -198,8 +207,7 @@ def _unsatisfiable(schema: Any, path: str) -> str | None:
     parts = [(o, f"{path}.allOf[{i}]") for i, o in enumerate(schema.get("allOf") or ())]
     props = schema.get("properties")
     if isinstance(props, dict):
-        parts += [(props[name], f"{path}.properties.{name}")
-                  for name in schema.get("required") or () if name in props]
+        parts += [(props[name], f"{path}.properties.{name}") for name in schema.get("required") or () if name in props]
     if isinstance(schema.get("items"), dict) and (schema.get("minItems") or 0) > 0:
         parts.append((schema["items"], f"{path}.items"))
     for part, part_path in parts:
@@ -237,9 +245,13 @@ def _tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
     backend = getattr(tokenizer, "backend", None)
     if backend is not None:
         meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
-    return xgr.TokenizerInfo(vocab, meta["vocab_type"], vocab_size=vocab_size,
-                             stop_token_ids=sorted(tokenizer.eos_ids),
-                             add_prefix_space=meta["add_prefix_space"])
+    return xgr.TokenizerInfo(
+        vocab,
+        meta["vocab_type"],
+        vocab_size=vocab_size,
+        stop_token_ids=sorted(tokenizer.eos_ids),
+        add_prefix_space=meta["add_prefix_space"],
+    )
 
 
 class MinTokensConstraint:
@@ -248,8 +260,7 @@ class MinTokensConstraint:
     Where the two leave nothing (a grammar that may only end on EOS), the grammar wins, since
     a row with every token masked cannot be sampled. Not thread-safe: the engine thread only."""
 
-    def __init__(self, inner: Constraint | None, banned: Sequence[int], vocab_size: int,
-                 min_tokens: int) -> None:
+    def __init__(self, inner: Constraint | None, banned: Sequence[int], vocab_size: int, min_tokens: int) -> None:
         self._inner, self._min_tokens, self._num_tokens = inner, min_tokens, 0
         self._ban = np.ones(vocab_size, dtype=bool)
         self._ban[[i for i in banned if 0 <= i < vocab_size]] = False

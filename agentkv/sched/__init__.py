@@ -1,7 +1,16 @@
 """Continuous batching and chunked prefill (pure Python, no torch)."""
+
 from agentkv.sched.config import CacheView, SchedulerConfig
 from agentkv.sched.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from agentkv.sched.sequence import SeqId, SeqStatus, Sequence
 
-__all__ = ["CacheView", "ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "SeqId",
-           "SeqStatus", "Sequence"]
+__all__ = [
+    "CacheView",
+    "ScheduledChunk",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "SeqId",
+    "SeqStatus",
+    "Sequence",
+]

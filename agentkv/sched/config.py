@@ -1,12 +1,12 @@
 """Scheduler knobs (batch width, token budget per step, chunked prefill) and the view of the
 cache knobs the scheduler plans with."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 
-def _check_int(name: str, value: object, low: int, high: int | None = None,
-               high_name: str = "") -> None:
+def _check_int(name: str, value: object, low: int, high: int | None = None, high_name: str = "") -> None:
     """ValueError naming the field, the value and the allowed range (bools are not ints here)."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
     if ok and high is not None:
@@ -30,8 +30,7 @@ class SchedulerConfig:
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.chunk_size is not None:
-            _check_int("chunk_size", self.chunk_size, 1, self.max_num_batched_tokens,
-                       "max_num_batched_tokens")
+            _check_int("chunk_size", self.chunk_size, 1, self.max_num_batched_tokens, "max_num_batched_tokens")
 
     @property
     def max_chunk_len(self) -> int:

@@ -1,5 +1,6 @@
 """How a sequence leaves the scheduler (finished or aborted) and the integrity check of what it
 leaves behind: pool, tree and every block's holders."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -52,5 +53,6 @@ class SequenceEnding:
                 raise RuntimeError(f"waiting seq {seq.seq_id} holds state: bug")
         for block in range(self.pool.num_blocks):
             if self.pool.refcount(BlockId(block)) != refs[BlockId(block)]:
-                raise RuntimeError(f"block {block}: refcount {self.pool.refcount(block)}, "
-                                   f"{refs[BlockId(block)]} holders: bug")
+                raise RuntimeError(
+                    f"block {block}: refcount {self.pool.refcount(block)}, {refs[BlockId(block)]} holders: bug"
+                )

@@ -1,5 +1,6 @@
 """Continuous batching: decodes first, then chunked prefills under a token budget,
 admission through the prefix cache, eviction then preemption when KV blocks run short."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -9,8 +10,8 @@ from typing import NamedTuple
 from agentkv.cache import BlockId, BlockPool, MatchResult, Node, RadixCache, common_prefix_len
 from agentkv.cache.disk_tier import DiskTier
 from agentkv.sched.config import CacheView, SchedulerConfig
-from agentkv.sched.sequence import SeqId, SeqStatus, Sequence
 from agentkv.sched.ending import SequenceEnding
+from agentkv.sched.sequence import SeqId, SeqStatus, Sequence
 from agentkv.sched.speculation import SpeculativeScheduling
 
 
@@ -35,7 +36,7 @@ class ScheduledChunk(NamedTuple):
         """The tokens this chunk computes (the draft included)."""
         if self.draft:
             return [self.seq.all_ids[self.start], *self.draft]
-        return self.seq.all_ids[self.start:self.start + self.num_tokens]
+        return self.seq.all_ids[self.start : self.start + self.num_tokens]
 
 
 class SchedulerOutput(NamedTuple):
@@ -74,11 +75,18 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
     no hashing of unordered sets.
     """
 
-    def __init__(self, config: SchedulerConfig, pool: BlockPool,
-                 cache: RadixCache | None, view: CacheView, disk: DiskTier | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        pool: BlockPool,
+        cache: RadixCache | None,
+        view: CacheView,
+        disk: DiskTier | None = None,
+    ) -> None:
         if cache is not None and cache.block_size != view.block_size:
-            raise ValueError(f"cache block_size={cache.block_size} differs from "
-                             f"the view's block_size={view.block_size}")
+            raise ValueError(
+                f"cache block_size={cache.block_size} differs from the view's block_size={view.block_size}"
+            )
         if view.enable_prefix_cache and cache is None:
             raise ValueError("enable_prefix_cache=True needs a RadixCache")
         self.config = config
@@ -118,8 +126,9 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
             raise ValueError(f"seq {seq.seq_id}: max_tokens={seq.max_tokens} must be >= 1")
         needed = self._num_blocks(len(seq.prompt_ids) + seq.max_tokens)
         if needed > self.pool.num_blocks:
-            raise ValueError(f"seq {seq.seq_id}: prompt + max_tokens needs {needed} KV "
-                             f"blocks, the pool has {self.pool.num_blocks}")
+            raise ValueError(
+                f"seq {seq.seq_id}: prompt + max_tokens needs {needed} KV blocks, the pool has {self.pool.num_blocks}"
+            )
         if seq.seq_id in self._seqs:
             raise ValueError(f"seq {seq.seq_id} already added")
         seq.arrival = self._num_arrivals
@@ -149,8 +158,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
             if seq.status is SeqStatus.RUNNING and not seq.is_decoding:
                 self._extend(seq, num_tokens, step)
         self._admit(step)
-        self._last = SchedulerOutput(list(step.chunks.values()), step.copies, step.preempted,
-                                     step.loads)
+        self._last = SchedulerOutput(list(step.chunks.values()), step.copies, step.preempted, step.loads)
         return self._last
 
     def _extend(self, seq: Sequence, num_tokens: int, step: _Step) -> None:
@@ -194,7 +202,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
 
     def _release(self, seq: Sequence, insert: bool) -> None:
         if insert and self.cache is not None and seq.num_computed > 0:
-            self.cache.insert(seq.namespace, seq.all_ids[:seq.num_computed], seq.block_table)
+            self.cache.insert(seq.namespace, seq.all_ids[: seq.num_computed], seq.block_table)
         self._unlock(seq)
         self.pool.free(seq.block_table)
         seq.block_table = []
@@ -298,8 +306,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
         self.cache.lock(match.last_node)
         return match
 
-    def _share(self, seq: Sequence, match: MatchResult
-               ) -> tuple[list[BlockId], list[tuple[BlockId, BlockId]]]:
+    def _share(self, seq: Sequence, match: MatchResult) -> tuple[list[BlockId], list[tuple[BlockId, BlockId]]]:
         """The shared part of `seq`'s block table and its copies; the caller checked that
         a block is free for the copy. Copy sources are pinned until `on_tokens`."""
         if self.cache is None or match.last_node is None:
@@ -338,8 +345,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
             if seq.status is not SeqStatus.RUNNING:
                 continue
             if seq.num_computed != chunk.start:
-                raise RuntimeError(f"seq {seq.seq_id} computed {seq.num_computed}, chunk "
-                                   f"starts at {chunk.start}: bug")
+                raise RuntimeError(f"seq {seq.seq_id} computed {seq.num_computed}, chunk starts at {chunk.start}: bug")
             if chunk.samples and seq.seq_id not in sampled:
                 raise ValueError(f"no sampled token for seq {seq.seq_id}")
             if chunk.draft:
@@ -357,7 +363,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
         the in-flight prefix is neither computed twice nor evicted under it."""
         if self.cache is None:
             return
-        computed = seq.all_ids[:seq.num_computed]
+        computed = seq.all_ids[: seq.num_computed]
         self.cache.insert(seq.namespace, computed, seq.block_table)
         node = self.cache.match(seq.namespace, computed, record=False).last_node
         assert node is not None

@@ -1,4 +1,5 @@
 """A request as the scheduler sees it: its tokens, its KV blocks, how far its KV goes."""
+
 from __future__ import annotations
 
 import enum

@@ -1,6 +1,7 @@
 """Response bodies, stream events and errors of the Anthropic Messages API, shaped as the
 official `anthropic` client reads them: `{"type": "error", "error": {"type", "message"}}`
 with Anthropic's error type for each status."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,17 @@ from pydantic import BaseModel
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-               500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 class AnthropicUsage(BaseModel):
@@ -56,5 +65,9 @@ def usage_of(prompt_len: int, cached_len: int, pinned_len: int, output_tokens: i
     """Anthropic splits the prompt three ways: read from the cache (the radix hit), written
     to it for a cache_control breakpoint (what a pin holds past the hit), and the rest."""
     creation = max(0, min(pinned_len, prompt_len) - cached_len)
-    return AnthropicUsage(input_tokens=prompt_len - cached_len - creation, output_tokens=output_tokens,
-                          cache_creation_input_tokens=creation, cache_read_input_tokens=cached_len)
+    return AnthropicUsage(
+        input_tokens=prompt_len - cached_len - creation,
+        output_tokens=output_tokens,
+        cache_creation_input_tokens=creation,
+        cache_read_input_tokens=cached_len,
+    )

@@ -1,6 +1,7 @@
 """Request bodies of the Anthropic Messages API (POST /v1/messages, /v1/messages/count_tokens):
 system as a string or text blocks, messages of text / tool_use / tool_result blocks, tools
 with an `input_schema`, tool_choice auto / any / tool / none, and `cache_control` breakpoints."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -47,8 +48,7 @@ class UnsupportedBlock(Open):
     cache_control: CacheControl | None = None
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock,
-                  Field(discriminator="type")]
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock, Field(discriminator="type")]
 
 
 class Message(Open):

@@ -1,14 +1,22 @@
 """Anthropic Messages requests -> the shared chat path: blocks to chat messages, tools and
 tool_choice to a ToolPolicy, sampling fields to SamplingFields, and where each cache_control
 breakpoint falls in the conversation."""
+
 from __future__ import annotations
 
 import json
 from typing import Any, NamedTuple
 
 from agentkv.server.anthropic_schemas import (
-    TTL_SECONDS, CacheControl, CountTokensRequest, MessagesRequest, TextBlock, ToolResultBlock,
-    ToolUseBlock, UnsupportedBlock)
+    TTL_SECONDS,
+    CacheControl,
+    CountTokensRequest,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    UnsupportedBlock,
+)
 from agentkv.server.errors import bad_request
 from agentkv.server.schemas import ChatMessage, SamplingFields
 from agentkv.server.tool_policy import ToolPolicy, tool_policy
@@ -31,8 +39,10 @@ def _ttl(cc: CacheControl | None, where: str) -> float | None:
         return None
     ttl = cc.ttl or "5m"
     if ttl not in TTL_SECONDS:
-        raise bad_request(f"{where}.cache_control.ttl={ttl!r} is not supported: allowed "
-                          f"{sorted(TTL_SECONDS)}", param=f"{where}.cache_control.ttl")
+        raise bad_request(
+            f"{where}.cache_control.ttl={ttl!r} is not supported: allowed {sorted(TTL_SECONDS)}",
+            param=f"{where}.cache_control.ttl",
+        )
     return TTL_SECONDS[ttl]
 
 
@@ -61,20 +71,30 @@ def _blocks(role: str, blocks: list[Any], where: str) -> tuple[list[ChatMessage]
     for j, block in enumerate(blocks):
         ttl = max(ttl or 0.0, _ttl(block.cache_control, f"{where}.content.{j}") or 0.0) or None
         if isinstance(block, UnsupportedBlock):
-            raise bad_request(f"content block type {block.type!r} is not supported by this "
-                              f"server; only text, tool_use and tool_result", param=f"{where}.content.{j}")
+            raise bad_request(
+                f"content block type {block.type!r} is not supported by this "
+                f"server; only text, tool_use and tool_result",
+                param=f"{where}.content.{j}",
+            )
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ToolUseBlock):
-            calls.append({"id": block.id, "type": "function", "function": {
-                "name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": block.id,
+                    "type": "function",
+                    "function": {"name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)},
+                }
+            )
         elif isinstance(block, ToolResultBlock):
             body = _text(block.content)
-            out.append(ChatMessage(role="tool", tool_call_id=block.tool_use_id,
-                                   content=f"Error: {body}" if block.is_error else body))
+            out.append(
+                ChatMessage(
+                    role="tool", tool_call_id=block.tool_use_id, content=f"Error: {body}" if block.is_error else body
+                )
+            )
     if texts or calls or not out:
-        out.append(ChatMessage.model_validate({"role": role, "content": "".join(texts),
-                                               "tool_calls": calls or None}))
+        out.append(ChatMessage.model_validate({"role": role, "content": "".join(texts), "tool_calls": calls or None}))
     return out, ttl
 
 
@@ -96,9 +116,17 @@ def conversation(req: MessagesRequest | CountTokensRequest) -> Conversation:
 
 
 def policy_of(req: MessagesRequest | CountTokensRequest) -> ToolPolicy:
-    tools = [{"type": "function", "function": {
-        "name": t.name, **({"description": t.description} if t.description else {}),
-        "parameters": t.input_schema}} for t in req.tools or []]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                **({"description": t.description} if t.description else {}),
+                "parameters": t.input_schema,
+            },
+        }
+        for t in req.tools or []
+    ]
     choice: Any = None
     parallel = None
     tc = req.tool_choice
@@ -115,9 +143,16 @@ def policy_of(req: MessagesRequest | CountTokensRequest) -> ToolPolicy:
 
 def sampling_fields(req: MessagesRequest) -> SamplingFields:
     """The sampling fields the shared prologue reads (stop_sequences are stop strings)."""
-    return SamplingFields.model_validate({
-        "model": req.model, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-        "stop": req.stop_sequences, "stream": req.stream})
+    return SamplingFields.model_validate(
+        {
+            "model": req.model,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "stop": req.stop_sequences,
+            "stream": req.stream,
+        }
+    )
 
 
 def stop_reason(out: Any, num_calls: int, stop_sequences: list[str] | None) -> tuple[str, str | None]:

@@ -3,13 +3,15 @@
 `create_app(engine)` takes a ready AsyncEngine, or a zero-argument callable that builds one:
 then the app answers at once (GET /health is 503 "loading") while the model loads in a
 background thread. Handlers never touch tensors: they translate HTTP to engine calls."""
+
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Mapping
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -23,26 +25,41 @@ from agentkv.server.anthropic_responses import CountTokensResponse, MessageRespo
 from agentkv.server.anthropic_schemas import CountTokensRequest, MessagesRequest
 from agentkv.server.errors import ErrorResponse, install_handlers
 from agentkv.server.guard import BodyLimitMiddleware, authenticate, watch_engine
-from agentkv.server.serving_messages import count_tokens, create_message
+from agentkv.server.lifecycle import EngineLoader, FatalHook, ServerLimits, ServerState
 from agentkv.server.responses_objects import DeletedResponse, ResponseObject
 from agentkv.server.responses_schemas import ResponsesRequest
 from agentkv.server.responses_store import ResponseStore
-from agentkv.server.serving_responses import create_response
 from agentkv.server.schemas import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, TokenizeRequest)
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
 from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
+from agentkv.server.serving_messages import count_tokens, create_message
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
-from agentkv.server.lifecycle import EngineLoader, FatalHook, ServerLimits, ServerState
+from agentkv.server.serving_responses import create_response
 from agentkv.server.serving_router import ROUTER_ENDPOINTS, add_router_routes, health_response
 from agentkv.server.translate import check_fields, check_model
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
 STREAM = {200: {"content": {"text/event-stream": {}}}}
-_ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
-              "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
-              "/tokenize", "/detokenize", "/health", "/metrics", *ROUTER_ENDPOINTS}
+_ENDPOINTS = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/models",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/tokenize",
+    "/detokenize",
+    "/health",
+    "/metrics",
+    *ROUTER_ENDPOINTS,
+}
 # Each API answers errors in its own shape.
 ERROR_SHAPES = {"/v1/messages": anthropic_error_response}
 
@@ -77,8 +94,7 @@ class MetricsMiddleware:
 def _openapi_400s(app: FastAPI) -> dict[str, Any]:
     """FastAPI documents validation failures as 422; this server answers them with 400."""
     if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                             routes=app.routes)
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         for path in schema.get("paths", {}).values():
             for op in path.values():
                 op.get("responses", {}).pop("422", None)
@@ -108,19 +124,31 @@ async def until_disconnect(request: Request, work: Any, stream: bool | None) -> 
 DISCONNECT_POLL_S = 0.25
 
 
-def create_app(engine: EngineClient | EngineLoader, *, api_key: str | Mapping[str, str | None] | None = None,
-               served_model_name: str | None = None, strict_request_fields: bool = False,
-               chat_template: Any = None, limits: ServerLimits | None = None,
-               on_fatal: FatalHook | None = None) -> FastAPI:
+def create_app(
+    engine: EngineClient | EngineLoader,
+    *,
+    api_key: str | Mapping[str, str | None] | None = None,
+    served_model_name: str | None = None,
+    strict_request_fields: bool = False,
+    chat_template: Any = None,
+    limits: ServerLimits | None = None,
+    on_fatal: FatalHook | None = None,
+) -> FastAPI:
     """The app for `engine` (an EngineClient, or a callable that loads one in the background).
     `api_key`: one key, or keys mapped to tenant names (None: each key its own tenant); each
     tenant gets its own cache namespace. `strict_request_fields`: unknown request fields are a
     400 instead of a logged warning. `chat_template` (a ChatTemplate) replaces the model's own
     for every chat request. `on_fatal(exit_code, why)` is called once the engine is lost (it
     died, or failed to load): the host should stop serving and exit with that code."""
-    state = ServerState(engine, api_key=api_key, served_model_name=served_model_name,
-                        strict_request_fields=strict_request_fields, chat_template=chat_template,
-                        limits=limits, on_fatal=on_fatal)
+    state = ServerState(
+        engine,
+        api_key=api_key,
+        served_model_name=served_model_name,
+        strict_request_fields=strict_request_fields,
+        chat_template=chat_template,
+        limits=limits,
+        on_fatal=on_fatal,
+    )
     owns_engine = state.engine is None
 
     @asynccontextmanager
@@ -132,8 +160,9 @@ def create_app(engine: EngineClient | EngineLoader, *, api_key: str | Mapping[st
         if owns_engine and state.engine is not None:
             await state.engine.shutdown()
 
-    app = FastAPI(title="agentkv", version="0.1.0", lifespan=lifespan,
-                  description="OpenAI-compatible API over an agentkv engine")
+    app = FastAPI(
+        title="agentkv", version="0.1.0", lifespan=lifespan, description="OpenAI-compatible API over an agentkv engine"
+    )
     app.state.server = state
     install_handlers(app, ERROR_SHAPES)
     app.add_middleware(BodyLimitMiddleware, state=state, shapes=ERROR_SHAPES)
@@ -170,19 +199,20 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         check_model(state, model_id)
         return list_models(state).data[0]
 
-    @app.post("/v1/chat/completions", response_model=r.ChatCompletionResponse,
-              responses={**ERRORS, **STREAM}, dependencies=auth)
+    @app.post(
+        "/v1/chat/completions",
+        response_model=r.ChatCompletionResponse,
+        responses={**ERRORS, **STREAM},
+        dependencies=auth,
+    )
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         check_fields(state, req, "/v1/chat/completions")
-        return await until_disconnect(request, create_chat_completion(state, req, request.state.tenant),
-                                      req.stream)
+        return await until_disconnect(request, create_chat_completion(state, req, request.state.tenant), req.stream)
 
-    @app.post("/v1/completions", response_model=r.CompletionResponse,
-              responses={**ERRORS, **STREAM}, dependencies=auth)
+    @app.post("/v1/completions", response_model=r.CompletionResponse, responses={**ERRORS, **STREAM}, dependencies=auth)
     async def completions(req: CompletionRequest, request: Request) -> Any:
         check_fields(state, req, "/v1/completions")
-        return await until_disconnect(request, create_completion(state, req, request.state.tenant),
-                                      req.stream)
+        return await until_disconnect(request, create_completion(state, req, request.state.tenant), req.stream)
 
     @app.post("/v1/embeddings", response_model=r.EmbeddingResponse, responses=ERRORS, dependencies=auth)
     async def embeddings(req: EmbeddingRequest) -> Any:
@@ -199,15 +229,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
 
 def _add_anthropic_routes(app: FastAPI, state: ServerState, auth: list[Any]) -> None:
-    @app.post("/v1/messages", response_model=MessageResponse, responses={**ERRORS, **STREAM},
-              dependencies=auth)
+    @app.post("/v1/messages", response_model=MessageResponse, responses={**ERRORS, **STREAM}, dependencies=auth)
     async def messages(req: MessagesRequest, request: Request) -> Any:
         check_fields(state, req, "/v1/messages")
-        return await until_disconnect(request, create_message(state, req, request.state.tenant),
-                                      req.stream)
+        return await until_disconnect(request, create_message(state, req, request.state.tenant), req.stream)
 
-    @app.post("/v1/messages/count_tokens", response_model=CountTokensResponse, responses=ERRORS,
-              dependencies=auth)
+    @app.post("/v1/messages/count_tokens", response_model=CountTokensResponse, responses=ERRORS, dependencies=auth)
     async def messages_count_tokens(req: CountTokensRequest) -> Any:
         check_fields(state, req, "/v1/messages/count_tokens")
         return await count_tokens(state, req)
@@ -221,20 +248,18 @@ def _add_responses_routes(app: FastAPI, state: ServerState, auth: list[Any]) -> 
     def store_of(request: Request) -> ResponseStore:
         return stores.setdefault(request.state.tenant, ResponseStore())
 
-    @app.post("/v1/responses", response_model=ResponseObject, responses={**ERRORS, **STREAM},
-              dependencies=auth)
+    @app.post("/v1/responses", response_model=ResponseObject, responses={**ERRORS, **STREAM}, dependencies=auth)
     async def responses(req: ResponsesRequest, request: Request) -> Any:
         check_fields(state, req, "/v1/responses")
         return await until_disconnect(
-            request, create_response(state, store_of(request), req, request.state.tenant), req.stream)
+            request, create_response(state, store_of(request), req, request.state.tenant), req.stream
+        )
 
-    @app.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=ERRORS,
-             dependencies=auth)
+    @app.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=ERRORS, dependencies=auth)
     async def get_response(response_id: str, request: Request) -> Any:
         return store_of(request).require(response_id).body
 
-    @app.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=ERRORS,
-                dependencies=auth)
+    @app.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=ERRORS, dependencies=auth)
     async def delete_response(response_id: str, request: Request) -> Any:
         store = store_of(request)
         store.require(response_id)

@@ -2,10 +2,12 @@
 fallback for templates that know nothing of tools (SmolLM2's): the tool table goes into the
 system turn, assistant tool calls are written as `<tool_call>` JSON, and tool results become
 `<tool_response>` blocks in a user turn, which every template accepts."""
+
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jinja2
 
@@ -38,8 +40,10 @@ def message_text(msg: ChatMessage, index: int) -> str:
     texts = []
     for j, part in enumerate(content):
         if not isinstance(part, TextPart):
-            raise bad_request(f"content part type {part.type!r} is not supported by this model; "
-                              f"only 'text' parts are", param=f"messages.{index}.content.{j}")
+            raise bad_request(
+                f"content part type {part.type!r} is not supported by this model; only 'text' parts are",
+                param=f"messages.{index}.content.{j}",
+            )
         texts.append(part.text)
     return "".join(texts)
 
@@ -55,15 +59,21 @@ def _native_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Messages for a template that renders tools itself (Qwen, Llama 3.1, ...)."""
     out = []
     for i, msg in enumerate(messages):
-        item: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role,
-                                "content": message_text(msg, i)}
+        item: dict[str, Any] = {
+            "role": "system" if msg.role == "developer" else msg.role,
+            "content": message_text(msg, i),
+        }
         if msg.name is not None:
             item["name"] = msg.name
         if msg.tool_calls:
             item["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.function.name, "arguments": _arguments_obj(c.function.arguments)}}
-                for c in msg.tool_calls]
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _arguments_obj(c.function.arguments)},
+                }
+                for c in msg.tool_calls
+            ]
         if msg.tool_call_id is not None:
             item["tool_call_id"] = msg.tool_call_id
         out.append(item)
@@ -75,8 +85,7 @@ def hermes_system_prompt(tools: Sequence[dict[str, Any]]) -> str:
     return HERMES_TOOLS_PROMPT.format(tools=table)
 
 
-def _hermes_messages(messages: Sequence[ChatMessage],
-                     tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def _hermes_messages(messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """Messages rewritten so a tool-unaware template renders a Hermes transcript."""
     out: list[dict[str, Any]] = []
     for i, msg in enumerate(messages):
@@ -104,9 +113,14 @@ def _hermes_messages(messages: Sequence[ChatMessage],
     return out
 
 
-def render_chat(template: Any, messages: Sequence[ChatMessage], *,
-                tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = True,
-                template_kwargs: dict[str, Any] | None = None) -> str:
+def render_chat(
+    template: Any,
+    messages: Sequence[ChatMessage],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
     """Prompt text for `messages`. `template` is the model's ChatTemplate (None: a 400, the
     model cannot chat). Tools are rendered natively when the template supports them."""
     if template is None:
@@ -115,13 +129,15 @@ def render_chat(template: Any, messages: Sequence[ChatMessage], *,
     uses_tools = bool(tools) or any(m.role == "tool" or m.tool_calls for m in messages)
     try:
         if uses_tools and getattr(template, "supports_tools", False):
-            return template.render(_native_messages(messages), add_generation_prompt=add_generation_prompt,
-                                   tools=list(tools) if tools else None, **kwargs)
-        return template.render(_hermes_messages(messages, tools),
-                               add_generation_prompt=add_generation_prompt, **kwargs)
+            return template.render(
+                _native_messages(messages),
+                add_generation_prompt=add_generation_prompt,
+                tools=list(tools) if tools else None,
+                **kwargs,
+            )
+        return template.render(_hermes_messages(messages, tools), add_generation_prompt=add_generation_prompt, **kwargs)
     except APIError:
         raise
     except (ValueError, TypeError, KeyError, jinja2.TemplateError) as exc:
         # A template raising on a message order it forbids is the client's mistake, not ours.
-        raise bad_request(f"The chat template could not render these messages: {exc}",
-                          param="messages") from exc
+        raise bad_request(f"The chat template could not render these messages: {exc}", param="messages") from exc

@@ -1,11 +1,13 @@
 """OpenAI-shaped errors: the one exception the handlers raise and the app-wide handlers that
 turn every client mistake (bad JSON, wrong types, bad ranges, long prompts) into a 4xx body
 `{"error": {"message", "type", "param", "code"}}` — never a 500."""
+
 from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,24 +35,37 @@ class ErrorResponse(BaseModel):
 class APIError(Exception):
     """A request the server refuses; carries the HTTP status and the OpenAI error fields."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers or {}
 
     def response(self) -> JSONResponse:
-        response = error_response(self.status, self.message, type=self.type, param=self.param,
-                                  code=self.code)
+        response = error_response(self.status, self.message, type=self.type, param=self.param, code=self.code)
         response.headers.update(self.headers)
         return response
 
 
-def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": utf8_safe(message), "type": type,
-                      "param": None if param is None else utf8_safe(param), "code": code}}
+def error_body(
+    message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": utf8_safe(message),
+            "type": type,
+            "param": None if param is None else utf8_safe(param),
+            "code": code,
+        }
+    }
 
 
 def utf8_safe(text: str) -> str:
@@ -68,8 +83,9 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def model_not_found(name: str, served: list[str]) -> APIError:
-    return APIError(404, f"The model {name!r} does not exist; this server serves {served}",
-                    param="model", code="model_not_found")
+    return APIError(
+        404, f"The model {name!r} does not exist; this server serves {served}", param="model", code="model_not_found"
+    )
 
 
 def unauthorized(message: str = "Invalid or missing API key") -> APIError:
@@ -81,8 +97,9 @@ RETRY_AFTER_S = 1  # what a 429 asks a client to wait: one engine step or a few
 
 def rate_limited(message: str) -> APIError:
     """OpenAI's 429: the official clients wait `Retry-After` and retry by themselves."""
-    return APIError(429, message, type="rate_limit_error", code="rate_limit_exceeded",
-                    headers={"Retry-After": str(RETRY_AFTER_S)})
+    return APIError(
+        429, message, type="rate_limit_error", code="rate_limit_exceeded", headers={"Retry-After": str(RETRY_AFTER_S)}
+    )
 
 
 def engine_dead(message: str) -> APIError:
@@ -91,8 +108,11 @@ def engine_dead(message: str) -> APIError:
 
 def too_large(num_bytes: int | None, limit: int) -> APIError:
     got = f"{num_bytes} bytes" if num_bytes is not None else "more"
-    return APIError(413, f"request body is {got}, over this server's limit of {limit} bytes "
-                    f"(--max-body-bytes)", code="request_too_large")
+    return APIError(
+        413,
+        f"request body is {got}, over this server's limit of {limit} bytes (--max-body-bytes)",
+        code="request_too_large",
+    )
 
 
 def not_ready(message: str) -> APIError:
@@ -112,12 +132,15 @@ def from_value_error(exc: ValueError, api_names: dict[str, str] | None = None) -
 
 def prompt_too_long(prompt_len: int, max_model_len: int, max_tokens: int | None = None) -> APIError:
     if max_tokens is None:
-        message = (f"This model's maximum context length is {max_model_len} tokens, "
-                   f"but the prompt has {prompt_len} tokens")
+        message = (
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has {prompt_len} tokens"
+        )
     else:
-        message = (f"This model's maximum context length is {max_model_len} tokens, but "
-                   f"{prompt_len + max_tokens} tokens were requested ({prompt_len} in the "
-                   f"prompt, {max_tokens} for the completion)")
+        message = (
+            f"This model's maximum context length is {max_model_len} tokens, but "
+            f"{prompt_len + max_tokens} tokens were requested ({prompt_len} in the "
+            f"prompt, {max_tokens} for the completion)"
+        )
     return bad_request(message, param="messages", code="context_length_exceeded")
 
 
@@ -173,5 +196,4 @@ def install_handlers(app: FastAPI, shapes: dict[str, ErrorShape] | None = None) 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error: %s", exc)
-        return respond(request, 500, f"Internal server error: {type(exc).__name__}",
-                       type="internal_server_error")
+        return respond(request, 500, f"Internal server error: {type(exc).__name__}", type="internal_server_error")

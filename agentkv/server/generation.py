@@ -2,12 +2,14 @@
 prompts) run concurrently and merge into one stream of (choice index, output); whatever way
 the consumer leaves — finished, error, client gone — unfinished requests are aborted at once,
 so their KV blocks return to the pool."""
+
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Hashable
+from typing import Any
 
 import anyio
 
@@ -52,14 +54,15 @@ class ChoiceStreams:
     async def __aenter__(self) -> ChoiceStreams:
         try:
             for job in self._jobs:
-                self._streams.append(self._engine.generate(
-                    job.request_id, job.prompt_ids, job.params, constraint=job.constraint,
-                    namespace=job.namespace))
+                self._streams.append(
+                    self._engine.generate(
+                        job.request_id, job.prompt_ids, job.params, constraint=job.constraint, namespace=job.namespace
+                    )
+                )
         except Exception as exc:
             await self.close()
             raise engine_error(exc) from exc
-        self._tasks = [asyncio.create_task(self._pump(job, stream))
-                       for job, stream in zip(self._jobs, self._streams)]
+        self._tasks = [asyncio.create_task(self._pump(job, stream)) for job, stream in zip(self._jobs, self._streams)]
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -105,8 +108,9 @@ class ChoiceStreams:
     def _record(self, index: int, out: Any) -> None:
         self._timers[self._by_index[index]].tokens(time.perf_counter(), len(out.delta_token_ids))
         if out.finished:
-            self._state.metrics.observe_generation(out.prompt_len, out.cached_len,
-                                                   len(out.token_ids), out.finish_reason)
+            self._state.metrics.observe_generation(
+                out.prompt_len, out.cached_len, len(out.token_ids), out.finish_reason
+            )
 
 
 async def collect(streams: ChoiceStreams) -> dict[int, Any]:

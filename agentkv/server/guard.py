@@ -1,6 +1,7 @@
 """What stands between a client and the engine: API keys and their tenants, the body-size cap,
 the per-tenant cache namespace, and the watch that stops the server once its engine is lost
 (so /health and the exit code tell a supervisor the truth)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,7 @@ def authenticate(state: ServerState, request: Request) -> str | None:
         if secrets.compare_digest(given, key.encode()):
             tenant = name
     if tenant is None:
-        raise unauthorized("Invalid or missing API key; send 'Authorization: Bearer <key>' "
-                           "or 'x-api-key: <key>'")
+        raise unauthorized("Invalid or missing API key; send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
     return tenant
 
 
@@ -78,8 +78,7 @@ class BodyLimitMiddleware:
                 return
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int | None,
-                      limit: int) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int | None, limit: int) -> None:
         response = shaped_error(scope["path"], self.shapes, too_large(size, limit))
         response.headers["Connection"] = "close"  # the unread rest of the body is not drained
         await response(scope, receive, send)

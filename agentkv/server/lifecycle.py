@@ -1,14 +1,16 @@
 """What one app holds for its life: the engine (or the thread still loading it), the names it
 answers to, the API keys and their tenants, the limits, the request-field policy, metrics,
 the grammar factory, and what to do when the engine is lost (`on_fatal`)."""
+
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from agentkv.runtime.client import EngineClient
 from agentkv.server.errors import APIError, not_ready
@@ -34,8 +36,7 @@ class ServerLimits:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} is out of range: allowed an integer >= 1")
         if self.sse_keepalive_s is not None and not self.sse_keepalive_s > 0:
-            raise ValueError(f"sse_keepalive_s={self.sse_keepalive_s!r} is out of range: "
-                             f"allowed None or a number > 0")
+            raise ValueError(f"sse_keepalive_s={self.sse_keepalive_s!r} is out of range: allowed None or a number > 0")
 
 
 def tenants_of(api_key: str | Mapping[str, str | None] | None) -> dict[str, str]:
@@ -44,17 +45,23 @@ def tenants_of(api_key: str | Mapping[str, str | None] | None) -> dict[str, str]
     if api_key is None:
         return {}
     keys = {api_key: None} if isinstance(api_key, str) else dict(api_key)
-    return {key: name or "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
-            for key, name in keys.items()}
+    return {key: name or "key-" + hashlib.sha256(key.encode()).hexdigest()[:12] for key, name in keys.items()}
 
 
 class ServerState:
     """Mutable only while loading (engine/error set once by the loader thread)."""
 
-    def __init__(self, engine_or_loader: Any, *, api_key: str | Mapping[str, str | None] | None = None,
-                 served_model_name: str | None = None, strict_request_fields: bool = False,
-                 chat_template: Any = None, limits: ServerLimits | None = None,
-                 on_fatal: FatalHook | None = None) -> None:
+    def __init__(
+        self,
+        engine_or_loader: Any,
+        *,
+        api_key: str | Mapping[str, str | None] | None = None,
+        served_model_name: str | None = None,
+        strict_request_fields: bool = False,
+        chat_template: Any = None,
+        limits: ServerLimits | None = None,
+        on_fatal: FatalHook | None = None,
+    ) -> None:
         self.tenants = tenants_of(api_key)
         self.limits = limits or ServerLimits()
         self.on_fatal = on_fatal
@@ -114,8 +121,12 @@ class ServerState:
     def require_engine(self) -> EngineClient:
         if self.engine is None:
             if self.load_error is not None:
-                raise APIError(503, f"The model failed to load: {self.load_error}",
-                               type="service_unavailable", code="model_load_failed")
+                raise APIError(
+                    503,
+                    f"The model failed to load: {self.load_error}",
+                    type="service_unavailable",
+                    code="model_load_failed",
+                )
             raise not_ready("The model is still loading; retry when /health answers 200")
         return self.engine
 
@@ -134,4 +145,3 @@ class ServerState:
 
             return await asyncio.to_thread(build)
         return self._factory
-

@@ -1,8 +1,10 @@
 """Engine TokenLogprobs -> the two OpenAI shapes: chat's `logprobs.content` entries and the
 legacy completions `logprobs` (tokens / token_logprobs / top_logprobs / text_offset)."""
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from agentkv.server.responses import ChoiceLogprobs, CompletionLogprobs, TokenLogprobEntry, TopLogprob
 
@@ -33,15 +35,23 @@ def chat_logprobs(entries: Sequence[Any], text_of: TokenText) -> ChoiceLogprobs:
     content = []
     for entry in entries:
         token = text_of(entry.token_id)
-        top = [TopLogprob(token=text_of(i), logprob=_finite(lp), bytes=list(text_of(i).encode()))
-               for i, lp in entry.top]
-        content.append(TokenLogprobEntry(token=token, logprob=_finite(entry.logprob),
-                                         bytes=list(token.encode()), top_logprobs=top))
+        top = [
+            TopLogprob(token=text_of(i), logprob=_finite(lp), bytes=list(text_of(i).encode())) for i, lp in entry.top
+        ]
+        content.append(
+            TokenLogprobEntry(token=token, logprob=_finite(entry.logprob), bytes=list(token.encode()), top_logprobs=top)
+        )
     return ChoiceLogprobs(content=content)
 
 
-def completion_logprobs(entries: Sequence[Any | None], token_ids: Sequence[int], text_of: TokenText,
-                        *, start_offset: int = 0, into: CompletionLogprobs | None = None) -> CompletionLogprobs:
+def completion_logprobs(
+    entries: Sequence[Any | None],
+    token_ids: Sequence[int],
+    text_of: TokenText,
+    *,
+    start_offset: int = 0,
+    into: CompletionLogprobs | None = None,
+) -> CompletionLogprobs:
     """Append `entries` (None for a token with no logprob, e.g. the first prompt token) to
     `into`; text offsets continue from `start_offset` (or from where `into` stopped)."""
     out = into or CompletionLogprobs()

@@ -1,9 +1,11 @@
 """Prometheus metrics, one registry per app (so two servers in one process never collide):
 request counts and latencies, TTFT and inter-token histograms, token counters, and the
 engine's cache and queue state read from `engine.stats()` at scrape time."""
+
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -52,28 +54,40 @@ class ServerMetrics:
     def __init__(self, get_engine: Callable[[], Any]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(f"{PREFIX}_requests", "HTTP requests by endpoint and status",
-                                ["endpoint", "status"], registry=r)
-        self.latency = Histogram(f"{PREFIX}_request_latency_seconds", "End-to-end request latency",
-                                 ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Time to first generated token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "Time between generated tokens",
-                             buckets=_TOKEN_BUCKETS, registry=r)
+        self.requests = Counter(
+            f"{PREFIX}_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.latency = Histogram(
+            f"{PREFIX}_request_latency_seconds",
+            "End-to-end request latency",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "Time to first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds", "Time between generated tokens", buckets=_TOKEN_BUCKETS, registry=r
+        )
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=r)
-        self.cached_tokens = Counter(f"{PREFIX}_cached_prompt_tokens",
-                                     "Prompt tokens whose KV came from the prefix cache", registry=r)
-        self.finished = Counter(f"{PREFIX}_request_finished", "Finished generations by reason",
-                                ["reason"], registry=r)
+        self.cached_tokens = Counter(
+            f"{PREFIX}_cached_prompt_tokens", "Prompt tokens whose KV came from the prefix cache", registry=r
+        )
+        self.finished = Counter(f"{PREFIX}_request_finished", "Finished generations by reason", ["reason"], registry=r)
         r.register(EngineCollector(get_engine))
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
         self.latency.labels(endpoint=endpoint).observe(seconds)
 
-    def observe_generation(self, prompt_len: int, cached_len: int, num_generated: int,
-                           finish_reason: str | None) -> None:
+    def observe_generation(
+        self, prompt_len: int, cached_len: int, num_generated: int, finish_reason: str | None
+    ) -> None:
         self.prompt_tokens.inc(prompt_len)
         self.cached_tokens.inc(cached_len)
         self.generation_tokens.inc(num_generated)

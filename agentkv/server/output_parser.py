@@ -1,6 +1,7 @@
 """The one reading of a model's output every API shares: reasoning (`<think>` blocks) split
 off first, then tool calls parsed out of what is left. Each API maps the same events to its
 own wire format (chat deltas, Anthropic content blocks, Responses output items)."""
+
 from __future__ import annotations
 
 from typing import Literal, NamedTuple
@@ -36,8 +37,11 @@ class OutputParser:
     def __init__(self, spec: OutputSpec) -> None:
         self._think = ReasoningStreamParser(inside=spec.starts_inside) if spec.reasoning else None
         policy = spec.policy
-        self._tools = (ToolCallStreamParser(names=policy.names, max_calls=policy.max_calls)
-                       if policy is not None and policy.parse else None)
+        self._tools = (
+            ToolCallStreamParser(names=policy.names, max_calls=policy.max_calls)
+            if policy is not None and policy.parse
+            else None
+        )
 
     @property
     def calls(self) -> list[ParsedCall]:
@@ -89,5 +93,4 @@ def parse_output(text: str, spec: OutputSpec) -> ParsedOutput:
     if parser.calls:
         content = content.strip()
     parses_tools = spec.policy is not None and spec.policy.parse
-    return ParsedOutput(reasoning or None, (content or None) if parses_tools else content,
-                        parser.calls)
+    return ParsedOutput(reasoning or None, (content or None) if parses_tools else content, parser.calls)

@@ -1,20 +1,21 @@
 """The request prologue chat and completions share: model check, prompt tokens, max_tokens
 fitted per prompt, one SamplingParams and one fresh grammar constraint per choice, and the
 engine jobs that carry them."""
+
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Hashable, NamedTuple
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
 
 from agentkv.runtime.client import EngineClient
+from agentkv.runtime.structured import MinTokensConstraint
 from agentkv.server.errors import bad_request
 from agentkv.server.generation import Job
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.responses import new_id
 from agentkv.server.schemas import SamplingFields
-from agentkv.runtime.structured import MinTokensConstraint
-from agentkv.server.translate import (
-    check_min_tokens, check_model, check_tokens, fit_max_tokens, sampling_params)
+from agentkv.server.translate import check_min_tokens, check_model, check_tokens, fit_max_tokens, sampling_params
 
 MAX_N = 16
 MAX_PROMPTS = 256
@@ -45,8 +46,9 @@ def open_request(state: ServerState, req: SamplingFields) -> EngineClient:
     return engine
 
 
-async def prompt_id_lists(engine: EngineClient, prompt: Any, add_special_tokens: bool,
-                          param: str = "prompt") -> list[list[int]]:
+async def prompt_id_lists(
+    engine: EngineClient, prompt: Any, add_special_tokens: bool, param: str = "prompt"
+) -> list[list[int]]:
     """The four OpenAI prompt shapes -> one id list per prompt."""
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
@@ -69,17 +71,21 @@ async def prompt_id_lists(engine: EngineClient, prompt: Any, add_special_tokens:
     return out
 
 
-async def build_jobs(state: ServerState, engine: EngineClient, req: SamplingFields, ask: Ask,
-                     id_prefix: str, namespace: Hashable = None) -> list[Job]:
+async def build_jobs(
+    state: ServerState, engine: EngineClient, req: SamplingFields, ask: Ask, id_prefix: str, namespace: Hashable = None
+) -> list[Job]:
     """n jobs per prompt, choice index = prompt index * n + j; request ids `<base>-<index>`;
     all in the cache `namespace` (see guard.cache_namespace). More than the server's fan-out
     limit of jobs is a 400 naming both numbers."""
     base = new_id(id_prefix)
     num = len(ask.prompts) * req.n
     if num > state.limits.max_fanout:
-        raise bad_request(f"{len(ask.prompts)} prompts x n={req.n} = {num} sequences, over this "
-                          f"server's limit of {state.limits.max_fanout} per request (--max-fanout)",
-                          param="n" if req.n > 1 else "prompt", code="fanout_exceeded")
+        raise bad_request(
+            f"{len(ask.prompts)} prompts x n={req.n} = {num} sequences, over this "
+            f"server's limit of {state.limits.max_fanout} per request (--max-fanout)",
+            param="n" if req.n > 1 else "prompt",
+            code="fanout_exceeded",
+        )
     constraints = await _constraints(state, ask.constraint, num, ask.constraint_param)
     defaults = getattr(engine, "generation_config", None) or {}
     jobs = []
@@ -87,21 +93,27 @@ async def build_jobs(state: ServerState, engine: EngineClient, req: SamplingFiel
         max_tokens = fit_max_tokens(engine, len(ids), ask.max_tokens, ask.max_tokens_param)
         min_tokens = check_min_tokens(req.min_tokens, max_tokens)
         for j in range(req.n):
-            params = sampling_params(req, max_tokens=max_tokens, logprobs=ask.logprobs,
-                                     prompt_logprobs=ask.prompt_logprobs, seed_offset=j,
-                                     defaults=defaults, keep_special_tokens=ask.keep_special_tokens)
+            params = sampling_params(
+                req,
+                max_tokens=max_tokens,
+                logprobs=ask.logprobs,
+                prompt_logprobs=ask.prompt_logprobs,
+                seed_offset=j,
+                defaults=defaults,
+                keep_special_tokens=ask.keep_special_tokens,
+            )
             index = p_idx * req.n + j
             constraint = constraints[index]
-            banned = sorted(set(params.stop_token_ids) | (
-                set() if params.ignore_eos else set(engine.tokenizer.eos_ids)))
+            banned = sorted(
+                set(params.stop_token_ids) | (set() if params.ignore_eos else set(engine.tokenizer.eos_ids))
+            )
             if min_tokens and banned:
                 constraint = MinTokensConstraint(constraint, banned, engine.vocab_size, min_tokens)
             jobs.append(Job(index, f"{base}-{index}", ids, params, constraint, namespace))
     return jobs
 
 
-async def _constraints(state: ServerState, build: ConstraintBuilder | None, num: int,
-                       param: str) -> list[Any]:
+async def _constraints(state: ServerState, build: ConstraintBuilder | None, num: int, param: str) -> list[Any]:
     """`num` fresh constraints (grammar state is per request), compiled off the event loop."""
     if build is None:
         return [None] * num

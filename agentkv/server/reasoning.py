@@ -4,6 +4,7 @@ model's output into `reasoning_content`, whole or incrementally for a stream, so
 
 A template that opens the block in its generation prompt (the prompt ends with `<think>`)
 starts the output inside it; otherwise the output starts outside and may open a block."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class ReasoningStreamParser:
                 self.buffer = self.buffer[cut:]
                 break
             (reasoning if self.inside else content).append(self.buffer[:pos])
-            self.buffer = self.buffer[pos + len(tag):]
+            self.buffer = self.buffer[pos + len(tag) :]
             self.inside = not self.inside
         return ReasoningSplit("".join(reasoning), "".join(content))
 

@@ -1,5 +1,6 @@
 """Response bodies of the OpenAI-compatible API as pydantic models, shaped so the official
 `openai` client validates them strictly; handlers build these, FastAPI serialises them."""
+
 from __future__ import annotations
 
 import time

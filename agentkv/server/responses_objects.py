@@ -1,6 +1,7 @@
 """Response bodies and stream events of the OpenAI Responses API, shaped as the official
 `openai` client reads them (openai.types.responses): the Response object, its output items
 (message, function_call, reasoning), usage with cached tokens, and the numbered SSE events."""
+
 from __future__ import annotations
 
 import json
@@ -74,9 +75,12 @@ class ResponseUsage(BaseModel):
 
 
 def usage_of(prompt_len: int, cached_len: int, output_tokens: int) -> ResponseUsage:
-    return ResponseUsage(input_tokens=prompt_len, output_tokens=output_tokens,
-                         total_tokens=prompt_len + output_tokens,
-                         input_tokens_details=InputTokensDetails(cached_tokens=cached_len))
+    return ResponseUsage(
+        input_tokens=prompt_len,
+        output_tokens=output_tokens,
+        total_tokens=prompt_len + output_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=cached_len),
+    )
 
 
 class IncompleteDetails(BaseModel):

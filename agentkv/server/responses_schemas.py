@@ -5,6 +5,7 @@ reasoning), flat function tools, tool_choice, `text.format` and the sampling fie
 Item, part, tool and tool_choice types this server does not serve are accepted by the
 schema (a catch-all per union) so the answer is a 400 naming the type, not a generic
 validation error."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -16,9 +17,11 @@ from agentkv.server.schemas import Closed, Open, Request
 
 def _kind(tags: dict[str, str], default: str | None = None) -> Any:
     """A discriminator: the tag `tags` gives the object's `type`, else "other"."""
+
     def kind(value: Any) -> str:
         tag = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
         return tags.get(tag, "other")
+
     return Discriminator(kind)
 
 
@@ -27,6 +30,7 @@ def _same(*names: str) -> dict[str, str]:
 
 
 # --- content parts ------------------------------------------------------------------------------
+
 
 class TextPart(Open):
     type: str  # one of _TEXT_TYPES (the discriminator checks)
@@ -45,12 +49,14 @@ class OtherPart(Open):
 
 
 _TEXT_TYPES = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
-Part = Annotated[Annotated[TextPart, Tag("text")] | Annotated[RefusalPart, Tag("refusal")]
-                 | Annotated[OtherPart, Tag("other")],
-                 _kind({**dict.fromkeys(_TEXT_TYPES, "text"), "refusal": "refusal"})]
+Part = Annotated[
+    Annotated[TextPart, Tag("text")] | Annotated[RefusalPart, Tag("refusal")] | Annotated[OtherPart, Tag("other")],
+    _kind({**dict.fromkeys(_TEXT_TYPES, "text"), "refusal": "refusal"}),
+]
 
 
 # --- input items --------------------------------------------------------------------------------
+
 
 class MessageItem(Open):
     type: Literal["message"] = "message"
@@ -95,13 +101,17 @@ class OtherItem(Open):
 
 
 InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-    | Annotated[ReasoningItem, Tag("reasoning")] | Annotated[OtherItem, Tag("other")],
-    _kind(_same("message", "function_call", "function_call_output", "reasoning"), default="message")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[OtherItem, Tag("other")],
+    _kind(_same("message", "function_call", "function_call_output", "reasoning"), default="message"),
+]
 
 
 # --- tools, tool_choice, text.format -----------------------------------------------------------
+
 
 class FunctionTool(Open):
     """Responses' flat function tool (no nested `function` object)."""
@@ -119,8 +129,9 @@ class OtherTool(Open):
     type: str
 
 
-Tool = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
-                 _kind(_same("function"))]
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")], _kind(_same("function"))
+]
 
 
 class FunctionChoice(Closed):
@@ -134,9 +145,12 @@ class OtherChoice(Open):
     type: str
 
 
-ToolChoice = (Literal["none", "auto", "required"]
-              | Annotated[Annotated[FunctionChoice, Tag("function")] | Annotated[OtherChoice, Tag("other")],
-                          _kind(_same("function"))])
+ToolChoice = (
+    Literal["none", "auto", "required"]
+    | Annotated[
+        Annotated[FunctionChoice, Tag("function")] | Annotated[OtherChoice, Tag("other")], _kind(_same("function"))
+    ]
+)
 
 
 class TextFormat(Closed):

@@ -1,6 +1,7 @@
 """The bounded in-memory store behind `previous_response_id`: per response, the conversation
 it ended (as chat messages, without its instructions, which OpenAI does not carry over) and
 its body for GET /v1/responses/{id}. Least recently used entries go first."""
+
 from __future__ import annotations
 
 import threading
@@ -62,14 +63,17 @@ class ResponseStore:
         or evicted) is a 400 as OpenAI answers it."""
         entry = self.get(response_id)
         if entry is None:
-            raise APIError(400, f"Previous response with id {response_id!r} not found.",
-                           param="previous_response_id", code="previous_response_not_found")
+            raise APIError(
+                400,
+                f"Previous response with id {response_id!r} not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
         return entry
 
     def require(self, response_id: str) -> StoredResponse:
         """The entry GET/DELETE /v1/responses/{id} names; unknown is a 404."""
         entry = self.get(response_id)
         if entry is None:
-            raise APIError(404, f"Response with id {response_id!r} not found.",
-                           param="response_id", code="not_found")
+            raise APIError(404, f"Response with id {response_id!r} not found.", param="response_id", code="not_found")
         return entry

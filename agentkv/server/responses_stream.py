@@ -2,14 +2,22 @@
 a tool call's start, argument fragments) become output items, each opened and closed with
 its own numbered events (`response.output_item.added`, `…content_part.added`,
 `…output_text.delta` / `…function_call_arguments.delta`, the `….done` events)."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from agentkv.server.output_parser import OutputEvent
 from agentkv.server.responses_objects import (
-    EventWriter, FunctionCallOut, OutputItem, OutputMessage, OutputText, ReasoningOut, ReasoningText,
-    item_id)
+    EventWriter,
+    FunctionCallOut,
+    OutputItem,
+    OutputMessage,
+    OutputText,
+    ReasoningOut,
+    ReasoningText,
+    item_id,
+)
 
 
 class OutputItems:
@@ -59,21 +67,32 @@ class OutputItems:
         item = OutputMessage(id=self.id, status="in_progress", content=[])
         return frames + [
             self.write("response.output_item.added", output_index=self.index, item=item.model_dump()),
-            self.write("response.content_part.added", item_id=self.id, output_index=self.index,
-                       content_index=0, part=OutputText(text="").model_dump())]
+            self.write(
+                "response.content_part.added",
+                item_id=self.id,
+                output_index=self.index,
+                content_index=0,
+                part=OutputText(text="").model_dump(),
+            ),
+        ]
 
     def _open_reasoning(self) -> list[str]:
         frames = self._start("reasoning", item_id("rs"))
         item = ReasoningOut(id=self.id, status="in_progress", content=[])
         return frames + [
             self.write("response.output_item.added", output_index=self.index, item=item.model_dump()),
-            self.write("response.content_part.added", item_id=self.id, output_index=self.index,
-                       content_index=0, part=ReasoningText(text="").model_dump())]
+            self.write(
+                "response.content_part.added",
+                item_id=self.id,
+                output_index=self.index,
+                content_index=0,
+                part=ReasoningText(text="").model_dump(),
+            ),
+        ]
 
     def _open_call(self, call: Any) -> list[str]:
         self.kind, self.text, self.id, self.call = "function_call", "", item_id("fc"), call
-        item = FunctionCallOut(id=self.id, call_id=call.id, name=call.name, arguments="",
-                               status="in_progress")
+        item = FunctionCallOut(id=self.id, call_id=call.id, name=call.name, arguments="", status="in_progress")
         return [self.write("response.output_item.added", output_index=self.index, item=item.model_dump())]
 
     def _start(self, kind: str, new_id: str) -> list[str]:
@@ -88,8 +107,7 @@ class OutputItems:
             return [self.write("response.function_call_arguments.delta", delta=text, **where)]
         if self.kind == "reasoning":
             return [self.write("response.reasoning_text.delta", content_index=0, delta=text, **where)]
-        return [self.write("response.output_text.delta", content_index=0, delta=text, logprobs=[],
-                           **where)]
+        return [self.write("response.output_text.delta", content_index=0, delta=text, logprobs=[], **where)]
 
     def close(self, incomplete: bool = False) -> list[str]:
         """Close the open item (if any) with its `….done` events; it joins `done`."""
@@ -98,28 +116,28 @@ class OutputItems:
         where = {"item_id": self.id, "output_index": self.index}
         status = "incomplete" if incomplete else "completed"
         if self.kind == "function_call":
-            item: OutputItem = FunctionCallOut(id=self.id, call_id=self.call.id, name=self.call.name,
-                                               arguments=self.text, status="completed")
+            item: OutputItem = FunctionCallOut(
+                id=self.id, call_id=self.call.id, name=self.call.name, arguments=self.text, status="completed"
+            )
             frames = [self.write("response.function_call_arguments.done", arguments=self.text, **where)]
         elif self.kind == "reasoning":
             part = ReasoningText(text=self.text)
             item = ReasoningOut(id=self.id, status=status, content=[part])
-            frames = [self.write("response.reasoning_text.done", content_index=0, text=self.text, **where),
-                      self.write("response.content_part.done", content_index=0, part=part.model_dump(),
-                                 **where)]
+            frames = [
+                self.write("response.reasoning_text.done", content_index=0, text=self.text, **where),
+                self.write("response.content_part.done", content_index=0, part=part.model_dump(), **where),
+            ]
         else:
             text = OutputText(text=self.text)
             item = OutputMessage(id=self.id, status=status, content=[text])
-            frames = [self.write("response.output_text.done", content_index=0, text=self.text,
-                                 logprobs=[], **where),
-                      self.write("response.content_part.done", content_index=0, part=text.model_dump(),
-                                 **where)]
-        frames.append(self.write("response.output_item.done", output_index=self.index,
-                                 item=item.model_dump()))
+            frames = [
+                self.write("response.output_text.done", content_index=0, text=self.text, logprobs=[], **where),
+                self.write("response.content_part.done", content_index=0, part=text.model_dump(), **where),
+            ]
+        frames.append(self.write("response.output_item.done", output_index=self.index, item=item.model_dump()))
         self.done.append(item)
         self.kind = ""
         return frames
 
     def message_text(self) -> str:
-        return "".join(part.text for item in self.done if isinstance(item, OutputMessage)
-                       for part in item.content)
+        return "".join(part.text for item in self.done if isinstance(item, OutputMessage) for part in item.content)

@@ -5,6 +5,7 @@ Generation requests keep unknown top-level fields in `model_extra` (the server l
 with --strict-request-fields answers a 400 naming them); `null` for a field means its default,
 as OpenAI allows. Nested objects (tools, response_format) stay closed. Messages and tool calls
 ignore unknown keys, because clients echo back assistant messages with extra fields."""
+
 from __future__ import annotations
 
 import re
@@ -48,8 +49,10 @@ class TextOnly(BaseModel):
         where = lone_surrogate_at(data)
         if where is not None:  # the path itself may quote the surrogate: escape it
             where = where.encode("utf-8", "backslashreplace").decode("utf-8")
-            raise ValueError(f"{where} holds a lone surrogate (a UTF-16 half, e.g. an unpaired \\ud800 "
-                             f"escape), which is not valid Unicode text")
+            raise ValueError(
+                f"{where} holds a lone surrogate (a UTF-16 half, e.g. an unpaired \\ud800 "
+                f"escape), which is not valid Unicode text"
+            )
         return data
 
 
@@ -71,11 +74,15 @@ class Request(TextOnly):
     def _null_is_default(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        return {k: v for k, v in data.items()
-                if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None}
+        return {
+            k: v
+            for k, v in data.items()
+            if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None
+        }
 
 
 # --- messages and tools -----------------------------------------------------------------------
+
 
 class TextPart(Open):
     type: Literal["text"]
@@ -153,6 +160,7 @@ class StreamOptions(Closed):
 
 
 # --- shared sampling fields ------------------------------------------------------------------
+
 
 class SamplingFields(Request):
     """Fields shared by chat and completions; the ranges themselves are SamplingParams' job,

@@ -2,19 +2,19 @@
 messages and a ToolPolicy, then runs the shared path (prologue, engine jobs, the one output
 reader); the answer is content blocks, whole or as Anthropic's event stream. After a request
 the prefix up to each cache_control breakpoint is pinned in the radix cache for its TTL."""
+
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator, Hashable, NamedTuple
+from collections.abc import AsyncIterator, Hashable
+from typing import Any, NamedTuple
 
 from agentkv.cache.radix import common_prefix_len
-from agentkv.server.anthropic_responses import (
-    CountTokensResponse, MessageResponse, event, usage_of)
+from agentkv.server.anthropic_responses import CountTokensResponse, MessageResponse, event, usage_of
 from agentkv.server.anthropic_schemas import CountTokensRequest, MessagesRequest
-from agentkv.server.anthropic_translate import (
-    conversation, policy_of, sampling_fields, stop_reason)
+from agentkv.server.anthropic_translate import conversation, policy_of, sampling_fields, stop_reason
 from agentkv.server.chat import render_chat
 from agentkv.server.errors import APIError
 from agentkv.server.generation import ChoiceStreams, Job, collect
@@ -47,8 +47,7 @@ async def _prepare(state: ServerState, req: MessagesRequest | CountTokensRequest
     pins = []
     for bp in conv.breakpoints:
         try:
-            head = render_chat(template, conv.messages[:bp.num_messages], tools=tools,
-                               add_generation_prompt=False)
+            head = render_chat(template, conv.messages[: bp.num_messages], tools=tools, add_generation_prompt=False)
         except APIError as exc:  # a template that refuses a partial conversation
             log.info("cache_control breakpoint not pinned: %s", exc.message)
             continue
@@ -68,8 +67,7 @@ async def _pin(prep: Prepared) -> int:
     pinned = 0
     for length, ttl_s in prep.pins:
         if length:
-            pinned = max(pinned, await prep.engine.pin_prefix(prep.prompt_ids[:length], prep.namespace,
-                                                              ttl_s))
+            pinned = max(pinned, await prep.engine.pin_prefix(prep.prompt_ids[:length], prep.namespace, ttl_s))
     return pinned
 
 
@@ -78,13 +76,23 @@ async def create_message(state: ServerState, req: MessagesRequest, tenant: str |
     engine = open_request(state, fields)
     prep = (await _prepare(state, req, engine))._replace(namespace=cache_namespace(tenant, None))
     policy = prep.spec.policy
-    ask = Ask([prep.prompt_ids], req.max_tokens, "max_tokens", None,
-              constraint=constraint_builder(policy, None), keep_special_tokens=policy.parse)
+    ask = Ask(
+        [prep.prompt_ids],
+        req.max_tokens,
+        "max_tokens",
+        None,
+        constraint=constraint_builder(policy, None),
+        keep_special_tokens=policy.parse,
+    )
     jobs = await build_jobs(state, engine, fields, ask, "msg", prep.namespace)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
-        return await sse_response(streams, lambda: _events(state, req, streams, prep, jobs),
-                                  named_events=True, keepalive_s=state.limits.sse_keepalive_s)
+        return await sse_response(
+            streams,
+            lambda: _events(state, req, streams, prep, jobs),
+            named_events=True,
+            keepalive_s=state.limits.sse_keepalive_s,
+        )
     async with streams:
         out = (await collect(streams))[0]
     pinned = await _pin(prep)
@@ -94,12 +102,16 @@ async def create_message(state: ServerState, req: MessagesRequest, tenant: str |
         content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
     if parsed.content:
         content.append({"type": "text", "text": parsed.content})
-    content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
-                for c in parsed.calls]
+    content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)} for c in parsed.calls]
     reason, sequence = stop_reason(out, len(parsed.calls), req.stop_sequences)
-    return MessageResponse(id=_message_id(jobs), model=state.model_name, content=content,
-                           stop_reason=reason, stop_sequence=sequence,
-                           usage=usage_of(out.prompt_len, out.cached_len, pinned, len(out.token_ids)))
+    return MessageResponse(
+        id=_message_id(jobs),
+        model=state.model_name,
+        content=content,
+        stop_reason=reason,
+        stop_sequence=sequence,
+        usage=usage_of(out.prompt_len, out.cached_len, pinned, len(out.token_ids)),
+    )
 
 
 def _input(arguments: str) -> dict[str, Any]:
@@ -152,8 +164,7 @@ class _Blocks:
             return frames + [self._delta({"type": "thinking_delta", "thinking": ev.text})]
         if ev.kind == "call":
             self.held = ""
-            frames += self._open("tool_use", {"type": "tool_use", "id": ev.call.id,
-                                              "name": ev.call.name, "input": {}})
+            frames += self._open("tool_use", {"type": "tool_use", "id": ev.call.id, "name": ev.call.name, "input": {}})
             text = ev.call.arguments
         else:
             text = ev.text
@@ -163,19 +174,32 @@ class _Blocks:
         return event("content_block_delta", {"index": self.index, "delta": delta})
 
 
-async def _events(state: ServerState, req: MessagesRequest, streams: ChoiceStreams,
-                  prep: Prepared, jobs: list[Job]) -> AsyncIterator[str]:
+async def _events(
+    state: ServerState, req: MessagesRequest, streams: ChoiceStreams, prep: Prepared, jobs: list[Job]
+) -> AsyncIterator[str]:
     """message_start (with the first output: its usage knows the cache hit), ping, the
     content blocks, message_delta (stop reason, usage), message_stop."""
-    parser, blocks, first = OutputParser(prep.spec), _Blocks(), None
-    async for _, first in streams:
-        break
-    if first is None:
+    parser, blocks = OutputParser(prep.spec), _Blocks()
+    try:
+        _, first = await anext(aiter(streams))
+    except StopAsyncIteration:
         return
     start = usage_of(first.prompt_len, first.cached_len, 0, 0).model_dump()
-    yield event("message_start", {"message": {
-        "id": _message_id(jobs), "type": "message", "role": "assistant", "model": state.model_name,
-        "content": [], "stop_reason": None, "stop_sequence": None, "usage": start}})
+    yield event(
+        "message_start",
+        {
+            "message": {
+                "id": _message_id(jobs),
+                "type": "message",
+                "role": "assistant",
+                "model": state.model_name,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": start,
+            }
+        },
+    )
     yield event("ping", {})
     out = first
     async for out in _then(first, streams):
@@ -188,8 +212,7 @@ async def _events(state: ServerState, req: MessagesRequest, streams: ChoiceStrea
     pinned = await _pin(prep)
     reason, sequence = stop_reason(out, len(parser.calls), req.stop_sequences)
     usage = usage_of(out.prompt_len, out.cached_len, pinned, len(out.token_ids)).model_dump()
-    yield event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                  "usage": usage})
+    yield event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage})
     yield event("message_stop", {})
 
 

@@ -1,4 +1,5 @@
 """The small endpoints: /v1/models, /v1/embeddings, /tokenize, /detokenize."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,12 +10,19 @@ import numpy as np
 
 from agentkv.server.chat import render_chat
 from agentkv.server.errors import bad_request
-from agentkv.server.responses import (
-    DetokenizeResponse, EmbeddingData, EmbeddingResponse, EmbeddingUsage, ModelCard, ModelList,
-    TokenizeResponse, now)
-from agentkv.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.prologue import prompt_id_lists
+from agentkv.server.responses import (
+    DetokenizeResponse,
+    EmbeddingData,
+    EmbeddingResponse,
+    EmbeddingUsage,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+    now,
+)
+from agentkv.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
 from agentkv.server.translate import check_model, check_tokens, engine_error
 
 _CREATED = now()
@@ -22,28 +30,35 @@ _CREATED = now()
 
 def list_models(state: ServerState) -> ModelList:
     engine = state.require_engine()
-    return ModelList(data=[ModelCard(id=state.model_name, created=_CREATED,
-                                     max_model_len=engine.max_model_len)])
+    return ModelList(data=[ModelCard(id=state.model_name, created=_CREATED, max_model_len=engine.max_model_len)])
 
 
 async def create_embeddings(state: ServerState, req: EmbeddingRequest) -> EmbeddingResponse:
     engine = check_model(state, req.model)
     if not engine.is_embedding:
-        raise bad_request(f"The model {state.model_name!r} does not produce embeddings; "
-                          f"serve an embedding model (e.g. minilm) for /v1/embeddings", param="model")
+        raise bad_request(
+            f"The model {state.model_name!r} does not produce embeddings; "
+            f"serve an embedding model (e.g. minilm) for /v1/embeddings",
+            param="model",
+        )
     batch = await prompt_id_lists(engine, req.input, True, param="input")
     for ids in batch:
         if len(ids) > engine.max_model_len:
-            raise bad_request(f"This model's maximum context length is {engine.max_model_len} tokens, "
-                              f"but an input has {len(ids)} tokens", param="input",
-                              code="context_length_exceeded")
+            raise bad_request(
+                f"This model's maximum context length is {engine.max_model_len} tokens, "
+                f"but an input has {len(ids)} tokens",
+                param="input",
+                code="context_length_exceeded",
+            )
     try:
         vectors = await engine.embed(batch)
     except ValueError as exc:
         raise engine_error(exc) from exc
     if req.dimensions is not None and vectors and req.dimensions != len(vectors[0]):
-        raise bad_request(f"dimensions={req.dimensions} is not supported: this model's embeddings "
-                          f"have {len(vectors[0])} dimensions", param="dimensions")
+        raise bad_request(
+            f"dimensions={req.dimensions} is not supported: this model's embeddings have {len(vectors[0])} dimensions",
+            param="dimensions",
+        )
     data = []
     for i, vec in enumerate(vectors):
         value: Any = vec
@@ -51,8 +66,9 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest) -> Embedd
             value = base64.b64encode(np.asarray(vec, dtype=np.float32).tobytes()).decode()
         data.append(EmbeddingData(index=i, embedding=value))
     num = sum(len(ids) for ids in batch)
-    return EmbeddingResponse(data=data, model=state.model_name,
-                             usage=EmbeddingUsage(prompt_tokens=num, total_tokens=num))
+    return EmbeddingResponse(
+        data=data, model=state.model_name, usage=EmbeddingUsage(prompt_tokens=num, total_tokens=num)
+    )
 
 
 async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:
@@ -61,8 +77,9 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
         raise bad_request("give exactly one of prompt or messages", param="prompt")
     if req.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
-        text = render_chat(state.chat_template(), req.messages, tools=tools,
-                           add_generation_prompt=req.add_generation_prompt)
+        text = render_chat(
+            state.chat_template(), req.messages, tools=tools, add_generation_prompt=req.add_generation_prompt
+        )
         add_special = False
     else:
         text, add_special = req.prompt, req.add_special_tokens

@@ -3,12 +3,14 @@ history a previous_response_id names) and a ToolPolicy, then runs the shared pat
 engine jobs, the one output reader); the answer is output items, whole or as the numbered
 Responses event stream. A stored response (the default; `store: false` keeps nothing) is
 what the next turn's previous_response_id continues."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, NamedTuple
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
 
 from agentkv.server.chat import render_chat
 from agentkv.server.errors import APIError
@@ -19,14 +21,30 @@ from agentkv.server.output_parser import OutputParser, OutputSpec, parse_output
 from agentkv.server.prologue import Ask, build_jobs, open_request
 from agentkv.server.reasoning import prompt_opens_thinking, template_thinks
 from agentkv.server.responses_objects import (
-    EventWriter, FunctionCallOut, IncompleteDetails, OutputItem, OutputMessage, OutputText,
-    ReasoningOut, ReasoningText, ResponseObject, item_id, usage_of)
+    EventWriter,
+    FunctionCallOut,
+    IncompleteDetails,
+    OutputItem,
+    OutputMessage,
+    OutputText,
+    ReasoningOut,
+    ReasoningText,
+    ResponseObject,
+    item_id,
+    usage_of,
+)
 from agentkv.server.responses_schemas import ResponsesRequest
 from agentkv.server.responses_store import ResponseStore, StoredResponse
 from agentkv.server.responses_stream import OutputItems
 from agentkv.server.responses_translate import (
-    check_served, input_messages, output_message, policy_of, response_format, sampling_fields,
-    template_kwargs)
+    check_served,
+    input_messages,
+    output_message,
+    policy_of,
+    response_format,
+    sampling_fields,
+    template_kwargs,
+)
 from agentkv.server.schemas import ChatMessage, ResponseFormat
 from agentkv.server.streaming import sse_response
 from agentkv.server.tool_policy import ToolPolicy, constraint_builder
@@ -42,8 +60,7 @@ class Prepared(NamedTuple):
     fmt: ResponseFormat | None
 
 
-async def _prepare(state: ServerState, store: ResponseStore, req: ResponsesRequest,
-                   engine: Any) -> Prepared:
+async def _prepare(state: ServerState, store: ResponseStore, req: ResponsesRequest, engine: Any) -> Prepared:
     check_served(req)
     prior = store.previous(req.previous_response_id).history if req.previous_response_id else []
     history = prior + input_messages(req, prior)
@@ -51,12 +68,10 @@ async def _prepare(state: ServerState, store: ResponseStore, req: ResponsesReque
     system = [ChatMessage(role="system", content=req.instructions)] if req.instructions else []
     template = state.chat_template()
     # tool_choice "none" keeps the tools in the prompt: same prefix, same cache, no calls parsed.
-    prompt = render_chat(template, system + history, tools=policy.tools or None,
-                         template_kwargs=template_kwargs(req))
+    prompt = render_chat(template, system + history, tools=policy.tools or None, template_kwargs=template_kwargs(req))
     ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
     thinks = template_thinks(template)
-    return Prepared(ids, OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt)),
-                    history, fmt)
+    return Prepared(ids, OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt)), history, fmt)
 
 
 def _skeleton(state: ServerState, req: ResponsesRequest, policy: ToolPolicy) -> ResponseObject:
@@ -64,53 +79,88 @@ def _skeleton(state: ServerState, req: ResponsesRequest, policy: ToolPolicy) -> 
     choice: Any = policy.choice
     if isinstance(choice, dict):
         choice = {"type": "function", "name": choice["function"]["name"]}
-    tools = [{"type": "function", "name": t["function"]["name"],
-              "description": t["function"].get("description"),
-              "parameters": t["function"]["parameters"], "strict": False} for t in policy.tools]
+    tools = [
+        {
+            "type": "function",
+            "name": t["function"]["name"],
+            "description": t["function"].get("description"),
+            "parameters": t["function"]["parameters"],
+            "strict": False,
+        }
+        for t in policy.tools
+    ]
     text = req.text.model_dump(by_alias=True, exclude_none=True) if req.text is not None else None
     return ResponseObject(
-        id=item_id("resp"), status="in_progress", model=state.model_name, instructions=req.instructions,
-        parallel_tool_calls=policy.parallel, tool_choice=choice, tools=tools,
-        temperature=req.temperature, top_p=req.top_p, max_output_tokens=req.max_output_tokens,
-        previous_response_id=req.previous_response_id, text=text, store=req.store,
-        metadata=req.metadata)
+        id=item_id("resp"),
+        status="in_progress",
+        model=state.model_name,
+        instructions=req.instructions,
+        parallel_tool_calls=policy.parallel,
+        tool_choice=choice,
+        tools=tools,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        max_output_tokens=req.max_output_tokens,
+        previous_response_id=req.previous_response_id,
+        text=text,
+        store=req.store,
+        metadata=req.metadata,
+    )
 
 
-async def create_response(state: ServerState, store: ResponseStore, req: ResponsesRequest,
-                          tenant: str | None = None) -> Any:
+async def create_response(
+    state: ServerState, store: ResponseStore, req: ResponsesRequest, tenant: str | None = None
+) -> Any:
     """The Responses API's answer to `req`, whole or streamed; `store` is the tenant's own."""
     fields = sampling_fields(req)
     engine = open_request(state, fields)
     prep = await _prepare(state, store, req, engine)
     policy = prep.spec.policy
     assert policy is not None
-    ask = Ask([prep.prompt_ids], req.max_output_tokens, "max_output_tokens", None,
-              constraint=constraint_builder(policy, prep.fmt), constraint_param="text.format",
-              keep_special_tokens=policy.parse)
+    ask = Ask(
+        [prep.prompt_ids],
+        req.max_output_tokens,
+        "max_output_tokens",
+        None,
+        constraint=constraint_builder(policy, prep.fmt),
+        constraint_param="text.format",
+        keep_special_tokens=policy.parse,
+    )
     jobs = await build_jobs(state, engine, fields, ask, "resp", cache_namespace(tenant, None))
     body = _skeleton(state, req, policy)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
-        return await sse_response(streams, lambda: _events(store, req, streams, prep, body),
-                                  named_events=True, keepalive_s=state.limits.sse_keepalive_s)
+        return await sse_response(
+            streams,
+            lambda: _events(store, req, streams, prep, body),
+            named_events=True,
+            keepalive_s=state.limits.sse_keepalive_s,
+        )
     async with streams:
         out = (await collect(streams))[0]
     parsed = parse_output(out.text, prep.spec)
     incomplete = out.finish_reason == "length"
     items: list[OutputItem] = []
     if parsed.reasoning:
-        items.append(ReasoningOut(id=item_id("rs"), status="completed",
-                                  content=[ReasoningText(text=parsed.reasoning)]))
+        items.append(ReasoningOut(id=item_id("rs"), status="completed", content=[ReasoningText(text=parsed.reasoning)]))
     if parsed.content or not parsed.calls:
-        items.append(OutputMessage(id=item_id("msg"), status="incomplete" if incomplete else "completed",
-                                   content=[OutputText(text=parsed.content or "")]))
-    items += [FunctionCallOut(id=item_id("fc"), call_id=c.id, name=c.name, arguments=c.arguments,
-                              status="completed") for c in parsed.calls]
+        items.append(
+            OutputMessage(
+                id=item_id("msg"),
+                status="incomplete" if incomplete else "completed",
+                content=[OutputText(text=parsed.content or "")],
+            )
+        )
+    items += [
+        FunctionCallOut(id=item_id("fc"), call_id=c.id, name=c.name, arguments=c.arguments, status="completed")
+        for c in parsed.calls
+    ]
     return _finish(store, req, prep, body, out, items)
 
 
-def _finish(store: ResponseStore, req: ResponsesRequest, prep: Prepared, body: ResponseObject,
-            out: Any, items: list[OutputItem]) -> ResponseObject:
+def _finish(
+    store: ResponseStore, req: ResponsesRequest, prep: Prepared, body: ResponseObject, out: Any, items: list[OutputItem]
+) -> ResponseObject:
     """The finished response (mutates `body`), stored for a later previous_response_id."""
     incomplete = out.finish_reason == "length"
     body.output = items
@@ -130,8 +180,9 @@ def _parsed(item: FunctionCallOut) -> ParsedCall:
     return ParsedCall(item.call_id, item.name, item.arguments)
 
 
-async def _events(store: ResponseStore, req: ResponsesRequest, streams: ChoiceStreams,
-                  prep: Prepared, body: ResponseObject) -> AsyncIterator[str]:
+async def _events(
+    store: ResponseStore, req: ResponsesRequest, streams: ChoiceStreams, prep: Prepared, body: ResponseObject
+) -> AsyncIterator[str]:
     """response.created, response.in_progress, the output items, response.completed (or
     response.incomplete at max_output_tokens). An error after the 200 is an `error` event."""
     write = EventWriter()
@@ -148,11 +199,11 @@ async def _events(store: ResponseStore, req: ResponsesRequest, streams: ChoiceSt
         for frame in items.finish(incomplete):
             yield frame
         final = _finish(store, req, prep, body, out, items.done)
-        yield write("response.incomplete" if incomplete else "response.completed",
-                    response=final.model_dump(mode="json"))
+        yield write(
+            "response.incomplete" if incomplete else "response.completed", response=final.model_dump(mode="json")
+        )
     except APIError as exc:
         yield write("error", code=exc.code or exc.type, message=exc.message, param=exc.param)
     except Exception as exc:  # a bug: logged with its trace, and the client told
         log.exception("responses stream failed")
-        yield write("error", code="server_error", param=None,
-                    message=f"Internal server error: {type(exc).__name__}")
+        yield write("error", code="server_error", param=None, message=f"Internal server error: {type(exc).__name__}")

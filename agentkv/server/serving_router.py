@@ -14,6 +14,7 @@ What the router does with each route (facts read from its 0.3.2 source):
   can produce a token, not only that the process is up.
 Everything else it forwards (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
 `/v1/models`, `/metrics` for its `/engine_metrics`) is the ordinary API."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,8 +27,14 @@ from agentkv.server.lifecycle import ServerState
 from agentkv.server.responses import HealthResponse
 
 HEALTH_GENERATE_PROMPT = "ping"
-ROUTER_ENDPOINTS = ("/server_info", "/get_server_info", "/model_info", "/get_model_info",
-                    "/get_load", "/health_generate")
+ROUTER_ENDPOINTS = (
+    "/server_info",
+    "/get_server_info",
+    "/model_info",
+    "/get_model_info",
+    "/get_load",
+    "/health_generate",
+)
 
 
 def health_response(state: ServerState) -> Any:
@@ -46,16 +53,26 @@ def server_info(state: ServerState) -> dict[str, Any]:
     """The fields the router reads from `/server_info`: one replica, no tensor or data
     parallelism inside it, no prefill/decode disaggregation."""
     engine = state.require_engine()
-    return {"model_path": engine.model_name, "served_model_name": state.model_name,
-            "tp_size": 1, "dp_size": 1, "disaggregation_mode": "null",
-            "max_total_tokens": engine.max_model_len, "version": _version(),
-            "engine": "agentkv"}
+    return {
+        "model_path": engine.model_name,
+        "served_model_name": state.model_name,
+        "tp_size": 1,
+        "dp_size": 1,
+        "disaggregation_mode": "null",
+        "max_total_tokens": engine.max_model_len,
+        "version": _version(),
+        "engine": "agentkv",
+    }
 
 
 def model_info(state: ServerState) -> dict[str, Any]:
     engine = state.require_engine()
-    return {"model_path": engine.model_name, "tokenizer_path": engine.model_name,
-            "is_generation": not engine.is_embedding, "max_model_len": engine.max_model_len}
+    return {
+        "model_path": engine.model_name,
+        "tokenizer_path": engine.model_name,
+        "is_generation": not engine.is_embedding,
+        "max_model_len": engine.max_model_len,
+    }
 
 
 def load(state: ServerState) -> list[dict[str, int]]:
@@ -64,9 +81,14 @@ def load(state: ServerState) -> list[dict[str, int]]:
     engine = state.require_engine()
     stats = engine.stats()
     live_blocks = max(0, stats.kv_blocks_used - stats.kv_blocks_cached)
-    return [{"dp_rank": 0, "num_reqs": stats.num_running + stats.num_waiting,
-             "num_waiting_reqs": stats.num_waiting,
-             "num_tokens": live_blocks * _block_size(engine)}]
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": stats.num_running + stats.num_waiting,
+            "num_waiting_reqs": stats.num_waiting,
+            "num_tokens": live_blocks * _block_size(engine),
+        }
+    ]
 
 
 async def health_generate(state: ServerState) -> JSONResponse:
@@ -94,8 +116,7 @@ def add_router_routes(app: FastAPI, state: ServerState, auth: list[Any]) -> None
     async def health_generate_route() -> JSONResponse:
         return await health_generate(state)
 
-    app.add_api_route("/health_generate", health_generate_route, methods=["GET"],
-                      dependencies=auth)
+    app.add_api_route("/health_generate", health_generate_route, methods=["GET"], dependencies=auth)
 
 
 def _block_size(engine: Any) -> int:

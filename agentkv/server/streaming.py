@@ -3,13 +3,15 @@ before the 200 goes out; then the headers go at once, `: keep-alive` comments fi
 interval (a request still queued, a long prefill), and a client that goes away — mid-stream
 or still queued — is noticed at once, so its engine requests are aborted and their KV blocks
 freed before any prefill is spent on them."""
+
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -25,13 +27,15 @@ class AbortingStreamingResponse(StreamingResponse):
     version the server speaks) and always runs `on_close` — finished, failed or cut off."""
 
     def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]]) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             async with anyio.create_task_group() as group:
+
                 async def run_then_cancel(func: Callable[[], Awaitable[None]]) -> None:
                     await func()
                     group.cancel_scope.cancel()
@@ -59,8 +63,7 @@ async def _events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         yield sse(json.dumps(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code)))
     except Exception as exc:  # a bug: logged with its trace, and the client told
         log.exception("stream failed")
-        yield sse(json.dumps(error_body(f"Internal server error: {type(exc).__name__}",
-                                        type="internal_server_error")))
+        yield sse(json.dumps(error_body(f"Internal server error: {type(exc).__name__}", type="internal_server_error")))
     yield sse("[DONE]")
 
 
@@ -119,13 +122,16 @@ async def with_keepalive(frames: AsyncIterator[str], interval_s: float | None) -
         task.cancel()
 
 
-async def sse_response(streams: Any, make_chunks: Callable[[], AsyncIterator[str]], *,
-                       named_events: bool = False, keepalive_s: float | None = None
-                       ) -> StreamingResponse:
+async def sse_response(
+    streams: Any,
+    make_chunks: Callable[[], AsyncIterator[str]],
+    *,
+    named_events: bool = False,
+    keepalive_s: float | None = None,
+) -> StreamingResponse:
     """Admit `streams` (a ChoiceStreams) — refusals surface here as APIError, before any byte
     is sent — then stream `make_chunks()` at once: JSON payloads framed as `data:` events, or
     (`named_events`) whole named events, with keep-alive comments every `keepalive_s`."""
     await streams.__aenter__()
     frames = _named_events if named_events else _events
-    return AbortingStreamingResponse(with_keepalive(frames(make_chunks()), keepalive_s),
-                                     streams.close)
+    return AbortingStreamingResponse(with_keepalive(frames(make_chunks()), keepalive_s), streams.close)

@@ -1,9 +1,11 @@
 """What a request's tools, tool_choice, parallel_tool_calls and response_format mean for one
 generation: the tools the prompt shows, the grammar (if any) decoding is held to, and which
 calls the parser may return. Shared by every API that speaks tools."""
+
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from agentkv.server.errors import bad_request
 
@@ -43,8 +45,11 @@ def tool_policy(tools: list[dict[str, Any]], choice: Any, parallel: bool | None)
         name = choice["function"]["name"]
         match = [t for t in tools if t["function"]["name"] == name]
         if not match:
-            raise bad_request(f"tool_choice names function {name!r}, which is not among tools "
-                              f"{[t['function']['name'] for t in tools]}", param="tool_choice")
+            raise bad_request(
+                f"tool_choice names function {name!r}, which is not among tools "
+                f"{[t['function']['name'] for t in tools]}",
+                param="tool_choice",
+            )
         return ToolPolicy(tools, match[0], parallel)
     if choice == "required" and not tools:
         raise bad_request("tool_choice 'required' needs a non-empty tools list", param="tool_choice")
@@ -68,8 +73,7 @@ def constraint_builder(policy: ToolPolicy, fmt: Any) -> Callable[[Any], Any] | N
     if fmt.type == "json_object":
         schema: dict[str, Any] = {"type": "object"}
     elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        raise bad_request("response_format json_schema needs json_schema.schema",
-                          param="response_format.json_schema")
+        raise bad_request("response_format json_schema needs json_schema.schema", param="response_format.json_schema")
     else:
         schema = fmt.json_schema.schema_
     if policy.parse:

@@ -2,6 +2,7 @@
 parser every API uses, for a finished completion and incrementally for a stream (content
 deltas, then per call its id and name first and its arguments as fragments), never leaking a
 half-written tag."""
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,7 @@ def _raw_arguments(body: str) -> tuple[str, str] | None:
         return None
     if not isinstance(value, dict) or body[end:].strip() != "}":
         return None
-    return head.group(1), body[head.end():end]
+    return head.group(1), body[head.end() : end]
 
 
 def parse_call_json(body: str) -> ParsedCall | None:
@@ -78,8 +79,9 @@ def parse_call_json(body: str) -> ParsedCall | None:
     return ParsedCall(new_call_id(), obj["name"], arguments)
 
 
-def parse_tool_calls(text: str, names: frozenset[str] | None = None,
-                     max_calls: int | None = None) -> tuple[str | None, list[ParsedCall]]:
+def parse_tool_calls(
+    text: str, names: frozenset[str] | None = None, max_calls: int | None = None
+) -> tuple[str | None, list[ParsedCall]]:
     """Split a finished completion into (content, calls). Text outside the tags is content; a
     block whose JSON does not parse, or that names a function not in `names`, stays in the
     content verbatim, so nothing is lost; calls past `max_calls` are dropped."""
@@ -133,13 +135,13 @@ class ToolCallStreamParser:
         pos = self.buffer.find(OPEN_TAG)
         if pos < 0:
             keep = partial_tag_len(self.buffer, OPEN_TAG)
-            text, self.buffer = self.buffer[:len(self.buffer) - keep], self.buffer[len(self.buffer) - keep:]
+            text, self.buffer = self.buffer[: len(self.buffer) - keep], self.buffer[len(self.buffer) - keep :]
             if text:
                 out.append(StreamEvent(content=text))
             return False
         if pos > 0:
             out.append(StreamEvent(content=self.buffer[:pos]))
-        self.buffer = self.buffer[pos + len(OPEN_TAG):]
+        self.buffer = self.buffer[pos + len(OPEN_TAG) :]
         self.inside = True
         return True
 
@@ -155,7 +157,7 @@ class ToolCallStreamParser:
         self._stream_arguments(body, out)
         if pos < 0:
             return False
-        self.buffer = self.buffer[pos + len(CLOSE_TAG):]
+        self.buffer = self.buffer[pos + len(CLOSE_TAG) :]
         self.inside = False
         self._close(body, out, closed=True)
         return True
@@ -165,20 +167,24 @@ class ToolCallStreamParser:
         all of it while the object is incomplete, exactly to its end once it parses."""
         if self._open is None:
             head = _HEAD.match(body)
-            if (head is None or body[head.end():head.end() + 1] != "{"
-                    or not self._known(head.group(1)) or not self._room()):
+            if (
+                head is None
+                or body[head.end() : head.end() + 1] != "{"
+                or not self._known(head.group(1))
+                or not self._room()
+            ):
                 return
             self._open = ParsedCall(new_call_id(), head.group(1), "")
             self._args_start, self._sent = head.end(), 0
             out.append(StreamEvent(call=self._open, index=len(self.calls)))
-        text = body[self._args_start:]
+        text = body[self._args_start :]
         try:
             _, end = _DECODER.raw_decode(text)
             text = text[:end]
         except json.JSONDecodeError:
             pass
         if len(text) > self._sent:
-            out.append(StreamEvent(index=len(self.calls), arguments=text[self._sent:]))
+            out.append(StreamEvent(index=len(self.calls), arguments=text[self._sent :]))
             self._sent = len(text)
 
     def _close(self, body: str, out: list[StreamEvent], *, closed: bool) -> None:
@@ -186,7 +192,7 @@ class ToolCallStreamParser:
         started, self._open = self._open, None
         if started is not None:
             # Already announced: it counts, with the arguments as streamed.
-            self.calls.append(started._replace(arguments=body[self._args_start:][:self._sent]))
+            self.calls.append(started._replace(arguments=body[self._args_start :][: self._sent]))
             return
         if call is not None and not self._room():
             return

@@ -1,6 +1,7 @@
 """Request-to-engine translation every endpoint shares: which model was asked for, token ids
 in the vocabulary, max_tokens fitted to the context, SamplingParams from the request fields,
 and the engine's boundary exceptions mapped to client errors."""
+
 from __future__ import annotations
 
 import logging
@@ -9,20 +10,38 @@ from typing import Any
 from pydantic import BaseModel
 
 from agentkv.runtime.client import EngineClient
-from agentkv.runtime.errors import (
-    EngineDeadError, InvalidTokenError, PromptTooLongError, QueueFullError)
+from agentkv.runtime.errors import EngineDeadError, InvalidTokenError, PromptTooLongError, QueueFullError
 from agentkv.runtime.params import SamplingParams
 from agentkv.server.errors import (
-    APIError, bad_request, engine_dead, from_value_error, model_not_found, prompt_too_long,
-    rate_limited)
+    APIError,
+    bad_request,
+    engine_dead,
+    from_value_error,
+    model_not_found,
+    prompt_too_long,
+    rate_limited,
+)
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.schemas import SamplingFields
 
 log = logging.getLogger("agentkv.server")
 
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                    "frequency_penalty", "repetition_penalty", "ignore_eos", "skip_special_tokens",
-                    "include_stop_str_in_output", "stop", "stop_token_ids", "logit_bias")
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "stop",
+    "stop_token_ids",
+    "logit_bias",
+)
 
 
 def check_fields(state: ServerState, req: BaseModel, endpoint: str) -> None:
@@ -32,8 +51,9 @@ def check_fields(state: ServerState, req: BaseModel, endpoint: str) -> None:
     if not extra:
         return
     if state.strict_request_fields:
-        raise bad_request(f"unknown field(s) {extra} for {endpoint} (this server runs with "
-                          f"--strict-request-fields)", param=extra[0])
+        raise bad_request(
+            f"unknown field(s) {extra} for {endpoint} (this server runs with --strict-request-fields)", param=extra[0]
+        )
     log.warning("%s: ignoring unknown field(s) %s", endpoint, extra)
 
 
@@ -49,8 +69,9 @@ def check_model(state: ServerState, name: str | None) -> EngineClient:
 def check_tokens(engine: EngineClient, ids: list[int], param: str) -> None:
     bad = [i for i in ids if not 0 <= i < engine.tokenizer.vocab_size]
     if bad:
-        raise bad_request(f"token id {bad[0]} is outside the vocabulary "
-                          f"[0, {engine.tokenizer.vocab_size})", param=param)
+        raise bad_request(
+            f"token id {bad[0]} is outside the vocabulary [0, {engine.tokenizer.vocab_size})", param=param
+        )
 
 
 def fit_max_tokens(engine: EngineClient, prompt_len: int, max_tokens: int | None, param: str) -> int:
@@ -73,15 +94,22 @@ def check_min_tokens(min_tokens: int | None, max_tokens: int) -> int:
     if min_tokens is None:
         return 0
     if not 0 <= min_tokens <= max_tokens:
-        raise bad_request(f"min_tokens={min_tokens} is out of range: allowed [0, max_tokens="
-                          f"{max_tokens}]", param="min_tokens")
+        raise bad_request(
+            f"min_tokens={min_tokens} is out of range: allowed [0, max_tokens={max_tokens}]", param="min_tokens"
+        )
     return min_tokens
 
 
-def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | None,
-                    prompt_logprobs: int | None = None, seed_offset: int = 0,
-                    defaults: dict[str, Any] | None = None,
-                    keep_special_tokens: bool = False) -> SamplingParams:
+def sampling_params(
+    req: SamplingFields,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    seed_offset: int = 0,
+    defaults: dict[str, Any] | None = None,
+    keep_special_tokens: bool = False,
+) -> SamplingParams:
     """SamplingParams from the request's fields; a field left out (or null) takes the model's
     generation-config `defaults`, else the engine's default. Choice `seed_offset` of n gets
     seed + offset, so choices differ but repeat. `keep_special_tokens` (tools are parsed):
@@ -96,11 +124,9 @@ def sampling_params(req: SamplingFields, *, max_tokens: int, logprobs: int | Non
     if req.seed is not None:
         kw["seed"] = req.seed + seed_offset
     try:
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs,
-                              prompt_logprobs=prompt_logprobs, **kw)
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs, **kw)
     except ValueError as exc:
-        raise from_value_error(exc, {"logprobs": "top_logprobs" if prompt_logprobs is None
-                                     else "logprobs"}) from exc
+        raise from_value_error(exc, {"logprobs": "top_logprobs" if prompt_logprobs is None else "logprobs"}) from exc
 
 
 def engine_error(exc: Exception) -> APIError:
@@ -130,8 +156,11 @@ def request_failed(error: str) -> APIError:
     batch went on): a 400 when its own constraints led it into a dead end, else a 500 — the
     model or server failed it. Never reported to a client as a finish_reason."""
     if any(marker in error for marker in _CLIENT_CAUSED):
-        return bad_request("the request's constraints (response_format, tools, logit_bias, "
-                           f"penalties) left no token that may come next: {error}",
-                           code="generation_dead_end")
-    return APIError(500, f"the request failed inside the engine: {error}",
-                    type="internal_server_error", code="request_failed")
+        return bad_request(
+            "the request's constraints (response_format, tools, logit_bias, "
+            f"penalties) left no token that may come next: {error}",
+            code="generation_dead_end",
+        )
+    return APIError(
+        500, f"the request failed inside the engine: {error}", type="internal_server_error", code="request_failed"
+    )

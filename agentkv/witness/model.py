@@ -1,4 +1,5 @@
 """Whole-model witness: one prompt's logits on a backend against the reference backend."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -3,10 +3,12 @@
 Floors are recorded here, in code: an approx backend's op passes when its output's cosine
 to the reference is at least the floor (and, for logits-like outputs, the argmax matches).
 An op the backend cannot run is SKIP, and a SKIP is never a PASS."""
+
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,8 +39,9 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / denom) if denom else float(np.array_equal(a, b))
 
 
-def compare(op: str, shape: str, ref: np.ndarray, got: np.ndarray, floor: float,
-            check_argmax: bool = False) -> WitnessRow:
+def compare(
+    op: str, shape: str, ref: np.ndarray, got: np.ndarray, floor: float, check_argmax: bool = False
+) -> WitnessRow:
     if ref.shape != got.shape:
         return WitnessRow(op, shape, math.inf, 0.0, None, floor, "FAIL", f"shape {got.shape} != {ref.shape}")
     cos = cosine(ref, got)
@@ -56,8 +59,9 @@ def _w(be: Backend, arr: np.ndarray, name: str = "w"):
     return be.upload_weight(name, arr.astype(np.float32), 0, arr.shape)
 
 
-def _attention_case(be: Backend, seed: int, h: int, kvh: int, hd: int, lens: list[int],
-                    window: int | None, softcap: float | None) -> np.ndarray:
+def _attention_case(
+    be: Backend, seed: int, h: int, kvh: int, hd: int, lens: list[int], window: int | None, softcap: float | None
+) -> np.ndarray:
     """A batch of sequences each with some cached and some new rows; returns the output."""
     rng, bs = _rng(seed), 16
     num_blocks = sum(-(-n // bs) for n in lens) + 1
@@ -70,32 +74,41 @@ def _attention_case(be: Backend, seed: int, h: int, kvh: int, hd: int, lens: lis
     # store every position's K/V, then query the last q_len rows of each sequence
     q_lens = [max(1, n // 3) for n in lens]
     pos = np.concatenate([np.arange(n) for n in lens])
-    slots = np.concatenate([np.asarray(t)[np.arange(n) // bs] * bs + np.arange(n) % bs
-                            for t, n in zip(tables, lens)])
+    slots = np.concatenate([np.asarray(t)[np.arange(n) // bs] * bs + np.arange(n) % bs for t, n in zip(tables, lens)])
     k = rng.standard_normal((len(pos), kvh, hd)).astype(np.float32)
     v = rng.standard_normal((len(pos), kvh, hd)).astype(np.float32)
     be.kv_store(kv, 0, be.upload(k), be.upload(v), slots)
     qpos = np.concatenate([np.arange(n - q, n) for n, q in zip(lens, q_lens)])
-    meta = AttnMeta(tuple(q_lens), tuple(lens), tuple(tables), qpos.astype(np.int64),
-                    np.zeros(len(qpos), np.int64))
+    meta = AttnMeta(tuple(q_lens), tuple(lens), tuple(tables), qpos.astype(np.int64), np.zeros(len(qpos), np.int64))
     q = rng.standard_normal((len(qpos), h, hd)).astype(np.float32)
     return be.read(be.attention(be.upload(q), kv, 0, meta, 1 / math.sqrt(hd), window, softcap))
 
 
 def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, bool]]:
     """(op, shape, run(backend) -> output, floor, check_argmax). Shapes include odd sizes."""
-    return (_matmul_cases() + _norm_cases() + _rope_cases() + _activation_cases() + _attention_cases()
-            + _fused_cases() + _quant_cases() + _kquant_cases() + _moe_cases())
+    return (
+        _matmul_cases()
+        + _norm_cases()
+        + _rope_cases()
+        + _activation_cases()
+        + _attention_cases()
+        + _fused_cases()
+        + _quant_cases()
+        + _kquant_cases()
+        + _moe_cases()
+    )
 
 
 def _matmul_cases():
     cases = []
     for n, k, m in [(1, 64, 96), (7, 576, 1536), (33, 1536, 576), (5, 100, 37)]:
+
         def mm(be, n=n, k=k, m=m):
             r = _rng(n * 1000 + k)
             x, w = r.standard_normal((n, k)), r.standard_normal((m, k)) / math.sqrt(k)
             b = r.standard_normal(m)
             return be.read(be.matmul(be.upload(x), _w(be, w), _w(be, b, "b")))
+
         cases.append(("matmul", f"[{n},{k}]x[{m},{k}]", mm, COSINE_FLOOR_F32, True))
     return cases
 
@@ -103,15 +116,26 @@ def _matmul_cases():
 def _norm_cases():
     cases = []
     for n, d in [(1, 576), (9, 640), (3, 33)]:
+
         def rms(be, n=n, d=d, unit=False):
             r = _rng(d)
             return be.read(be.rms_norm(be.upload(r.standard_normal((n, d))), _w(be, r.standard_normal(d)), 1e-6, unit))
+
         def ln(be, n=n, d=d):
             r = _rng(d + 1)
-            return be.read(be.layer_norm(be.upload(r.standard_normal((n, d))), _w(be, r.standard_normal(d)),
-                                         _w(be, r.standard_normal(d), "b"), 1e-12))
-        cases += [("rms_norm", f"[{n},{d}]", rms, COSINE_FLOOR_F32, False),
-                  ("layer_norm", f"[{n},{d}]", ln, COSINE_FLOOR_F32, False)]
+            return be.read(
+                be.layer_norm(
+                    be.upload(r.standard_normal((n, d))),
+                    _w(be, r.standard_normal(d)),
+                    _w(be, r.standard_normal(d), "b"),
+                    1e-12,
+                )
+            )
+
+        cases += [
+            ("rms_norm", f"[{n},{d}]", rms, COSINE_FLOOR_F32, False),
+            ("layer_norm", f"[{n},{d}]", ln, COSINE_FLOOR_F32, False),
+        ]
     return cases
 
 
@@ -119,11 +143,13 @@ def _rope_cases():
     cases = []
     for style in RopeStyle:
         for scaling in (None, {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}):
+
             def rope(be, style=style, scaling=scaling):
                 r = _rng(7)
                 spec = RopeSpec(dim=64, theta=10000.0, style=style, scaling=scaling)
                 pos = r.integers(0, 5000, 11)
                 return be.read(be.rope(be.upload(r.standard_normal((11, 3, 64))), pos, spec))
+
             label = f"rope/{style.value}" + ("/llama3" if scaling else "")
             cases.append((label, "[11,3,64]", rope, COSINE_FLOOR_F32, False))
     return cases
@@ -132,25 +158,36 @@ def _rope_cases():
 def _activation_cases():
     cases = []
     for kind in ("silu", "gelu_tanh", "gelu"):
+
         def ga(be, kind=kind):
             r = _rng(3)
-            return be.read(be.gated_act(be.upload(r.standard_normal((5, 1537))),
-                                        be.upload(r.standard_normal((5, 1537))), kind))
+            return be.read(
+                be.gated_act(be.upload(r.standard_normal((5, 1537))), be.upload(r.standard_normal((5, 1537))), kind)
+            )
+
         cases.append((f"gated_act/{kind}", "[5,1537]", ga, COSINE_FLOOR_F32, False))
+
     def emb(be):
         r = _rng(11)
         table = r.standard_normal((301, 64))
         return be.read(be.embedding(_w(be, table), r.integers(0, 301, 17)))
+
     cases.append(("embedding", "[301,64][17]", emb, COSINE_FLOOR_F32, False))
     return cases
 
 
 def _attention_cases():
     cases = []
-    for h, kvh, hd, lens, window, cap in [(9, 3, 64, [37], None, None), (4, 1, 32, [5, 70, 16], None, None),
-                                          (8, 4, 16, [50, 9], 8, None), (4, 2, 32, [40], None, 50.0)]:
+    for h, kvh, hd, lens, window, cap in [
+        (9, 3, 64, [37], None, None),
+        (4, 1, 32, [5, 70, 16], None, None),
+        (8, 4, 16, [50, 9], 8, None),
+        (4, 2, 32, [40], None, 50.0),
+    ]:
+
         def att(be, h=h, kvh=kvh, hd=hd, lens=lens, window=window, cap=cap):
             return _attention_case(be, 5, h, kvh, hd, lens, window, cap)
+
         label = "attention" + (f"/window={window}" if window else "") + (f"/softcap={cap}" if cap else "")
         cases.append((label, f"h={h},kvh={kvh},hd={hd},lens={lens}", att, COSINE_FLOOR_F32, False))
     return cases
@@ -160,28 +197,46 @@ def _fused_cases():
     """The fused glue ops (add_norm, glu, attention_inputs) with odd widths and both ropes."""
     cases = []
     for post in (False, True):
+
         def add_norm(be, post=post):
             r = _rng(13)
-            h_new, normed = be.add_norm(be.upload(r.standard_normal((5, 33))), be.upload(r.standard_normal((5, 33))),
-                                        _w(be, r.standard_normal(33)), 1e-6, post,
-                                        _w(be, r.standard_normal(33), "p") if post else None)
+            h_new, normed = be.add_norm(
+                be.upload(r.standard_normal((5, 33))),
+                be.upload(r.standard_normal((5, 33))),
+                _w(be, r.standard_normal(33)),
+                1e-6,
+                post,
+                _w(be, r.standard_normal(33), "p") if post else None,
+            )
             return np.concatenate([be.read(h_new), be.read(normed)], axis=1)
+
         cases.append(("add_norm" + ("/sandwich" if post else ""), "[5,33]", add_norm, COSINE_FLOOR_F32, False))
     for kind in ("silu", "gelu_tanh"):
+
         def glu(be, kind=kind):
             return be.read(be.glu(be.upload(_rng(17).standard_normal((5, 2 * 1537))), kind))
+
         cases.append((f"glu/{kind}", "[5,3074]", glu, COSINE_FLOOR_F32, False))
     for style, dim, norm in [(RopeStyle.NEOX, 64, True), (RopeStyle.INTERLEAVED, 32, False)]:
+
         def inputs(be, style=style, dim=dim, norm=norm):
             r, n, h, kvh, hd = _rng(19), 7, 4, 2, 64
             kv = be.allocate_kv(KVSpec(1, 2, 16, kvh, hd))
             slots = r.permutation(32)[:n]
             meta = AttnMeta((n,), (n,), ((0, 1),), r.integers(0, 5000, n), slots)
             qn, kn = (_w(be, r.standard_normal(hd), nm) if norm else None for nm in ("qn", "kn"))
-            q = be.attention_inputs(be.upload(r.standard_normal((n, (h + 2 * kvh) * hd))), meta, kv, 0,
-                                    AttentionSpec(h, kvh, hd, RopeSpec(dim=dim, style=style), eps=1e-6), qn, kn)
+            q = be.attention_inputs(
+                be.upload(r.standard_normal((n, (h + 2 * kvh) * hd))),
+                meta,
+                kv,
+                0,
+                AttentionSpec(h, kvh, hd, RopeSpec(dim=dim, style=style), eps=1e-6),
+                qn,
+                kn,
+            )
             k, v = (np.asarray(c[0]).reshape(-1, kvh * hd)[slots] for c in (kv.k, kv.v))
             return np.concatenate([be.read(q).reshape(n, -1), k, v], axis=1)
+
         label = f"attention_inputs/{style.value}/rope_dim={dim}" + ("/qk_norm" if norm else "")
         cases.append((label, "n=7,h=4,kvh=2,hd=64", inputs, COSINE_FLOOR_F32, False))
     return cases
@@ -195,12 +250,14 @@ def _quant_cases():
         if qtype not in QUANTIZABLE:
             continue
         for n in (1, 19):
+
             def qmm(be, qtype=qtype, n=n):
                 r = _rng(qtype * 10 + n)
                 w = (r.standard_normal((96, 256)) / 16).astype(np.float32)
                 raw = quantize(w, qtype)
                 wt = be.upload_weight("wq", raw, qtype, (96, 256))
                 return be.read(be.matmul(be.upload(r.standard_normal((n, 256))), wt))
+
             cases.append((f"matmul/{name}", f"[{n},256]x[96,256]", qmm, COSINE_FLOOR_QUANT, True))
     return cases
 
@@ -222,16 +279,20 @@ def _kquant_cases():
     cases = []
     for qtype, name in [(Q4_K, "Q4_K"), (Q5_K, "Q5_K"), (Q6_K, "Q6_K")]:
         for n in (1, 19):
+
             def kmm(be, qtype=qtype, n=n):
                 raw = random_kquant_blocks(qtype, 64, 512, qtype)
                 wt = be.upload_weight("wk", raw, qtype, (64, 512))
                 return be.read(be.matmul(be.upload(_rng(n).standard_normal((n, 512))), wt))
+
             cases.append((f"matmul/{name}", f"[{n},512]x[64,512]", kmm, COSINE_FLOOR_QUANT, True))
+
     def qemb(be):
         from agentkv.formats.quants import quantize
 
         table = quantize((_rng(4).standard_normal((50, 64)) / 8).astype(np.float32), Q8_0)
         return be.read(be.embedding(be.upload_weight("e", table, Q8_0, (50, 64)), np.array([3, 0, 49, 3])))
+
     cases.append(("embedding/Q8_0", "[50,64][4]", qemb, COSINE_FLOOR_QUANT, False))
     return cases
 
@@ -243,14 +304,23 @@ def _moe_layer(be: Backend, seed: int, qtype: int, shared: bool, d: int = 64, f:
     from agentkv.hal.blocks import Experts, MoEFFN, Projection, SharedExpert, tiled_gate
 
     r = _rng(seed)
+
     def ex(shape, name):
         w = (r.standard_normal(shape) / math.sqrt(shape[1])).astype(np.float32)
         return be.upload_weight(name, quantize(w, qtype) if qtype else w, qtype, shape)
-    experts = Experts(*(tuple(ex(shape, f"{p}{e}") for e in range(num))
-                        for p, shape in (("g", (f, d)), ("u", (f, d)), ("d", (d, f)))))
-    sh = (SharedExpert(Projection((_w(be, r.standard_normal((f, d)) / 8), _w(be, r.standard_normal((f, d)) / 8))),
-                       _w(be, r.standard_normal((d, f)) / 8), tiled_gate(be, _w(be, r.standard_normal((1, d)) / 8)))
-          if shared else None)
+
+    experts = Experts(
+        *(tuple(ex(shape, f"{p}{e}") for e in range(num)) for p, shape in (("g", (f, d)), ("u", (f, d)), ("d", (d, f))))
+    )
+    sh = (
+        SharedExpert(
+            Projection((_w(be, r.standard_normal((f, d)) / 8), _w(be, r.standard_normal((f, d)) / 8))),
+            _w(be, r.standard_normal((d, f)) / 8),
+            tiled_gate(be, _w(be, r.standard_normal((1, d)) / 8)),
+        )
+        if shared
+        else None
+    )
     return MoEFFN(_w(be, np.ones(d)), _w(be, 3.0 * r.standard_normal((num, d))), experts, sh)
 
 
@@ -260,14 +330,17 @@ def _moe_cases():
     from agentkv.hal.blocks import MoEFFNSpec, ffn_op
 
     cases = []
-    for label, spec, qtype, shared in [("moe_ffn/shared", MoEFFNSpec(8, 2, False), 0, True),
-                                       ("moe_ffn/norm_topk", MoEFFNSpec(8, 2, True), 0, False),
-                                       ("moe_ffn/softmax_after_topk", MoEFFNSpec(8, 3, False, softmax_after_topk=True),
-                                        0, False),
-                                       ("moe_ffn/Q8_0", MoEFFNSpec(8, 2, True), Q8_0, True)]:
+    for label, spec, qtype, shared in [
+        ("moe_ffn/shared", MoEFFNSpec(8, 2, False), 0, True),
+        ("moe_ffn/norm_topk", MoEFFNSpec(8, 2, True), 0, False),
+        ("moe_ffn/softmax_after_topk", MoEFFNSpec(8, 3, False, softmax_after_topk=True), 0, False),
+        ("moe_ffn/Q8_0", MoEFFNSpec(8, 2, True), Q8_0, True),
+    ]:
+
         def moe(be, spec=spec, qtype=qtype, shared=shared):
             x = be.upload(_rng(23).standard_normal((21, 64)))
             return be.read(ffn_op(_moe_layer(be, 29, qtype, shared), be, x, spec))
+
         floor = COSINE_FLOOR_QUANT if qtype else COSINE_FLOOR_F32
         cases.append((label, "n=21,d=64,f=64,experts=8", moe, floor, False))
     return cases

@@ -1,4 +1,5 @@
 """`agentkv bench agents --quick` end to end on tiny workloads (no peers needed)."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,32 @@ from agentkv.cli import main
 
 
 def test_bench_agents_quick_smoke(tmp_path, capsys):
-    rc = main(["bench", "agents", "--quick", "--peers", "agentkv,agentkv-nocache",
-               "--workload", "fak-agents,tool-loop", "--out", str(tmp_path), "--no-profile",
-               "--set", "fak-agents.agents=2", "--set", "fak-agents.turns=2",
-               "--set", "fak-agents.prefix=16", "--set", "fak-agents.append=8",
-               "--set", "tool-loop.turns=2", "--set", "tool-loop.answer=4"])
+    rc = main(
+        [
+            "bench",
+            "agents",
+            "--quick",
+            "--peers",
+            "agentkv,agentkv-nocache",
+            "--workload",
+            "fak-agents,tool-loop",
+            "--out",
+            str(tmp_path),
+            "--no-profile",
+            "--set",
+            "fak-agents.agents=2",
+            "--set",
+            "fak-agents.turns=2",
+            "--set",
+            "fak-agents.prefix=16",
+            "--set",
+            "fak-agents.append=8",
+            "--set",
+            "tool-loop.turns=2",
+            "--set",
+            "tool-loop.answer=4",
+        ]
+    )
     assert rc == 0
     payload = json.loads((tmp_path / "agents-quick.json").read_text())
     assert {"machine", "versions", "commit", "date"} <= payload.keys()

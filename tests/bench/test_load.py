@@ -1,6 +1,7 @@
 """`agentkv bench load` tiny and end to end: 8 streaming clients against a real `agentkv serve`
 child process (at most 2 running, and a queue of 2 where the server has admission control),
 a disconnect storm, and a kill -9 followed by a restart."""
+
 from __future__ import annotations
 
 import json
@@ -13,12 +14,15 @@ from agentkv.cli import main
 
 pytestmark = pytest.mark.slow
 
-GOOD = [json.dumps(c) for c in (
-    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
-    {"choices": [{"index": 0, "delta": {"content": "Apple"}, "finish_reason": None}]},
-    {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
-    {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}},
-)] + ["[DONE]"]
+GOOD = [
+    json.dumps(c)
+    for c in (
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"content": "Apple"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}},
+    )
+] + ["[DONE]"]
 
 
 def test_stream_checker_accepts_whole_streams_only():
@@ -31,14 +35,29 @@ def test_stream_checker_accepts_whole_streams_only():
 
 
 def test_metrics_parser_reads_unlabelled_samples():
-    page = "# HELP x y\nagentkv_kv_blocks_free 61.0\nagentkv_requests_total{endpoint=\"/health\"} 3.0\n"
+    page = '# HELP x y\nagentkv_kv_blocks_free 61.0\nagentkv_requests_total{endpoint="/health"} 3.0\n'
     assert parse_metrics(page) == {"agentkv_kv_blocks_free": 61.0}
 
 
 def test_load_tiny(tmp_path, capsys):
-    rc = main(["bench", "load", "--clients", "8", "--max-tokens", "3", "--max-queued-requests", "2",
-               "--max-model-len", "128", "--serve-arg=--max-num-seqs=2", "--serve-arg=--kv-cache-blocks=64",
-               "--out", str(tmp_path)])
+    rc = main(
+        [
+            "bench",
+            "load",
+            "--clients",
+            "8",
+            "--max-tokens",
+            "3",
+            "--max-queued-requests",
+            "2",
+            "--max-model-len",
+            "128",
+            "--serve-arg=--max-num-seqs=2",
+            "--serve-arg=--kv-cache-blocks=64",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     payload = json.loads((tmp_path / "load.json").read_text())
     result = payload["result"]
     assert rc == 0, result

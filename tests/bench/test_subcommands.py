@@ -1,5 +1,6 @@
 """Every `agentkv bench` subcommand end to end on tiny settings without peers: each writes
 well-formed JSON with the envelope, and a peer that cannot run is reported as skipped."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,22 @@ def _payload(path, benchmark: str) -> dict:
 
 
 def test_forward_without_peers(tmp_path):
-    rc = main(["bench", "forward", "--peers", "", "--prompt-len", "16", "--decode-len", "2",
-               "--repeats", "1", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "bench",
+            "forward",
+            "--peers",
+            "",
+            "--prompt-len",
+            "16",
+            "--decode-len",
+            "2",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     payload = _payload(tmp_path / "forward-smollm2-resident.json", "forward")
     ours = payload["results"]["agentkv"]
@@ -33,8 +48,24 @@ def test_forward_without_peers(tmp_path):
 
 
 def test_quant_agentkv_only(tmp_path):
-    rc = main(["bench", "quant", "--models", "smollm2", "--arms", "agentkv-resident",
-               "--prompt-len", "16", "--decode-len", "2", "--repeats", "1", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "bench",
+            "quant",
+            "--models",
+            "smollm2",
+            "--arms",
+            "agentkv-resident",
+            "--prompt-len",
+            "16",
+            "--decode-len",
+            "2",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     payload = _payload(tmp_path / "quant.json", "quant")
     block = payload["models"]["smollm2"]
@@ -46,8 +77,26 @@ def test_quant_agentkv_only(tmp_path):
 
 
 def test_cache_tiny(tmp_path):
-    rc = main(["bench", "cache", "--agents", "2", "--turns", "2", "--prefix", "16", "--user", "4",
-               "--answer", "2", "--tool", "4", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "bench",
+            "cache",
+            "--agents",
+            "2",
+            "--turns",
+            "2",
+            "--prefix",
+            "16",
+            "--user",
+            "4",
+            "--answer",
+            "2",
+            "--tool",
+            "4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     payload = _payload(tmp_path / "cache.json", "cache")
     fak, session = payload["workloads"]
@@ -71,8 +120,7 @@ def test_kernels_tiny(tmp_path):
 def test_missing_peer_is_skipped_not_passed(tmp_path, monkeypatch):
     monkeypatch.setitem(peers.PEERS, "nosuchpeer", "agentkv_no_such_module")
     monkeypatch.setitem(peers.INSTALL, "nosuchpeer", "nowhere")
-    results = forward.run_arms("agentkv.bench.forward:worker", {"nosuchpeer": {"arm": "nosuchpeer"}},
-                               tmp_path, 60)
+    results = forward.run_arms("agentkv.bench.forward:worker", {"nosuchpeer": {"arm": "nosuchpeer"}}, tmp_path, 60)
     assert results == {"nosuchpeer": {"skipped": "agentkv_no_such_module is not installed (nowhere)"}}
     assert forward.ratios({"agentkv": {"prefill_tok_s": 2.0, "decode_tok_s": 1.0}, **results}) == {}
     # Control: an installed peer is not reported missing.
@@ -80,18 +128,22 @@ def test_missing_peer_is_skipped_not_passed(tmp_path, monkeypatch):
 
 
 def test_timeout_is_skipped_and_a_finished_arm_returns(tmp_path):
-    assert run_isolated("time:sleep", 60, tmp_path, "slow", timeout_s=3) == \
-        {"skipped": "timed out after 3 s"}
+    assert run_isolated("time:sleep", 60, tmp_path, "slow", timeout_s=3) == {"skipped": "timed out after 3 s"}
     assert run_isolated("json:dumps", [1, 2], tmp_path, "fast", timeout_s=60) == "[1, 2]"
     crashed = run_isolated("json:loads", "{", tmp_path, "crash", timeout_s=60)
     assert "JSONDecodeError" in crashed["error"]
 
 
-@pytest.mark.parametrize("argv, bad", [(["quant", "--arms", "nope"], "'nope'"),
-                                       (["forward", "--peers", "nope"], "'nope'"),
-                                       (["agents", "--workload", "nope"], "'nope'"),
-                                       (["agents", "--set", "tool-loop.turns=x"], "tool-loop.turns=x"),
-                                       (["kernels", "--seconds", "0"], "--seconds 0")])
+@pytest.mark.parametrize(
+    "argv, bad",
+    [
+        (["quant", "--arms", "nope"], "'nope'"),
+        (["forward", "--peers", "nope"], "'nope'"),
+        (["agents", "--workload", "nope"], "'nope'"),
+        (["agents", "--set", "tool-loop.turns=x"], "tool-loop.turns=x"),
+        (["kernels", "--seconds", "0"], "--seconds 0"),
+    ],
+)
 def test_bad_flags_name_the_value(argv, bad, capsys):
     assert main(["bench", *argv, "--out", "/nonexistent/never-written"]) == 2
     assert bad in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """Workload generators: deterministic, and the reuse accounting of docs/design.md reproduced exactly."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,7 +43,10 @@ def test_agentkv_cap_differs_from_radixbench_on_repeated_prompts():
 
 def test_session_formulas_design_figures():
     assert wl.session_formulas(2048, 50, 5, 32, 64) == {
-        "naive": 1_100_000, "warm_per_agent": 25_920, "shared_prefix": 17_728}
+        "naive": 1_100_000,
+        "warm_per_agent": 25_920,
+        "shared_prefix": 17_728,
+    }
     # agentkv: +1 token per agent per later turn (the answer's last token), and identical
     # turn-0 prompts each compute their last token.
     assert wl.agentkv_session_prefill(2048, 50, 5, 32, 64) == 17_728 + 5 * 49 + 4
@@ -104,7 +108,7 @@ def _messages(text: str) -> list[dict]:
     for block in text.split("<|im_start|>")[1:]:
         if not block.endswith("<|im_end|>\n"):
             continue
-        role, _, content = block[:-len("<|im_end|>\n")].partition("\n")
+        role, _, content = block[: -len("<|im_end|>\n")].partition("\n")
         out.append({"role": role, "content": content})
     return out
 

@@ -1,4 +1,5 @@
 """BlockPool: allocation order, refcounts, the free list, capacity."""
+
 import pytest
 
 from agentkv.cache import BlockPool

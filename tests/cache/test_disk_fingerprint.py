@@ -1,5 +1,6 @@
 """The model part of the disk tier's fingerprint: a digest of every byte of the model, computed
 once per path, size and mtime and remembered next to the cache, never trusted over a change."""
+
 from __future__ import annotations
 
 import hashlib

@@ -2,6 +2,7 @@
 an index rebuilt from names, LRU within the budget, bad files counted and never served, and a
 write error that leaves the tier read-only. The KV store is a dict of block id -> bytes, the
 shape of the `read_block` hook the engine passes."""
+
 from __future__ import annotations
 
 import hashlib
@@ -58,10 +59,18 @@ def test_keys_are_a_sha256_chain_over_explicit_bytes():
 
 def test_fingerprint_digest_changes_with_every_field():
     base = fingerprint()
-    variants = [base._replace(**{name: value}) for name, value in (
-        ("weights_digest", "x" * 64), ("backend_identity", ("cpu", "cpu", "avx2", "build1")),
-        ("backend_fingerprint", "fp2"), ("block_size", 8), ("kv_shape", (2, 1, 4)),
-        ("kv_dtype", "bf16"), ("layout_version", 2))]
+    variants = [
+        base._replace(**{name: value})
+        for name, value in (
+            ("weights_digest", "x" * 64),
+            ("backend_identity", ("cpu", "cpu", "avx2", "build1")),
+            ("backend_fingerprint", "fp2"),
+            ("block_size", 8),
+            ("kv_shape", (2, 1, 4)),
+            ("kv_dtype", "bf16"),
+            ("layout_version", 2),
+        )
+    ]
     assert len({v.digest for v in [base, *variants]}) == len(variants) + 1
 
 
@@ -88,7 +97,7 @@ def test_file_is_self_describing(tmp_path):
     data = path.read_bytes()
     assert data[:4] == b"AKVB"
     (text_len,) = struct.unpack_from("<I", data, 4)
-    header = json.loads(data[8:8 + text_len])
+    header = json.loads(data[8 : 8 + text_len])
     assert header["token_ids"] == [1, 2, 3, 4] and header["shape"] == [2, 2, BS, 1, 3]
     assert header["dtype"] == "f32" and header["layout_version"] == 1
     assert header["fingerprint"] == fingerprint().digest and path.stem == header["key"]
@@ -106,7 +115,7 @@ def test_a_bad_file_is_counted_deleted_and_never_served(tmp_path, damage):
     if damage == "flip":
         victim.write_bytes(data[:-40] + bytes([data[-40] ^ 1]) + data[-39:])
     elif damage == "truncate":
-        victim.write_bytes(data[:len(data) // 2])
+        victim.write_bytes(data[: len(data) // 2])
     else:  # a file of another fingerprint put under this block's name
         other = written(tier(tmp_path / "other", kv, fp=fingerprint(isa="avx2")), tokens, {0: 1, 1: 4})
         other_key = other.keys(namespace_text(NS), tokens, 2)[1]

@@ -1,4 +1,5 @@
 """RadixCache: exact tree shapes, block tables, copy-on-write, namespaces, LRU eviction."""
+
 import pytest
 
 from agentkv.cache import BlockPool, RadixCache
@@ -34,8 +35,7 @@ def serve(pool, cache, tokens, ns=None):
 
 def shape(node):
     """(start, end, blocks, {first token: child shape})"""
-    return (node.start, node.end, node.blocks,
-            {k: shape(c) for k, c in sorted(node.children.items())})
+    return (node.start, node.end, node.blocks, {k: shape(c) for k, c in sorted(node.children.items())})
 
 
 def refcounts(pool):
@@ -71,10 +71,22 @@ def test_mid_block_hit_copies_and_split_shares_the_boundary_block():
     # the hit ends at 6, inside block 1: block 0 shared, block 1 copied into a fresh 3
     assert table == [0, 3, 4]
     assert copies == [(1, 3)]
-    assert shape(cache.root(None)) == (0, 0, [], {1: (0, 6, [0, 1], {
-        7: (6, 10, [1, 2], {}),
-        99: (6, 10, [3, 4], {}),
-    })})
+    assert shape(cache.root(None)) == (
+        0,
+        0,
+        [],
+        {
+            1: (
+                0,
+                6,
+                [0, 1],
+                {
+                    7: (6, 10, [1, 2], {}),
+                    99: (6, 10, [3, 4], {}),
+                },
+            )
+        },
+    )
     assert refcounts(pool) == [1, 2, 1, 1, 1, 0, 0, 0]
     assert cache.match(None, b).block_table == [0, 3, 4]
     assert cache.match(None, b[:7]).block_table == [0, 3]
@@ -87,10 +99,22 @@ def test_aligned_hit_shares_without_copy():
     serve(pool, cache, A)
     table, copies = serve(pool, cache, A[:4] + [50, 51, 52])
     assert (table, copies) == ([0, 3], [])
-    assert shape(cache.root(None)) == (0, 0, [], {1: (0, 4, [0], {
-        5: (4, 10, [1, 2], {}),
-        50: (4, 7, [3], {}),
-    })})
+    assert shape(cache.root(None)) == (
+        0,
+        0,
+        [],
+        {
+            1: (
+                0,
+                4,
+                [0],
+                {
+                    5: (4, 10, [1, 2], {}),
+                    50: (4, 7, [3], {}),
+                },
+            )
+        },
+    )
     assert refcounts(pool) == [1, 1, 1, 1, 0, 0, 0, 0]
 
 

@@ -1,4 +1,5 @@
 """RadixCache pins: a pinned prefix survives eviction until its TTL runs out, on a fake clock."""
+
 import pytest
 
 from agentkv.cache import BlockPool, RadixCache

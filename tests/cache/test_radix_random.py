@@ -6,6 +6,7 @@ longest common prefix over what is cached, and every position it covers reads ba
 query's own prefix from the block table it returned. A request writing into a block anyone
 else references would corrupt some payload and be caught.
 """
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,16 +15,26 @@ from agentkv.cache import BlockPool, RadixCache, common_prefix_len
 BS = 3
 NUM_BLOCKS = 24
 
-BASES = ([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2], [0, 1, 2, 2, 2, 1, 0, 0, 1, 1, 2, 0],
-         [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+BASES = (
+    [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2],
+    [0, 1, 2, 2, 2, 1, 0, 0, 1, 1, 2, 0],
+    [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+)
 # sequences branch off a few shared bases at any depth, so splits land on and off blocks
-tokens_st = st.builds(lambda base, cut, tail: (BASES[base][:cut] + tail) or [0],
-                      st.integers(0, 2), st.integers(0, 12),
-                      st.lists(st.integers(0, 2), max_size=6))
+tokens_st = st.builds(
+    lambda base, cut, tail: (BASES[base][:cut] + tail) or [0],
+    st.integers(0, 2),
+    st.integers(0, 12),
+    st.lists(st.integers(0, 2), max_size=6),
+)
 serve_st = st.tuples(st.just("serve"), st.integers(0, 1), tokens_st, st.booleans())
 match_st = st.tuples(st.just("match"), st.integers(0, 1), tokens_st, st.booleans())
 op_st = st.one_of(
-    serve_st, serve_st, serve_st, match_st, match_st,
+    serve_st,
+    serve_st,
+    serve_st,
+    match_st,
+    match_st,
     st.tuples(st.just("unlock"), st.integers(0, 5)),
     st.tuples(st.just("evict"), st.integers(0, 8)),
 )
@@ -48,7 +59,7 @@ class World:
         assert match.cached_len == expected
         assert len(match.block_table) == (expected + BS - 1) // BS
         for p in range(expected):
-            assert self.payload[match.block_table[p // BS]][p % BS] == tuple(query[:p + 1])
+            assert self.payload[match.block_table[p // BS]][p % BS] == tuple(query[: p + 1])
         return match
 
     def allocate(self, num):
@@ -71,7 +82,7 @@ class World:
         table = shared.block_table + rest
         for p in range(match.cached_len, len(tokens)):
             assert self.pool.refcount(table[p // BS]) == 1, "write into a shared block"
-            self.payload[table[p // BS]][p % BS] = tuple(tokens[:p + 1])
+            self.payload[table[p // BS]][p % BS] = tuple(tokens[: p + 1])
         self.cache.insert(ns, tokens, table)
         self.check()
         self.cached[ns].append(list(tokens))

@@ -1,11 +1,12 @@
 """Fleets for the cluster tests: real `agentkv serve` worker processes and real sglang-router
 processes on free 127.0.0.1 ports. Router tests skip, with the reason, without the router."""
+
 from __future__ import annotations
 
 import dataclasses
 import socket
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -14,7 +15,8 @@ from agentkv.commands.cluster import Cluster, ClusterSpec, launch_router, router
 WORKER_ARGS = ("--max-model-len", "2048", "--kv-cache-blocks", "1024")
 
 needs_router = pytest.mark.skipif(
-    not router_available(), reason="sglang-router is not installed (pip install 'agentkv[cluster]')")
+    not router_available(), reason="sglang-router is not installed (pip install 'agentkv[cluster]')"
+)
 
 
 def free_port_run(count: int) -> int:
@@ -68,8 +70,13 @@ def extra_router(fleet: Cluster) -> Iterator[Callable[[str], str]]:
 
     def start(policy: str) -> str:
         base = free_port_run(2)
-        spec = dataclasses.replace(fleet.spec, policy=policy, router_port=base, metrics_port=base + 1,
-                                   worker_base_port=fleet.spec.worker_ports[0])
+        spec = dataclasses.replace(
+            fleet.spec,
+            policy=policy,
+            router_port=base,
+            metrics_port=base + 1,
+            worker_base_port=fleet.spec.worker_ports[0],
+        )
         procs.append(launch_router(spec, time.monotonic() + 120))
         return spec.router_url
 

@@ -2,6 +2,7 @@
 contract, the router's rewritten requests pass, every port is on loopback, cache_aware keeps
 an agent's turns on one worker (hit ratio, exact answers), and a killed worker leaves the
 rotation without a hanging request."""
+
 from __future__ import annotations
 
 import json
@@ -36,18 +37,28 @@ def test_router_reads_the_load_of_every_worker(fleet) -> None:
 def test_router_rewritten_requests_pass(fleet) -> None:
     """The router adds its own fields (no_stop_trim, return_hidden_states, ...) and rewrites
     max_tokens; the request still succeeds and max_tokens still holds."""
-    body = {"model": "smollm2", "max_tokens": 3, "temperature": 0,
-            "messages": [{"role": "user", "content": "Say hi"},
-                         {"role": "assistant", "content": None, "tool_calls": [
-                             {"id": "c1", "type": "function",
-                              "function": {"name": "f", "arguments": "{}"}}]},
-                         {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
+    body = {
+        "model": "smollm2",
+        "max_tokens": 3,
+        "temperature": 0,
+        "messages": [
+            {"role": "user", "content": "Say hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+    }
     status, data = post_chat(fleet.spec.router_url, body)
     assert status == 200, data
     assert data["usage"]["completion_tokens"] <= 3
-    req = urllib.request.Request(fleet.spec.router_url + "/v1/completions", data=json.dumps(
-        {"model": "smollm2", "prompt": "One two", "max_tokens": 2, "temperature": 0}).encode(),
-        headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        fleet.spec.router_url + "/v1/completions",
+        data=json.dumps({"model": "smollm2", "prompt": "One two", "max_tokens": 2, "temperature": 0}).encode(),
+        headers={"content-type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         assert json.loads(resp.read())["usage"]["completion_tokens"] <= 2
 
@@ -70,13 +81,14 @@ def _check_replay(fleet, solo, extra_router, shape: ReplayShape) -> None:
     assert routed.answers() == alone.answers()
     assert routed.cached_ratio >= 0.9 * alone.cached_ratio, (routed.cached_ratio, alone.cached_ratio)
     # Round robin over the same workers, on text none of them has seen (another seed).
-    other = ReplayShape(**{**{k: getattr(shape, k) for k in shape.__dataclass_fields__},
-                           "seed": shape.seed + 1})
+    other = ReplayShape(**{**{k: getattr(shape, k) for k in shape.__dataclass_fields__}, "seed": shape.seed + 1})
     spread = replay(extra_router("round_robin"), "smollm2", other)
     assert len(spread.ok) == shape.agents * shape.turns
     assert routed.cached_ratio >= 2 * spread.cached_ratio, (routed.cached_ratio, spread.cached_ratio)
-    print(f"cached ratio: solo {alone.cached_ratio:.3f}, cache_aware {routed.cached_ratio:.3f}, "
-          f"round_robin {spread.cached_ratio:.3f}")
+    print(
+        f"cached ratio: solo {alone.cached_ratio:.3f}, cache_aware {routed.cached_ratio:.3f}, "
+        f"round_robin {spread.cached_ratio:.3f}"
+    )
 
 
 def test_cache_aware_matches_one_worker(fleet, solo, extra_router) -> None:
@@ -104,8 +116,10 @@ def test_killed_worker_leaves_the_rotation(fleet) -> None:
     result = replay(fleet.spec.router_url, "smollm2", shape, timeout=240, after_turn=after_turn)
     assert len(result.replies) == shape.agents * shape.turns
     failed = [r for r in result.replies if r.status != 200]
-    print(f"after the kill: {len(failed)} of {len(result.replies)} requests failed "
-          f"(statuses {sorted({r.status for r in failed})}), slowest {max(r.seconds for r in result.replies):.1f}s")
+    print(
+        f"after the kill: {len(failed)} of {len(result.replies)} requests failed "
+        f"(statuses {sorted({r.status for r in failed})}), slowest {max(r.seconds for r in result.replies):.1f}s"
+    )
     assert all(r.status >= 500 and r.error for r in failed), failed
     assert all(r.status == 200 for r in result.replies if r.turn == shape.turns - 1), failed
     loads = get_json(fleet.spec.router_url + "/get_loads")

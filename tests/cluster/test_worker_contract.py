@@ -1,11 +1,12 @@
 """The routes SGLang's router reads from a worker, on a real smollm2 engine in-process (the
 portable torch backend: no kernel build): server and model info, load, health_generate, the
 fields the router adds to every request, and /health once the engine has stopped."""
+
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -15,9 +16,13 @@ from agentkv.runtime.async_engine import AsyncEngine
 from agentkv.runtime.params import SamplingParams
 from agentkv.server.app import create_app
 
-ROUTER_CHAT_FIELDS = {"no_stop_trim": False, "continue_final_message": False,
-                      "separate_reasoning": True, "stream_reasoning": True,
-                      "return_hidden_states": False}
+ROUTER_CHAT_FIELDS = {
+    "no_stop_trim": False,
+    "continue_final_message": False,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+    "return_hidden_states": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +80,27 @@ def test_router_added_fields_pass_and_strict_mode_sees_them(engine) -> None:
     """What the router sends: its extra fields, max_completion_tokens for max_tokens, and an
     assistant tool-call turn without `content`. The strict server is the control: it answers
     400 naming the fields, so they really reached the app."""
-    body = {"model": "smollm2", "max_completion_tokens": 2, "temperature": 0, **ROUTER_CHAT_FIELDS,
-            "messages": [{"role": "user", "content": "hi"},
-                         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
-                                                               "function": {"name": "f", "arguments": "{}"}}]},
-                         {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
-    completion = {"model": "smollm2", "prompt": "One", "max_tokens": 2, "no_stop_trim": False,
-                  "return_hidden_states": False}
+    body = {
+        "model": "smollm2",
+        "max_completion_tokens": 2,
+        "temperature": 0,
+        **ROUTER_CHAT_FIELDS,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+    }
+    completion = {
+        "model": "smollm2",
+        "prompt": "One",
+        "max_tokens": 2,
+        "no_stop_trim": False,
+        "return_hidden_states": False,
+    }
     with TestClient(create_app(engine, served_model_name="smollm2")) as lenient:
         resp = lenient.post("/v1/chat/completions", json=body)
         assert resp.status_code == 200, resp.text
@@ -114,8 +133,9 @@ def test_cluster_command_lines() -> None:
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["smollm2", "--replicas", "3", "--max-model-len", "1024",
-                              "--no-prefix-cache", "--host", "127.0.0.2"])
+    args = parser.parse_args(
+        ["smollm2", "--replicas", "3", "--max-model-len", "1024", "--no-prefix-cache", "--host", "127.0.0.2"]
+    )
     assert worker_flags(args) == ["--max-model-len", "1024", "--no-prefix-cache"]
     spec = ClusterSpec(model="smollm2", replicas=3, host="127.0.0.2", router_port=40000)
     cmd = router_command(spec)

@@ -1,4 +1,5 @@
 """The console script end to end: generate, chat (piped stdin), witness."""
+
 from __future__ import annotations
 
 import json

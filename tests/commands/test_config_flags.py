@@ -1,5 +1,6 @@
 """The engine flags come from the config tree: one flag per knob, defaults equal to the
 dataclass defaults, and a bad value is the config's own error with exit status 2."""
+
 from __future__ import annotations
 
 import argparse
@@ -48,14 +49,37 @@ def test_serve_has_every_knob_and_the_offline_commands_all_but_the_serving_ones(
 
 
 def test_flags_build_the_config_they_name():
-    args = parse(serve, "--backend", "reference", "--weights", "f32", "--max-model-len", "256",
-                 "--served-model-name", "x", "--block-size", "32", "--no-prefix-cache",
-                 "--kv-cache-memory", "512MiB", "--max-num-seqs", "4",
-                 "--max-num-batched-tokens", "128", "--chunk-size", "64")
+    args = parse(
+        serve,
+        "--backend",
+        "reference",
+        "--weights",
+        "f32",
+        "--max-model-len",
+        "256",
+        "--served-model-name",
+        "x",
+        "--block-size",
+        "32",
+        "--no-prefix-cache",
+        "--kv-cache-memory",
+        "512MiB",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "128",
+        "--chunk-size",
+        "64",
+    )
     assert config_from_args(args) == EngineConfig(
-        model="m", backend="reference", weights="f32", max_model_len=256, served_model_name="x",
+        model="m",
+        backend="reference",
+        weights="f32",
+        max_model_len=256,
+        served_model_name="x",
         cache=CacheConfig(block_size=32, memory_bytes=512 << 20, enable_prefix_cache=False),
-        scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=128, chunk_size=64))
+        scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=128, chunk_size=64),
+    )
     assert config_from_args(parse(generate, "--kv-cache-blocks", "9")).cache.num_blocks == 9
 
 
@@ -81,14 +105,20 @@ def test_a_subset_of_knobs_and_no_positional_model():
     assert config_from_args(args, model="smollm2") == EngineConfig(model="smollm2", weights="f32")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("generate", "smollm2", "hi", "--block-size", "0"),
-     "block_size=0 is out of range: allowed an integer [1, 1024]"),
-    (("chat", "smollm2", "--max-num-seqs", "0"),
-     "max_num_seqs=0 is out of range: allowed an integer >= 1"),
-    (("serve", "smollm2", "--chunk-size", "1000"),
-     "chunk_size=1000 is out of range: allowed an integer [1, max_num_batched_tokens=512]"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ("generate", "smollm2", "hi", "--block-size", "0"),
+            "block_size=0 is out of range: allowed an integer [1, 1024]",
+        ),
+        (("chat", "smollm2", "--max-num-seqs", "0"), "max_num_seqs=0 is out of range: allowed an integer >= 1"),
+        (
+            ("serve", "smollm2", "--chunk-size", "1000"),
+            "chunk_size=1000 is out of range: allowed an integer [1, max_num_batched_tokens=512]",
+        ),
+    ],
+)
 def test_a_bad_flag_value_is_the_configs_error_and_exit_2(argv, message):
     r = subprocess.run([*AGENTKV, *argv], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 2, r.stderr

@@ -4,6 +4,7 @@ of a tiny model's linears, packed as GPTQ, AWQ, compressed-tensors or FP8 store 
 The packing is checked against the libraries' own unpackers in test_quant_ckpt.py; each writer
 also returns the dequantized weights, which a transformers model loads as the logits oracle.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,16 +77,23 @@ def gptq_parts(w, bits, group_size, sym, v2, desc_act, rng) -> tuple[dict, np.nd
     group, num_groups = _groups(w.shape[1], group_size, desc_act, rng)
     q, scale, zero = rtn(w, group, num_groups, bits, sym, np.float16)
     stored = zero if v2 else (zero - 1) & ((1 << bits) - 1)
-    parts = {"qweight": pack_along_first(q.T, bits), "qzeros": pack_along_last(stored.T, bits),
-             "scales": scale.T.copy(), "g_idx": group.astype(np.int32)}
+    parts = {
+        "qweight": pack_along_first(q.T, bits),
+        "qzeros": pack_along_last(stored.T, bits),
+        "scales": scale.T.copy(),
+        "g_idx": group.astype(np.int32),
+    }
     return parts, dequant(q, scale, zero, group)
 
 
 def awq_parts(w, group_size, rng) -> tuple[dict, np.ndarray]:
     group, num_groups = _groups(w.shape[1], group_size, False, rng)
     q, scale, zero = rtn(w, group, num_groups, 4, False, np.float16)
-    parts = {"qweight": pack_along_last(q.T, 4, AWQ_ORDER), "qzeros": pack_along_last(zero.T, 4, AWQ_ORDER),
-             "scales": scale.T.copy()}
+    parts = {
+        "qweight": pack_along_last(q.T, 4, AWQ_ORDER),
+        "qzeros": pack_along_last(zero.T, 4, AWQ_ORDER),
+        "scales": scale.T.copy(),
+    }
     return parts, dequant(q, scale, zero, group)
 
 
@@ -97,8 +105,11 @@ def compressed_int_parts(w, bits, group_size, sym, actorder, rng, scale_dtype=np
     q, scale, zero = rtn(w, group, num_groups, bits, sym, scale_dtype)
     offset = 1 << (bits - 1)
     signed = torch.from_numpy(q.astype(np.int16) - offset).to(torch.int8)
-    parts = {"weight_packed": pack_to_int32(signed, bits).numpy(), "weight_scale": scale,
-             "weight_shape": np.array(w.shape, np.int64)}
+    parts = {
+        "weight_packed": pack_to_int32(signed, bits).numpy(),
+        "weight_scale": scale,
+        "weight_shape": np.array(w.shape, np.int64),
+    }
     if not sym:
         zp = torch.from_numpy(zero - offset).to(torch.int8)
         parts["weight_zero_point"] = pack_to_int32(zp, bits, packed_dim=0).numpy()
@@ -115,7 +126,7 @@ def fp8_parts(w, strategy: str, block=(128, 128), scale_name="weight_scale") -> 
     scale = np.zeros((rows, cols), np.float32)
     for r in range(rows):
         for c in range(cols):
-            scale[r, c] = np.abs(w[r * bm:(r + 1) * bm, c * bn:(c + 1) * bn]).max() / 448.0
+            scale[r, c] = np.abs(w[r * bm : (r + 1) * bm, c * bn : (c + 1) * bn]).max() / 448.0
     full = scale[np.arange(out) // bm][:, np.arange(num_in) // bn]
     codes = torch.from_numpy(w / full).to(torch.float8_e4m3fn)
     stored = scale.reshape(1) if strategy == "tensor" else scale

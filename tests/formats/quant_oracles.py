@@ -4,6 +4,7 @@ AutoAWQ 0.2.9 (the last release) pins an older torch, so it is never pip-install
 sdist is fetched with `pip download --no-deps` into ~/.cache/agentkv/oracles and only its
 pure-torch packing module, awq/utils/packing_utils.py, is loaded from the unpacked source.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -23,8 +24,24 @@ def autoawq_packing() -> ModuleType:
     source = folder / "autoawq-0.2.9" / "awq" / "utils" / "packing_utils.py"
     if not source.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                               AUTOAWQ, "-d", str(folder), "-q"], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                AUTOAWQ,
+                "-d",
+                str(folder),
+                "-q",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         archives = list(folder.glob("autoawq-*.tar.gz"))
         if done.returncode or not archives:
             raise RuntimeError(f"pip download {AUTOAWQ} failed: {done.stderr.strip()[-300:]}")

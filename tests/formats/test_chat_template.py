@@ -1,4 +1,5 @@
 """Chat templates: string-for-string agreement with HF `apply_chat_template`, and clear errors."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -81,9 +82,16 @@ TOOLS_TEMPLATE = """{%- set ns = namespace(seen=0) -%}
 <|im_start|>assistant{{ ' /think' if enable_thinking else ' /no_think' }} ({{ ns.seen }} shown)
 {% endif %}"""
 
-TOOLS = [{"type": "function", "function": {
-    "name": "lookup", "description": "Find <things> & 'stuff' — fast",
-    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Find <things> & 'stuff' — fast",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+        },
+    }
+]
 
 
 def _smollm2_file() -> Path:
@@ -115,8 +123,7 @@ def hf_smollm2(hf_env):
 def test_smollm2_multi_turn_matches_hf(smollm2_source, hf_smollm2, add_generation_prompt):
     template = load_chat_template(smollm2_source)
     ours = template.render(CONVERSATION, add_generation_prompt=add_generation_prompt)
-    theirs = hf_smollm2.apply_chat_template(CONVERSATION, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt)
+    theirs = hf_smollm2.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=add_generation_prompt)
     assert ours == theirs
     assert ours.startswith("<|im_start|>system\nYou are a terse")
     assert ours.endswith("<|im_start|>assistant\n") == add_generation_prompt
@@ -125,8 +132,9 @@ def test_smollm2_multi_turn_matches_hf(smollm2_source, hf_smollm2, add_generatio
 def test_smollm2_template_without_system_message_matches_hf(smollm2_source, hf_smollm2):
     template = load_chat_template(smollm2_source)
     messages = CONVERSATION[1:]
-    assert template.render(messages) == hf_smollm2.apply_chat_template(messages, tokenize=False,
-                                                                       add_generation_prompt=True)
+    assert template.render(messages) == hf_smollm2.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
     assert (template.bos_token, template.eos_token) == (hf_smollm2.bos_token, hf_smollm2.eos_token)
     assert not template.supports_tools
 
@@ -134,10 +142,16 @@ def test_smollm2_template_without_system_message_matches_hf(smollm2_source, hf_s
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_gemma3_template_matches_hf(hf_smollm2, add_generation_prompt):
     ours = ChatTemplate(GEMMA3_TEMPLATE, bos_token="<bos>", eos_token="<eos>").render(
-        CONVERSATION, add_generation_prompt=add_generation_prompt)
+        CONVERSATION, add_generation_prompt=add_generation_prompt
+    )
     theirs = hf_smollm2.apply_chat_template(
-        CONVERSATION, chat_template=GEMMA3_TEMPLATE, tokenize=False, bos_token="<bos>", eos_token="<eos>",
-        add_generation_prompt=add_generation_prompt)
+        CONVERSATION,
+        chat_template=GEMMA3_TEMPLATE,
+        tokenize=False,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        add_generation_prompt=add_generation_prompt,
+    )
     assert ours == theirs
     assert ours.startswith("<bos><start_of_turn>user\nYou are a terse")
 
@@ -155,17 +169,26 @@ def test_template_exception_becomes_chat_template_error_with_its_message(hf_smol
 def test_tools_reasoning_and_kwargs_match_hf(hf_smollm2):
     messages = [
         {"role": "user", "content": "find x"},
-        {"role": "assistant", "content": "", "reasoning": "need a <tool>",
-         "tool_calls": [{"type": "function", "function": {"name": "lookup", "arguments": {"q": "x & y"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning": "need a <tool>",
+            "tool_calls": [{"type": "function", "function": {"name": "lookup", "arguments": {"q": "x & y"}}}],
+        },
         {"role": "tool", "content": "found"},
         {"role": "user", "content": "thanks"},
     ]
     template = ChatTemplate(TOOLS_TEMPLATE, "<|im_start|>", "<|im_end|>")
     for thinking in (True, False):
         ours = template.render(messages, tools=TOOLS, enable_thinking=thinking)
-        theirs = hf_smollm2.apply_chat_template(messages, chat_template=TOOLS_TEMPLATE, tools=TOOLS,
-                                                tokenize=False, add_generation_prompt=True,
-                                                enable_thinking=thinking)
+        theirs = hf_smollm2.apply_chat_template(
+            messages,
+            chat_template=TOOLS_TEMPLATE,
+            tools=TOOLS,
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=thinking,
+        )
         assert ours == theirs
     assert '"description": "Find <things> & \'stuff\' — fast"' in ours  # no HTML escaping, no \\u escapes
     assert "<think>need a <tool></think>" in ours and "(3 shown)" in ours
@@ -196,8 +219,10 @@ def test_gemma3_gguf_has_no_template(gemma3_path, hf_env):
     message = str(info.value)
     assert str(gemma3_path) in message and "tokenizer.chat_template" in message and "no chat template" in message
     given = require_chat_template(source, GEMMA3_TEMPLATE)
-    assert given.render([{"role": "user", "content": "hi"}]) == "<bos><start_of_turn>user\nhi<end_of_turn>\n" \
-                                                               "<start_of_turn>model\n"
+    assert (
+        given.render([{"role": "user", "content": "hi"}]) == "<bos><start_of_turn>user\nhi<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
 
 
 def test_minilm_folder_has_no_template(minilm_path):
@@ -217,7 +242,8 @@ def test_folder_chat_template_jinja_wins_and_matches_hf(minilm_path, tmp_path, h
     config["chat_template"] = "IGNORED {{ messages }}"
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp_path / "chat_template.jinja").write_text(
-        "{% for m in messages %}{{ m.role }}: {{ m.content }} {{ sep_token }}\n{% endfor %}")
+        "{% for m in messages %}{{ m.role }}: {{ m.content }} {{ sep_token }}\n{% endfor %}"
+    )
     template = load_chat_template(SafetensorsSource(tmp_path))
     hf = AutoTokenizer.from_pretrained(str(tmp_path))
     rendered = template.render(CONVERSATION)

@@ -1,4 +1,5 @@
 """GGUFSource against gguf-py's own reader, and every malformed-file case it must name."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,15 @@ from agentkv.models.llama import LlamaConfig
 
 HIDDEN, FFN, VOCAB, LAYERS, HEADS, KV_HEADS = 256, 512, 64, 2, 4, 2
 # One tensor per format the brief names; the rest of the model is F32.
-LAYER_QTYPES = {"attn_q": Q.F16, "attn_k": Q.Q8_0, "attn_v": Q.Q4_0, "attn_output": Q.Q4_1,
-                "ffn_gate": Q.Q4_K, "ffn_up": Q.Q8_0, "ffn_down": Q.F32}
+LAYER_QTYPES = {
+    "attn_q": Q.F16,
+    "attn_k": Q.Q8_0,
+    "attn_v": Q.Q4_0,
+    "attn_output": Q.Q4_1,
+    "ffn_gate": Q.Q4_K,
+    "ffn_up": Q.Q8_0,
+    "ffn_down": Q.F32,
+}
 
 
 def _q4_k_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -41,15 +49,29 @@ def _encode(rng: np.random.Generator, shape: tuple[int, int], qtype: Q) -> np.nd
     return gguf.quants.quantize(values, qtype)
 
 
-def write_tiny_gguf(path: Path, *, arch: str = "llama", skip_keys: tuple[str, ...] = (),
-                    extra_keys: dict | None = None, with_output: bool = True) -> Path:
+def write_tiny_gguf(
+    path: Path,
+    *,
+    arch: str = "llama",
+    skip_keys: tuple[str, ...] = (),
+    extra_keys: dict | None = None,
+    with_output: bool = True,
+) -> Path:
     """A tiny random llama-like model in several quant formats, written by gguf-py."""
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), arch)
-    keys = {"context_length": 128, "embedding_length": HIDDEN, "block_count": LAYERS,
-            "feed_forward_length": FFN, "attention.head_count": HEADS,
-            "attention.head_count_kv": KV_HEADS, "attention.layer_norm_rms_epsilon": 1e-5,
-            "rope.freq_base": 50000.0, "vocab_size": VOCAB, **(extra_keys or {})}
+    keys = {
+        "context_length": 128,
+        "embedding_length": HIDDEN,
+        "block_count": LAYERS,
+        "feed_forward_length": FFN,
+        "attention.head_count": HEADS,
+        "attention.head_count_kv": KV_HEADS,
+        "attention.layer_norm_rms_epsilon": 1e-5,
+        "rope.freq_base": 50000.0,
+        "vocab_size": VOCAB,
+        **(extra_keys or {}),
+    }
     for key, value in keys.items():
         if key in skip_keys:
             continue
@@ -66,8 +88,7 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", skip_keys: tuple[str, ..
         for name, qtype in LAYER_QTYPES.items():
             shape = (HIDDEN, FFN) if name == "ffn_down" else (FFN if "ffn" in name else HIDDEN, HIDDEN)
             data = _encode(rng, shape, qtype)
-            writer.add_tensor(f"blk.{i}.{name}.weight", data,
-                              raw_dtype=qtype if data.dtype == np.uint8 else None)
+            writer.add_tensor(f"blk.{i}.{name}.weight", data, raw_dtype=qtype if data.dtype == np.uint8 else None)
     writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
     if with_output:
         writer.add_tensor("output.weight", _encode(rng, (VOCAB, HIDDEN), Q.Q4_0), raw_dtype=Q.Q4_0)
@@ -110,9 +131,7 @@ def test_shapes_are_numpy_order_and_data_is_memmapped(tiny_gguf: Path) -> None:
     assert isinstance(embd.data, np.memmap)
     assert source.tensor("blk.0.attn_q.weight").data.dtype == np.float16
     assert source.tensor("blk.1.ffn_down.weight").shape == (HIDDEN, FFN)
-    np.testing.assert_array_equal(
-        source.tensor("blk.0.attn_k.weight").data,
-        gguf.GGUFReader(tiny_gguf).tensors[3].data)
+    np.testing.assert_array_equal(source.tensor("blk.0.attn_k.weight").data, gguf.GGUFReader(tiny_gguf).tensors[3].data)
 
 
 def test_hparams_from_llama_keys(tiny_gguf: Path) -> None:
@@ -138,9 +157,12 @@ def test_mistral_style_sliding_window_covers_every_layer(tmp_path: Path) -> None
 
 
 def test_gemma3_pattern_local_rope_and_query_scale(tmp_path: Path) -> None:
-    path = write_tiny_gguf(tmp_path / "g3.gguf", arch="gemma3", skip_keys=("vocab_size",),
-                           extra_keys={"block_count": 12, "attention.sliding_window": 512,
-                                       "attention.key_length": 96})
+    path = write_tiny_gguf(
+        tmp_path / "g3.gguf",
+        arch="gemma3",
+        skip_keys=("vocab_size",),
+        extra_keys={"block_count": 12, "attention.sliding_window": 512, "attention.key_length": 96},
+    )
     with pytest.raises(GGUFError):  # 12 layers declared, tensors for 2: still opens; hparams fine
         GGUFSource(path).tensor("blk.11.attn_q.weight")
     hp, cfg = GGUFSource(path).hparams, Gemma3Config.from_source(GGUFSource(path))
@@ -170,7 +192,7 @@ def _tensor_field_offsets(path: Path, name: str) -> tuple[int, int]:
 
 def _patch(path: Path, offset: int, value: np.ndarray) -> None:
     data = bytearray(path.read_bytes())
-    data[offset:offset + value.nbytes] = value.tobytes()
+    data[offset : offset + value.nbytes] = value.tobytes()
     path.write_bytes(bytes(data))
 
 
@@ -201,7 +223,7 @@ def test_truncated_header(tiny_gguf: Path, keep: int) -> None:
 
 def test_truncated_inside_string_array(tiny_gguf: Path) -> None:
     offset = gguf.GGUFReader(tiny_gguf).fields["tokenizer.ggml.tokens"].offset
-    tiny_gguf.write_bytes(tiny_gguf.read_bytes()[:offset + 200])
+    tiny_gguf.write_bytes(tiny_gguf.read_bytes()[: offset + 200])
     _raises(tiny_gguf, "truncated header")
 
 
@@ -255,18 +277,29 @@ def test_dequantized_matches_gguf_py(tiny_gguf: Path) -> None:
 
 
 def _llama_md(**extra) -> dict:
-    base = {"general.architecture": "llama", "llama.embedding_length": 64, "llama.block_count": 2,
-            "llama.feed_forward_length": 128, "llama.attention.head_count": 4,
-            "llama.context_length": 512, "llama.attention.layer_norm_rms_epsilon": 1e-5,
-            "llama.vocab_size": 32}
+    base = {
+        "general.architecture": "llama",
+        "llama.embedding_length": 64,
+        "llama.block_count": 2,
+        "llama.feed_forward_length": 128,
+        "llama.attention.head_count": 4,
+        "llama.context_length": 512,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.vocab_size": 32,
+    }
     return {**base, **extra}
 
 
 def test_rope_scaling_keys() -> None:
     from agentkv.formats.hparams import hparams_from_gguf
 
-    md = _llama_md(**{"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
-                      "llama.rope.scaling.original_context_length": 128})
+    md = _llama_md(
+        **{
+            "llama.rope.scaling.type": "yarn",
+            "llama.rope.scaling.factor": 4.0,
+            "llama.rope.scaling.original_context_length": 128,
+        }
+    )
     hp = hparams_from_gguf(md, Path("x.gguf"), ["output.weight"])
     assert hp.rope_scaling == {"type": "yarn", "factor": 4.0, "original_context_length": 128}
     assert (hp.num_kv_heads, hp.head_dim, hp.tie_embeddings) == (4, 16, False)
@@ -278,8 +311,7 @@ def test_bert_pooling_and_layer_norm_eps() -> None:
     from agentkv.formats.hparams import hparams_from_gguf
 
     md = {k.replace("llama.", "bert."): v for k, v in _llama_md().items()}
-    md.update({"general.architecture": "bert", "bert.pooling_type": 2,
-               "bert.attention.layer_norm_epsilon": 1e-12})
+    md.update({"general.architecture": "bert", "bert.pooling_type": 2, "bert.attention.layer_norm_epsilon": 1e-12})
     del md["bert.attention.layer_norm_rms_epsilon"]
     hp = hparams_from_gguf(md, Path("e.gguf"), [])
     pooling = BertConfig.from_keys(SourceKeys(hp, "gguf", "e.gguf")).pooling

@@ -1,4 +1,5 @@
 """`agentkv inspect` on the packaged models, checked against gguf-py's own reader."""
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,7 @@ def test_inspect_json_matches_gguf_py(reports, alias: str) -> None:
     want = _oracle(resolve_model_path(alias))
     for key in ("arch", "num_params", "num_tensors", "num_bytes", "context_len", "vocab_size"):
         assert report[key] == want[key], key
-    counts = {name: {k: v for k, v in row.items() if k != "cpu_weights"}
-              for name, row in report["formats"].items()}
+    counts = {name: {k: v for k, v in row.items() if k != "cpu_weights"} for name, row in report["formats"].items()}
     assert counts == want["formats"]
     assert {name: row["cpu_weights"] for name, row in report["formats"].items()}["Q8_0"] == "resident"
     tok = report["tokenizer"]
@@ -78,8 +78,12 @@ def test_inspect_json_matches_gguf_py(reports, alias: str) -> None:
 
 def test_inspect_smollm2_exact_values(reports) -> None:
     report = reports["smollm2"]
-    assert report["formats"]["Q8_0"] == {"num_tensors": 1, "num_bytes": 30081024, "num_params": 49152 * 576,
-                                         "cpu_weights": "resident"}
+    assert report["formats"]["Q8_0"] == {
+        "num_tensors": 1,
+        "num_bytes": 30081024,
+        "num_params": 49152 * 576,
+        "cpu_weights": "resident",
+    }
     assert report["tokenizer"]["special_tokens"]["eos"] == {"id": 2, "text": "<|im_end|>"}
     assert report["hparams"]["num_kv_heads"] == 3 and report["hparams"]["tie_embeddings"] is True
 

@@ -1,6 +1,7 @@
 """Quantized safetensors checkpoints: unpacking and dequantization against the formats' own
 libraries (compressed-tensors' unpack/decompress, transformers' FP8 dequantizer, torch's float8
 cast), the exact resident repack, and config errors that name the field."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,14 +49,26 @@ def test_pack_quantized_equals_compressed_tensors(bits, sym, strategy) -> None:
 
     group_size = 32 if strategy == "group" else None
     parts, _ = qw.compressed_int_parts(_w(), bits, group_size, sym, False, np.random.default_rng(1))
-    ours = unpack_pack_quantized("m", parts["weight_packed"], parts["weight_scale"], parts.get("weight_zero_point"),
-                                 parts["weight_shape"], None, bits, group_size)
+    ours = unpack_pack_quantized(
+        "m",
+        parts["weight_packed"],
+        parts["weight_scale"],
+        parts.get("weight_zero_point"),
+        parts["weight_shape"],
+        None,
+        bits,
+        group_size,
+    )
     ints = unpack_from_int32(torch.from_numpy(parts["weight_packed"]), bits, torch.Size((OUT, IN)))
     assert np.array_equal(ours.q.astype(np.int16) - (1 << (bits - 1)), ints.numpy())  # bit-exact codes
     zp = None
     if not sym:
-        zp = unpack_from_int32(torch.from_numpy(parts["weight_zero_point"]), bits,
-                               torch.Size((OUT, parts["weight_scale"].shape[1])), packed_dim=0)
+        zp = unpack_from_int32(
+            torch.from_numpy(parts["weight_zero_point"]),
+            bits,
+            torch.Size((OUT, parts["weight_scale"].shape[1])),
+            packed_dim=0,
+        )
         assert np.array_equal(ours.zero - (1 << (bits - 1)), zp.numpy())
     args = QuantizationArgs(num_bits=bits, type="int", symmetric=sym, strategy=strategy, group_size=group_size)
     theirs = ct_dequantize(ints, torch.from_numpy(parts["weight_scale"]), zp, args).numpy()
@@ -66,8 +79,16 @@ def test_pack_quantized_actorder_gathers_each_columns_group() -> None:
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 
     parts, values = qw.compressed_int_parts(_w(), 4, 32, False, True, np.random.default_rng(2))
-    ours = unpack_pack_quantized("m", parts["weight_packed"], parts["weight_scale"], parts["weight_zero_point"],
-                                 parts["weight_shape"], parts["weight_g_idx"], 4, 32)
+    ours = unpack_pack_quantized(
+        "m",
+        parts["weight_packed"],
+        parts["weight_scale"],
+        parts["weight_zero_point"],
+        parts["weight_shape"],
+        parts["weight_g_idx"],
+        4,
+        32,
+    )
     ints = unpack_from_int32(torch.from_numpy(parts["weight_packed"]), 4, torch.Size((OUT, IN))).numpy()
     zp = unpack_from_int32(torch.from_numpy(parts["weight_zero_point"]), 4, torch.Size((OUT, 4)), packed_dim=0).numpy()
     g = parts["weight_g_idx"].astype(np.int64)
@@ -101,19 +122,29 @@ def test_hf_fp8_block_equals_transformers_dequantizer() -> None:
     w = np.random.default_rng(3).standard_normal((256, 384)).astype(np.float32)
     parts, _ = qw.fp8_parts(w, "block", block=(128, 128), scale_name="weight_scale_inv")
     ours = unpack_fp8("m", parts["weight"].view(torch.uint8).numpy(), parts["weight_scale_inv"], (128, 128))
-    theirs = Fp8Dequantize(None)._dequantize_one(parts["weight"], torch.from_numpy(parts["weight_scale_inv"]),
-                                                 torch.float32)
+    theirs = Fp8Dequantize(None)._dequantize_one(
+        parts["weight"], torch.from_numpy(parts["weight_scale_inv"]), torch.float32
+    )
     assert np.array_equal(ours.dequantize(), theirs.numpy())
 
 
-@pytest.mark.parametrize("bits,group_size,sym,v2,desc_act",
-                         [(4, 32, True, False, False), (4, 64, False, False, False), (8, 32, False, True, False),
-                          (4, -1, False, True, False), (4, 32, False, False, True), (8, 64, True, False, True)])
+@pytest.mark.parametrize(
+    "bits,group_size,sym,v2,desc_act",
+    [
+        (4, 32, True, False, False),
+        (4, 64, False, False, False),
+        (8, 32, False, True, False),
+        (4, -1, False, True, False),
+        (4, 32, False, False, True),
+        (8, 64, True, False, True),
+    ],
+)
 def test_gptq_unpacks_to_the_writers_codes(bits, group_size, sym, v2, desc_act) -> None:
     parts, values = qw.gptq_parts(_w(), bits, group_size, sym, v2, desc_act, np.random.default_rng(4))
     gs = None if group_size == -1 else group_size
-    ours = unpack_gptq("m", parts["qweight"], parts["qzeros"], parts["scales"], parts["g_idx"] if desc_act else None,
-                       bits, gs, not v2)
+    ours = unpack_gptq(
+        "m", parts["qweight"], parts["qzeros"], parts["scales"], parts["g_idx"] if desc_act else None, bits, gs, not v2
+    )
     assert np.array_equal(ours.dequantize(), values)
     if desc_act:
         assert len(np.unique(parts["g_idx"][:32])) > 1  # the control: groups really are permuted
@@ -130,8 +161,9 @@ def test_awq_equals_autoawq(autoawq_packing) -> None:
     iw, iz = autoawq_packing.unpack_awq(torch.from_numpy(parts["qweight"]), torch.from_numpy(parts["qzeros"]), 4)
     iw, iz = autoawq_packing.reverse_awq_order(iw, iz, 4)
     assert np.array_equal(ours.q.T, (iw & 0xF).numpy()) and np.array_equal(ours.zero.T, (iz & 0xF).numpy())
-    theirs = autoawq_packing.dequantize_gemm(torch.from_numpy(parts["qweight"]), torch.from_numpy(parts["qzeros"]),
-                                             torch.from_numpy(parts["scales"]), 4, 32)
+    theirs = autoawq_packing.dequantize_gemm(
+        torch.from_numpy(parts["qweight"]), torch.from_numpy(parts["qzeros"]), torch.from_numpy(parts["scales"]), 4, 32
+    )
     # AutoAWQ computes in f16: our exact f32 product rounds to its value
     assert np.array_equal(ours.dequantize().T.astype(np.float16), theirs.numpy())
     assert np.array_equal(ours.dequantize(), values)
@@ -149,33 +181,54 @@ def test_symmetric_int_with_f16_scales_maps_onto_q4_0_and_q8_0_exactly() -> None
 @pytest.mark.parametrize("bits", [4, 8])
 def test_asymmetric_int_keeps_codes_in_own_blocks_exactly(bits) -> None:
     parts, values = qw.compressed_int_parts(_w(), bits, 32, False, False, None)
-    codes = unpack_pack_quantized("m", parts["weight_packed"], parts["weight_scale"], parts["weight_zero_point"],
-                                  parts["weight_shape"], None, bits, 32)
+    codes = unpack_pack_quantized(
+        "m",
+        parts["weight_packed"],
+        parts["weight_scale"],
+        parts["weight_zero_point"],
+        parts["weight_shape"],
+        None,
+        bits,
+        32,
+    )
     resident = repack_int(codes)
     assert resident.qtype == (AgentQuantType.I4G32 if bits == 4 else AgentQuantType.I8G32)
     assert np.array_equal(dequantize(resident.data, resident.qtype), values)
 
 
-@pytest.mark.parametrize("config,field", [
-    ({"quant_method": "gptq", "bits": 3}, "bits=3"),
-    ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "checkpoint_format='marlin'"),
-    ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "version='gemv'"),
-    ({"quant_method": "awq", "bits": 4, "zero_point": False}, "zero_point=False"),
-    ({"quant_method": "exl2"}, "quant_method='exl2'"),
-    ({"quant_method": "hqq"}, "quant_method='hqq'"),
-    ({"quant_method": "fp8", "activation_scheme": "static"}, "activation_scheme='static'"),
-    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}, "format='nvfp4-pack-quantized'"),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
-        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "tensor"}}}}, "strategy='tensor'"),
-])
+@pytest.mark.parametrize(
+    "config,field",
+    [
+        ({"quant_method": "gptq", "bits": 3}, "bits=3"),
+        ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "checkpoint_format='marlin'"),
+        ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "version='gemv'"),
+        ({"quant_method": "awq", "bits": 4, "zero_point": False}, "zero_point=False"),
+        ({"quant_method": "exl2"}, "quant_method='exl2'"),
+        ({"quant_method": "hqq"}, "quant_method='hqq'"),
+        ({"quant_method": "fp8", "activation_scheme": "static"}, "activation_scheme='static'"),
+        ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}, "format='nvfp4-pack-quantized'"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "config_groups": {
+                    "g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "tensor"}}
+                },
+            },
+            "strategy='tensor'",
+        ),
+    ],
+)
 def test_unsupported_config_names_field_and_value(config, field) -> None:
     with pytest.raises(QuantConfigError, match=field.replace("[", r"\[").replace("(", r"\(")):
         parse_scheme({"quantization_config": config}, "cfg")
 
 
 def test_supported_configs_parse() -> None:
-    gptq = parse_scheme({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": -1,
-                                                 "desc_act": True, "sym": False}}, "cfg")
+    gptq = parse_scheme(
+        {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": True, "sym": False}},
+        "cfg",
+    )
     assert (gptq.group_size, gptq.act_order, gptq.zero_plus_one, gptq.symmetric) == (None, True, True, False)
     fp8 = parse_scheme({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, "cfg")
     assert (fp8.strategy, fp8.block) == ("block", (128, 128))

@@ -1,4 +1,5 @@
 """agentkv.formats.quants against gguf-py's gguf.quants (the oracle): exact bits, shapes, errors."""
+
 from __future__ import annotations
 
 import gguf
@@ -23,8 +24,16 @@ from agentkv.formats.quants import base as quants_base
 
 # Byte offsets of the float16 scale fields inside one block of each block format.
 F16_FIELDS = {
-    T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2),
-    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.Q8_0: (0,),
+    T.Q4_0: (0,),
+    T.Q4_1: (0, 2),
+    T.Q5_0: (0,),
+    T.Q5_1: (0, 2),
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
 }
 BLOCK_TYPES = list(F16_FIELDS)
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
@@ -40,7 +49,7 @@ def random_raw(rng, qtype, shape, finite=True) -> np.ndarray:
         blocks = raw.reshape(-1, type_size)
         for offset in F16_FIELDS[qtype]:
             scale = rng.standard_normal((blocks.shape[0], 1)) * 10.0 ** rng.integers(-4, 3)
-            blocks[:, offset:offset + 2] = scale.astype(np.float16).view(np.uint8)
+            blocks[:, offset : offset + 2] = scale.astype(np.float16).view(np.uint8)
     elif finite and qtype == T.F16:
         raw = rng.standard_normal(raw.shape[:-1] + (raw.shape[-1] // 2,)).astype(np.float16)
     elif finite and qtype == T.BF16:  # the top halves of finite float32s
@@ -170,9 +179,7 @@ def test_quantize_q8_0_rounds_halves_away_from_zero(nudge):
     x = halves if nudge == 0.0 else np.nextafter(halves, np.float32(nudge))
     x[:, 0] = 127
     assert_same_bits(quantize(x, T.Q8_0), gguf.quants.quantize(x, T.Q8_0))
-    assert quantize(np.array([[127.0, 2.5, -2.5] + [0.0] * 29]), T.Q8_0)[0, 2:5].view(
-        np.int8
-    ).tolist() == [127, 3, -3]
+    assert quantize(np.array([[127.0, 2.5, -2.5] + [0.0] * 29]), T.Q8_0)[0, 2:5].view(np.int8).tolist() == [127, 3, -3]
 
 
 def test_quantize_all_zero_block_keeps_negative_zero_scale():
@@ -207,9 +214,22 @@ def test_quantize_property_any_shape(qtype, lead, num_blocks, scale, seed):
 
 def test_quant_names_and_quantizable_exact():
     assert dict(QUANT_NAMES) == {
-        0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
-        10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16",
-        1004: "I4G32", 1008: "I8G32", 1016: "F8G32",  # agentkv's own group-32 blocks (quant checkpoints)
+        0: "F32",
+        1: "F16",
+        2: "Q4_0",
+        3: "Q4_1",
+        6: "Q5_0",
+        7: "Q5_1",
+        8: "Q8_0",
+        10: "Q2_K",
+        11: "Q3_K",
+        12: "Q4_K",
+        13: "Q5_K",
+        14: "Q6_K",
+        30: "BF16",
+        1004: "I4G32",
+        1008: "I8G32",
+        1016: "F8G32",  # agentkv's own group-32 blocks (quant checkpoints)
     }
     assert QUANTIZABLE == {0, 1, 2, 3, 6, 7, 8, 30}
 

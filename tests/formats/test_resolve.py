@@ -1,4 +1,5 @@
 """Aliases and open_model: which reader a name or path gets, and the errors for the rest."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,8 +36,9 @@ def test_unknown_name_lists_aliases() -> None:
 
 
 def test_missing_alias_package_names_pip_package(monkeypatch) -> None:
-    monkeypatch.setitem(ALIASES, "ghost", Alias("no_such_pkg_xyz", "no-such-pkg-xyz",
-                                                lambda: resolve._package_dir("no_such_pkg_xyz")))
+    monkeypatch.setitem(
+        ALIASES, "ghost", Alias("no_such_pkg_xyz", "no-such-pkg-xyz", lambda: resolve._package_dir("no_such_pkg_xyz"))
+    )
     with pytest.raises(ModelNotFoundError, match="pip install no-such-pkg-xyz"):
         resolve_model_path("ghost")
 

@@ -1,4 +1,5 @@
 """SafetensorsSource against tiny folders written by transformers' save_pretrained."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,15 @@ from agentkv.models.config import SourceKeys
 from agentkv.models.gemma3 import Gemma3Config
 from agentkv.models.llama import LlamaConfig
 
-TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=96, max_position_embeddings=256)
+TINY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=96,
+    max_position_embeddings=256,
+)
 
 
 def _save(folder: Path, model_type: str, dtype: torch.dtype = torch.float32, **kwargs) -> dict:
@@ -57,8 +65,15 @@ def test_llama_names_map_to_gguf_and_values_equal(llama) -> None:
     folder, state = llama
     source = SafetensorsSource(folder)
     names = set(source.tensor_names())
-    assert {"token_embd.weight", "output.weight", "output_norm.weight", "blk.0.attn_q.weight",
-            "blk.1.attn_k.weight", "blk.1.ffn_down.weight", "blk.0.ffn_norm.weight"} <= names
+    assert {
+        "token_embd.weight",
+        "output.weight",
+        "output_norm.weight",
+        "blk.0.attn_q.weight",
+        "blk.1.attn_k.weight",
+        "blk.1.ffn_down.weight",
+        "blk.0.ffn_norm.weight",
+    } <= names
     assert source.hf_name("blk.1.attn_output.weight") == "model.layers.1.self_attn.o_proj.weight"
     assert len(names) == len(state)
     _check_tensors(source, state, Q.F32)

@@ -1,4 +1,5 @@
 """Tokenizer: token-for-token agreement with HF transformers / tokenizers on the packaged models."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -102,9 +103,12 @@ def smollm2_oracle(hf_smollm2):
     from tokenizers import pre_tokenizers
 
     backend = Backend.from_str(hf_smollm2.backend_tokenizer.to_str())
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
     return backend
 
 
@@ -124,7 +128,9 @@ def test_gemma3_encode_matches_hf_gguf_tokenizer(gemma3, hf_gemma3):
 def test_smollm2_encode_matches_hf_with_published_pre_tokenizer(smollm2, smollm2_oracle):
     for text in CORPUS:
         for add_special in (True, False):
-            assert smollm2.encode(text, add_special) == smollm2_oracle.encode(text, add_special_tokens=add_special).ids, text
+            assert (
+                smollm2.encode(text, add_special) == smollm2_oracle.encode(text, add_special_tokens=add_special).ids
+            ), text
 
 
 def test_smollm2_differs_from_plain_hf_gguf_only_where_a_digit_is_not_ascii(smollm2, hf_smollm2):
@@ -147,11 +153,20 @@ def test_token_tables_match_hf(pair):
     ids = list(range(0, ours.vocab_size, 997)) + [ours.vocab_size - 1]
     assert [ours.id_to_token(i) for i in ids] == hf.convert_ids_to_tokens(ids)
     assert [ours.token_to_id(ours.id_to_token(i)) for i in ids] == hf.convert_tokens_to_ids(
-        hf.convert_ids_to_tokens(ids))
-    roles = [(ours.bos_token, ours.bos_id), (ours.eos_token, ours.eos_id),
-             (ours.pad_token, ours.pad_id), (ours.unk_token, ours.unk_id)]
-    assert roles == [(hf.bos_token, hf.bos_token_id), (hf.eos_token, hf.eos_token_id),
-                     (hf.pad_token, hf.pad_token_id), (hf.unk_token, hf.unk_token_id)]
+        hf.convert_ids_to_tokens(ids)
+    )
+    roles = [
+        (ours.bos_token, ours.bos_id),
+        (ours.eos_token, ours.eos_id),
+        (ours.pad_token, ours.pad_id),
+        (ours.unk_token, ours.unk_id),
+    ]
+    assert roles == [
+        (hf.bos_token, hf.bos_token_id),
+        (hf.eos_token, hf.eos_token_id),
+        (hf.pad_token, hf.pad_token_id),
+        (hf.unk_token, hf.unk_token_id),
+    ]
     assert ours.special_ids == set(hf.all_special_ids) | {i for i, t in hf.added_tokens_decoder.items() if t.special}
 
 
@@ -241,9 +256,15 @@ def test_load_tokenizer_dispatches_on_source_kind(smollm2_file, minilm_path, smo
 
 def _tiny_gpt2(**overrides) -> dict:
     tokens = ["<s>", "</s>", "a", "b", "ab", "Ġ", "Ġab", "1", "2"]
-    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": [3, 3, 1, 1, 1, 1, 1, 1, 1], "tokenizer.ggml.merges": ["a b", "Ġ ab"],
-            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3, 3, 1, 1, 1, 1, 1, 1, 1],
+        "tokenizer.ggml.merges": ["a b", "Ġ ab"],
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 1,
+    }
     return {**meta, **overrides}
 
 
@@ -255,12 +276,15 @@ def test_tiny_vocab_exact_ids_and_bos_flag():
     assert bos.decode([0, 4, 6, 1], skip_special_tokens=True) == "ab ab"
 
 
-@pytest.mark.parametrize("overrides, words", [
-    ({"tokenizer.ggml.model": "rwkv"}, ["tiny.gguf", "tokenizer.ggml.model", "'rwkv'"]),
-    ({"tokenizer.ggml.pre": "martian"}, ["tiny.gguf", "tokenizer.ggml.pre", "'martian'"]),
-    ({"tokenizer.ggml.merges": None}, ["tiny.gguf", "tokenizer.ggml.merges"]),
-    ({"tokenizer.ggml.eos_token_id": 99}, ["tiny.gguf", "99", "[0, 9)"]),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        ({"tokenizer.ggml.model": "rwkv"}, ["tiny.gguf", "tokenizer.ggml.model", "'rwkv'"]),
+        ({"tokenizer.ggml.pre": "martian"}, ["tiny.gguf", "tokenizer.ggml.pre", "'martian'"]),
+        ({"tokenizer.ggml.merges": None}, ["tiny.gguf", "tokenizer.ggml.merges"]),
+        ({"tokenizer.ggml.eos_token_id": 99}, ["tiny.gguf", "99", "[0, 9)"]),
+    ],
+)
 def test_bad_metadata_raises_naming_file_field_and_value(overrides, words):
     meta = {k: v for k, v in _tiny_gpt2(**overrides).items() if v is not None}
     with pytest.raises(TokenizerError) as info:

@@ -1,4 +1,5 @@
 """Shared fixtures of the hal tests: which build of the compiled kernels a test runs on."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 steps, padded tails and prefetches past the last key), compared with a float64 oracle, and
 each row's bits unchanged by batch size, batch order, other rows' lengths and thread count
 (units are handed out longest-first from a shared counter, so which thread runs a row varies)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,10 @@ from agentkv.hal.kernels import load
 
 K = load()
 if K is None:
-    pytest.skip("agentkv CPU kernels unavailable here (see the logged reason: no compiler or no AVX2/FMA)",
-                allow_module_level=True)
+    pytest.skip(
+        "agentkv CPU kernels unavailable here (see the logged reason: no compiler or no AVX2/FMA)",
+        allow_module_level=True,
+    )
 
 # |out - ref| <= 1e-5 * max|V|, as in test_kernels.py: f32 scores carry ~hd * 2^-24 relative
 # error, exp ~1 ulp, so the convex combination of V rows is off by ~1e-6 of max|V| at these
@@ -32,7 +35,7 @@ def paged_cache(seq_lens, kvh, hd, block_size, seed):
     tables = torch.full((len(seq_lens), max(per_seq)), -1, dtype=torch.int32)
     at = 0
     for s, nb in enumerate(per_seq):
-        tables[s, :nb] = ids[at:at + nb]
+        tables[s, :nb] = ids[at : at + nb]
         at += nb
     return k, v, tables
 
@@ -60,20 +63,23 @@ def reference(q, k, v, tables, rows, scale, window=0, softcap=0.0):
     return out
 
 
-@pytest.mark.parametrize("h,kvh,hd,bs,window,softcap", [
-    (9, 3, 64, 16, 0, 0.0),     # SmolLM2's decode shape: the hd = 64 unrolled path
-    (9, 3, 64, 16, 100, 0.0),
-    (6, 2, 64, 16, 0, 30.0),
-    (8, 1, 20, 7, 0, 0.0),      # runs of 3 + 3 + 2 heads, masked head_dim tail
-    (4, 4, 40, 16, 0, 0.0),     # one head per kv head
-])
+@pytest.mark.parametrize(
+    "h,kvh,hd,bs,window,softcap",
+    [
+        (9, 3, 64, 16, 0, 0.0),  # SmolLM2's decode shape: the hd = 64 unrolled path
+        (9, 3, 64, 16, 100, 0.0),
+        (6, 2, 64, 16, 0, 30.0),
+        (8, 1, 20, 7, 0, 0.0),  # runs of 3 + 3 + 2 heads, masked head_dim tail
+        (4, 4, 40, 16, 0, 0.0),  # one head per kv head
+    ],
+)
 def test_long_rows_match_float64_oracle(h, kvh, hd, bs, window, softcap):
     lens = [613, 300, 1]
     k, v, tables = paged_cache(lens, kvh, hd, bs, seed=hd + h)
     rows = [(0, 612), (0, 401), (1, 299), (1, 3), (2, 0)]
     q = torch.randn(len(rows), h, hd, generator=torch.Generator().manual_seed(3))
-    ours = run(q, k, v, tables, rows, hd ** -0.5, window, softcap).double().numpy()
-    ref = reference(q, k, v, tables, rows, hd ** -0.5, window, softcap)
+    ours = run(q, k, v, tables, rows, hd**-0.5, window, softcap).double().numpy()
+    ref = reference(q, k, v, tables, rows, hd**-0.5, window, softcap)
     assert np.abs(ours - ref).max() <= ATTN_TOL * v.abs().max().item()
 
 
@@ -88,8 +94,9 @@ def test_row_bits_do_not_depend_on_batch_or_threads(threads):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        alone = torch.cat([run(q[i:i + 1].contiguous(), k, v, tables, rows[i:i + 1], 0.125)
-                           for i in range(len(rows))])
+        alone = torch.cat(
+            [run(q[i : i + 1].contiguous(), k, v, tables, rows[i : i + 1], 0.125) for i in range(len(rows))]
+        )
         rng = np.random.default_rng(threads)
         for n in (2, 5, 8):
             pick = rng.permutation(len(rows))[:n]

@@ -1,6 +1,7 @@
 """Memory safety of the attention kernel: scratch sized for each call whichever build ran
 before on the same thread, and index checks that still catch every bad value when the
 checks are skipped for indices already seen."""
+
 from __future__ import annotations
 
 import numpy as np

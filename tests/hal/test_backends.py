@@ -1,4 +1,5 @@
 """Backends against the reference, and the batch-invariance every backend owes the cache."""
+
 from __future__ import annotations
 
 import math
@@ -79,23 +80,37 @@ def test_attention_decode_row_equals_prefill_row(backend):
     kv = backend.allocate_kv(KVSpec(1, 12, bs, kvh, hd))
     table = (3, 7, 1)
     slots = np.asarray(table)[np.arange(n) // bs] * bs + np.arange(n) % bs
-    backend.kv_store(kv, 0, backend.upload(rng.standard_normal((n, kvh, hd))),
-                     backend.upload(rng.standard_normal((n, kvh, hd))), slots)
+    backend.kv_store(
+        kv,
+        0,
+        backend.upload(rng.standard_normal((n, kvh, hd))),
+        backend.upload(rng.standard_normal((n, kvh, hd))),
+        slots,
+    )
     q = rng.standard_normal((n, h, hd)).astype(np.float32)
     pos = np.arange(n, dtype=np.int64)
     zeros = np.zeros(n, np.int64)
     prefill = _attend(backend, q, kv, AttnMeta((n,), (n,), (table,), pos, zeros))
     for p in (0, 15, 16, 30, 44):
-        decode = _attend(backend, q[p:p + 1], kv, AttnMeta((1,), (p + 1,), (table,), pos[p:p + 1], zeros[:1]))
+        decode = _attend(backend, q[p : p + 1], kv, AttnMeta((1,), (p + 1,), (table,), pos[p : p + 1], zeros[:1]))
         assert np.array_equal(decode[0], prefill[p]), p
     # chunk [20, 33) of the prompt, batched after an unrelated sequence of 9 rows
     other_table = (9, 10)
-    backend.kv_store(kv, 0, backend.upload(rng.standard_normal((20, kvh, hd))),
-                     backend.upload(rng.standard_normal((20, kvh, hd))),
-                     np.asarray(other_table)[np.arange(20) // bs] * bs + np.arange(20) % bs)
+    backend.kv_store(
+        kv,
+        0,
+        backend.upload(rng.standard_normal((20, kvh, hd))),
+        backend.upload(rng.standard_normal((20, kvh, hd))),
+        np.asarray(other_table)[np.arange(20) // bs] * bs + np.arange(20) % bs,
+    )
     qo = rng.standard_normal((9, h, hd)).astype(np.float32)
-    meta = AttnMeta((9, 13), (20, 33), (other_table, table),
-                    np.concatenate([np.arange(11, 20), np.arange(20, 33)]), np.zeros(22, np.int64))
+    meta = AttnMeta(
+        (9, 13),
+        (20, 33),
+        (other_table, table),
+        np.concatenate([np.arange(11, 20), np.arange(20, 33)]),
+        np.zeros(22, np.int64),
+    )
     mixed = _attend(backend, np.concatenate([qo, q[20:33]]), kv, meta)
     assert np.array_equal(mixed[9:], prefill[20:33])
 

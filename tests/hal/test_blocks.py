@@ -1,6 +1,7 @@
 """Typed decoder-block weights (hal/blocks.py): a layer missing a required weight is refused
 with an error naming it, and the FFN seam works: a new FFN kind, registered with `ffn_op`,
 runs inside `Backend.decoder_block` with the attention part untouched, on the composed path."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,11 +10,20 @@ import numpy as np
 import pytest
 
 from agentkv.hal.base import AttnMeta, KVSpec, RopeSpec, Weight
-from agentkv.hal.blocks import (AttentionSpec, AttentionWeights, BlockSpec, DecoderLayer, DenseFFN, DenseFFNSpec,
-                                MissingWeight, Projection, ffn_op)
-from agentkv.hal.reference import ReferenceBackend
+from agentkv.hal.blocks import (
+    AttentionSpec,
+    AttentionWeights,
+    BlockSpec,
+    DecoderLayer,
+    DenseFFN,
+    DenseFFNSpec,
+    MissingWeight,
+    Projection,
+    ffn_op,
+)
 from agentkv.hal.cpu import CpuBackend
 from agentkv.hal.portable import TorchBackend
+from agentkv.hal.reference import ReferenceBackend
 
 D, H, KVH, HD, F, N = 32, 4, 2, 8, 48, 5
 SPEC = AttentionSpec(H, KVH, HD, RopeSpec(dim=HD), eps=1e-6)
@@ -25,8 +35,9 @@ def weight(be, rng, shape, name="w", offset=0.0) -> Weight:
 
 
 def attention(be, rng) -> AttentionWeights:
-    qkv = Projection((weight(be, rng, (H * HD, D), "q"), weight(be, rng, (KVH * HD, D), "k"),
-                      weight(be, rng, (KVH * HD, D), "v")))
+    qkv = Projection(
+        (weight(be, rng, (H * HD, D), "q"), weight(be, rng, (KVH * HD, D), "k"), weight(be, rng, (KVH * HD, D), "v"))
+    )
     return AttentionWeights(norm=weight(be, rng, (D,), "attn_norm", 1.0), qkv=qkv, o=weight(be, rng, (D, H * HD), "o"))
 
 
@@ -76,8 +87,9 @@ def by_hand(be, layer: DecoderLayer, spec: LinearFFNSpec, x_np: np.ndarray, next
     return be.read(h), be.read(normed)
 
 
-@pytest.mark.parametrize("backend", [ReferenceBackend(), TorchBackend(), CpuBackend()],
-                         ids=["reference", "torch", "cpu"])
+@pytest.mark.parametrize(
+    "backend", [ReferenceBackend(), TorchBackend(), CpuBackend()], ids=["reference", "torch", "cpu"]
+)
 def test_new_ffn_kind_runs_inside_the_block(backend):
     rng = np.random.default_rng(3)
     att, x_np = attention(backend, rng), rng.standard_normal((N, D)).astype(np.float32)

@@ -1,6 +1,7 @@
 """The fused glue ops (rms_norm, add_norm, glu, attention_inputs): the cpu backend's compiled
 kernels against the reference backend's default composition, exact batch and thread-count
 invariance, and a control that shows the invariance check can fail."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,6 +48,7 @@ def rows_differing(fn, x: np.ndarray) -> list[int]:
 
 
 # ---------------------------------------------------------------- rms_norm, add_norm, glu
+
 
 @pytest.mark.parametrize("shape", [(1, 576), (9, 640), (3, 33), (5, 3, 64)])
 @pytest.mark.parametrize("unit_offset", [False, True])
@@ -134,10 +136,18 @@ def test_thread_count_invariance():
 
     def run_all():
         h_new, normed = T.add_norm(T.upload(x), T.upload(y), g, 1e-6, False, g)
-        q, k, v = attention_inputs(T, qkv, np.arange(300) * 7, np.arange(300)[::-1].copy(), 9, 3, 64,
-                                   RopeSpec(dim=64), norms=True)
-        return [T.read(T.rms_norm(T.upload(x), g, 1e-6)), T.read(T.glu(T.upload(x), "gelu_tanh")),
-                T.read(h_new), T.read(normed), q, k, v]
+        q, k, v = attention_inputs(
+            T, qkv, np.arange(300) * 7, np.arange(300)[::-1].copy(), 9, 3, 64, RopeSpec(dim=64), norms=True
+        )
+        return [
+            T.read(T.rms_norm(T.upload(x), g, 1e-6)),
+            T.read(T.glu(T.upload(x), "gelu_tanh")),
+            T.read(h_new),
+            T.read(normed),
+            q,
+            k,
+            v,
+        ]
 
     before = torch.get_num_threads()
     try:
@@ -156,8 +166,9 @@ def test_thread_count_invariance():
 NUM_SLOTS_BLOCKS, BLOCK = 20, 16
 
 
-def attention_inputs(be, qkv: np.ndarray, positions, slots, h, kvh, hd, rope: RopeSpec, norms=False,
-                     unit_offset=False, unfused=False):
+def attention_inputs(
+    be, qkv: np.ndarray, positions, slots, h, kvh, hd, rope: RopeSpec, norms=False, unit_offset=False, unfused=False
+):
     """Runs the op on a fresh KV store; returns (q, K rows, V rows) at `slots`, as arrays."""
     n = len(qkv)
     kv = be.allocate_kv(KVSpec(1, NUM_SLOTS_BLOCKS, BLOCK, kvh, hd))
@@ -168,8 +179,9 @@ def attention_inputs(be, qkv: np.ndarray, positions, slots, h, kvh, hd, rope: Ro
     x = be.upload(qkv)
     if unfused:
         x = [be.upload(p) for p in np.split(qkv, [h * hd, (h + kvh) * hd], axis=1)]
-    q = be.attention_inputs(x, meta, kv, 0, AttentionSpec(h, kvh, hd, rope, eps=1e-6, unit_offset=unit_offset),
-                            q_norm, k_norm)
+    q = be.attention_inputs(
+        x, meta, kv, 0, AttentionSpec(h, kvh, hd, rope, eps=1e-6, unit_offset=unit_offset), q_norm, k_norm
+    )
     k_all = np.asarray(kv.k[0]).reshape(-1, kvh, hd)
     v_all = np.asarray(kv.v[0]).reshape(-1, kvh, hd)
     return be.read(q), k_all[np.asarray(slots)].copy(), v_all[np.asarray(slots)].copy()
@@ -180,9 +192,17 @@ CASES = {  # name: (h, kvh, hd, rope)
     "interleaved": (4, 2, 64, RopeSpec(dim=64, style=RopeStyle.INTERLEAVED)),
     "partial-neox": (3, 1, 40, RopeSpec(dim=24, style=RopeStyle.NEOX)),
     "partial-interleaved": (3, 1, 40, RopeSpec(dim=24, style=RopeStyle.INTERLEAVED)),
-    "llama3-scaled": (9, 3, 64, RopeSpec(dim=64, theta=500000.0, style=RopeStyle.INTERLEAVED,
-                                         scaling={"type": "llama3", "factor": 8.0,
-                                                  "original_max_position_embeddings": 64})),
+    "llama3-scaled": (
+        9,
+        3,
+        64,
+        RopeSpec(
+            dim=64,
+            theta=500000.0,
+            style=RopeStyle.INTERLEAVED,
+            scaling={"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64},
+        ),
+    ),
 }
 
 
@@ -195,8 +215,9 @@ def random_rows(n: int, h: int, kvh: int, hd: int, seed: int):
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("norms,unit_offset", [(False, False), (True, False), (True, True)],
-                         ids=["plain", "qk-norm", "qk-norm-unit-offset"])
+@pytest.mark.parametrize(
+    "norms,unit_offset", [(False, False), (True, False), (True, True)], ids=["plain", "qk-norm", "qk-norm-unit-offset"]
+)
 def test_attention_inputs_match_reference(case, norms, unit_offset):
     h, kvh, hd, rope = CASES[case]
     qkv, positions, slots = random_rows(13, h, kvh, hd, seed=hd + h)
@@ -229,17 +250,18 @@ def test_attention_inputs_batch_invariant(case, threads):
     qkv, positions, slots = random_rows(64, h, kvh, hd, seed=9)
     full = attention_inputs(T, qkv, positions, slots, h, kvh, hd, rope, norms=True, unit_offset=True)
     for m in (1, 2, 3, 7, 17, 31):
-        part = attention_inputs(T, qkv[:m], positions[:m], slots[:m], h, kvh, hd, rope, norms=True,
-                                unit_offset=True)
+        part = attention_inputs(T, qkv[:m], positions[:m], slots[:m], h, kvh, hd, rope, norms=True, unit_offset=True)
         for a, b in zip(part, full):
             assert np.array_equal(a, b[:m]), m
-    alone = attention_inputs(T, qkv[40:41], positions[40:41], slots[40:41], h, kvh, hd, rope, norms=True,
-                             unit_offset=True)
+    alone = attention_inputs(
+        T, qkv[40:41], positions[40:41], slots[40:41], h, kvh, hd, rope, norms=True, unit_offset=True
+    )
     for a, b in zip(alone, full):
         assert np.array_equal(a[0], b[40])
 
 
 # ---------------------------------------------------------------- bad shapes
+
 
 def test_bad_shapes_name_the_value():
     K = load()
@@ -261,15 +283,54 @@ def test_bad_shapes_name_the_value():
             attention_inputs(be, qkv[:, :100], positions, slots, h, kvh, hd, rope)
     kv_k = torch.zeros(320, kvh, hd)
     cos = torch.zeros(4096, 32)
-    args = (None, None, cos, cos, torch.tensor([0, 1, 4096]), torch.tensor([0, 1, 2]), kv_k, kv_k.clone(),
-            h, kvh, 64, False, 1e-6)
+    args = (
+        None,
+        None,
+        cos,
+        cos,
+        torch.tensor([0, 1, 4096]),
+        torch.tensor([0, 1, 2]),
+        kv_k,
+        kv_k.clone(),
+        h,
+        kvh,
+        64,
+        False,
+        1e-6,
+    )
     with pytest.raises(RuntimeError, match=r"positions\[2\]=4096 out of range \[0, num_pos=4096\)"):
         K.attention_inputs(torch.from_numpy(qkv.astype(np.float32)), *args)
-    args = (None, None, cos, cos, torch.tensor([0, 1, 2]), torch.tensor([0, -1, 2]), kv_k, kv_k.clone(),
-            h, kvh, 64, False, 1e-6)
+    args = (
+        None,
+        None,
+        cos,
+        cos,
+        torch.tensor([0, 1, 2]),
+        torch.tensor([0, -1, 2]),
+        kv_k,
+        kv_k.clone(),
+        h,
+        kvh,
+        64,
+        False,
+        1e-6,
+    )
     with pytest.raises(RuntimeError, match=r"slots\[1\]=-1 out of range"):
         K.attention_inputs(torch.from_numpy(qkv.astype(np.float32)), *args)
-    args = (None, None, cos, cos, torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2]), kv_k, kv_k.clone(),
-            h, kvh, 66, False, 1e-6)
+    args = (
+        None,
+        None,
+        cos,
+        cos,
+        torch.tensor([0, 1, 2]),
+        torch.tensor([0, 1, 2]),
+        kv_k,
+        kv_k.clone(),
+        h,
+        kvh,
+        66,
+        False,
+        1e-6,
+    )
     with pytest.raises(RuntimeError, match="rope_dim=66 must be even and in"):
         K.attention_inputs(torch.from_numpy(qkv.astype(np.float32)), *args)

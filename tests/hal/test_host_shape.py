@@ -1,5 +1,6 @@
 """Host-shape fences that hold for every backend: tensors are handles, never aliases of host
 memory; quantized weights stay as the file's blocks (no full-RAM f32 copy) where resident."""
+
 from __future__ import annotations
 
 import numpy as np

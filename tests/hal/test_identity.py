@@ -1,4 +1,5 @@
 """Backend identity and fingerprint: what a cache of computed bits will be keyed by."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,8 +35,13 @@ def test_fingerprints_differ_across_backends_and_are_stable():
 
 def test_fingerprint_covers_every_identity_field_and_the_dtypes():
     base = Identity("cpu", "cpu", "avx2", "0123456789abcdef")
-    variants = [base._replace(name="torch"), base._replace(device="cuda:0"), base._replace(isa="avx512"),
-                base._replace(kernel_build="fedcba9876543210"), base._replace(isa=None)]
+    variants = [
+        base._replace(name="torch"),
+        base._replace(device="cuda:0"),
+        base._replace(isa="avx512"),
+        base._replace(kernel_build="fedcba9876543210"),
+        base._replace(isa=None),
+    ]
     seen = {fingerprint_of(base, "f32", "f32")}
     seen |= {fingerprint_of(v, "f32", "f32") for v in variants}
     seen |= {fingerprint_of(base, "bf16", "f32"), fingerprint_of(base, "f32", "q8_0")}

@@ -1,6 +1,7 @@
 """The kernel ISA is fixed by the first kernel call: switching it afterwards raises (the bits
 behind cached KV would change), before it works, and the same ISA again is always fine. Each
 case runs in a fresh process: in this one the kernels have long since run."""
+
 from __future__ import annotations
 
 import json

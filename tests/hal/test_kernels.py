@@ -1,5 +1,6 @@
 """The compiled CPU kernels: accuracy against float64 oracles (gguf-py for dequantization)
 and batch invariance proven with exact equality, plus a control that shows it can fail."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,6 +21,7 @@ LEGACY = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 
 # ---------------------------------------------------------------- quantized weights
+
 
 def random_quant(name: str, n: int, k: int, seed: int) -> np.ndarray:
     """[n, row_bytes] uint8 in the exact GGUF layout. Legacy types go through gguf's own
@@ -61,8 +63,9 @@ def test_q5_random_blocks_dequantize_bit_identical(name):
     rng = np.random.default_rng(21)
     blocks = rng.integers(0, 256, size=(n * k // qk, nbytes), dtype=np.uint8)
     nscales = 1 if name == "Q5_0" else 2
-    blocks[:, :2 * nscales] = rng.uniform(-2e-2, 2e-2, size=(blocks.shape[0], nscales)).astype(
-        np.float16).view(np.uint8)
+    blocks[:, : 2 * nscales] = (
+        rng.uniform(-2e-2, 2e-2, size=(blocks.shape[0], nscales)).astype(np.float16).view(np.uint8)
+    )
     w = blocks.reshape(n, row_bytes(qtype, k))
     ours = K.dequantize(torch.from_numpy(w), qtype, n, k)
     assert torch.equal(ours, torch.from_numpy(gguf_dequant(w, name).astype(np.float32)))
@@ -194,6 +197,7 @@ def test_qmatmul_rejects_bad_shapes():
 
 # ---------------------------------------------------------------- paged attention
 
+
 class PagedCache:
     """Random K/V for several sequences scattered over shuffled blocks of a shared pool."""
 
@@ -208,14 +212,13 @@ class PagedCache:
         self.tables = torch.full((len(seq_lens), max(per_seq) + 1), -1, dtype=torch.int32)
         at = 0
         for s, nb in enumerate(per_seq):
-            self.tables[s, :nb] = ids[at:at + nb].to(torch.int32)
+            self.tables[s, :nb] = ids[at : at + nb].to(torch.int32)
             at += nb
 
     def run(self, q, rows, scale, window=0, softcap=0.0, k=None):
         seq = torch.tensor([s for s, _ in rows], dtype=torch.int32)
         pos = torch.tensor([p for _, p in rows], dtype=torch.int32)
-        return K.paged_attention(q, self.k if k is None else k, self.v, self.tables, seq, pos,
-                                 scale, window, softcap)
+        return K.paged_attention(q, self.k if k is None else k, self.v, self.tables, seq, pos, scale, window, softcap)
 
     def reference(self, q, rows, scale, window=0, softcap=0.0):
         """float64 numpy oracle, written from the spec, not from the kernel."""
@@ -259,7 +262,7 @@ def test_paged_attention_matches_float64_oracle(h, kvh, hd, bs, window, softcap,
     cache = PagedCache([37, 5, 20], kvh, hd, bs, seed=hd + bs)
     rows = [(0, p) for p in (0, 1, 8, 36)] + [(1, 4), (2, 0), (2, 19)]
     q = torch.randn(len(rows), h, hd, generator=torch.Generator().manual_seed(1))
-    scale = hd ** -0.5
+    scale = hd**-0.5
     ours = cache.run(q, rows, scale, window, softcap).double().numpy()
     ref = cache.reference(q, rows, scale, window, softcap)
     assert np.abs(ours - ref).max() <= ATTN_TOL * cache.v.abs().max().item()
@@ -282,15 +285,17 @@ def test_paged_attention_is_batch_invariant(window, softcap, threads, isa):
     rows = [(0, p) for p in range(41)]
     full = cache.run(q_all, rows, scale, window, softcap)
 
-    decode = torch.cat([cache.run(q_all[p:p + 1].contiguous(), rows[p:p + 1], scale, window, softcap)
-                        for p in range(41)])
+    decode = torch.cat(
+        [cache.run(q_all[p : p + 1].contiguous(), rows[p : p + 1], scale, window, softcap) for p in range(41)]
+    )
     assert torch.equal(decode, full)
 
     rng = np.random.default_rng(threads)
     for _ in range(3):
         cuts = [0, *sorted(rng.choice(np.arange(1, 41), size=4, replace=False).tolist()), 41]
-        chunked = torch.cat([cache.run(q_all[a:b].contiguous(), rows[a:b], scale, window, softcap)
-                             for a, b in zip(cuts, cuts[1:])])
+        chunked = torch.cat(
+            [cache.run(q_all[a:b].contiguous(), rows[a:b], scale, window, softcap) for a, b in zip(cuts, cuts[1:])]
+        )
         assert torch.equal(chunked, full), cuts
 
     mixed_rows = rows + other
@@ -309,13 +314,20 @@ def test_paged_attention_head_grouping_does_not_change_bits(h, kvh, threads, isa
     cache, q_all, _, _ = invariance_setup(h=h, kvh=kvh, seed=14)
     rows = [(0, p) for p in range(41)]
     full = cache.run(q_all, rows, 0.125)
-    decode = torch.cat([cache.run(q_all[p:p + 1].contiguous(), rows[p:p + 1], 0.125) for p in range(41)])
+    decode = torch.cat([cache.run(q_all[p : p + 1].contiguous(), rows[p : p + 1], 0.125) for p in range(41)])
     assert torch.equal(decode, full)
     seq, pos = torch.zeros(41, dtype=torch.int32), torch.arange(41, dtype=torch.int32)
     for head in range(h):  # one head alone (its kv head only) equals itself inside its run
         kv = slice(head // (h // kvh), head // (h // kvh) + 1)
-        one = K.paged_attention(q_all[:, head:head + 1].contiguous(), cache.k[:, :, kv].contiguous(),
-                                cache.v[:, :, kv].contiguous(), cache.tables, seq, pos, 0.125)
+        one = K.paged_attention(
+            q_all[:, head : head + 1].contiguous(),
+            cache.k[:, :, kv].contiguous(),
+            cache.v[:, :, kv].contiguous(),
+            cache.tables,
+            seq,
+            pos,
+            0.125,
+        )
         assert torch.equal(one[:, 0], full[:, head])
 
 
@@ -357,6 +369,7 @@ def test_paged_attention_rejects_out_of_range_positions():
 
 
 # ---------------------------------------------------------------- loader
+
 
 def test_missing_compiler_is_a_reason_not_a_crash(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-agentkv")

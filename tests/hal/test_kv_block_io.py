@@ -1,5 +1,6 @@
 """The KV block hooks of the disk tier: `read_block` returns one block's K and V across every
 layer in the documented byte layout, and `write_block` of those bytes restores every bit."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,5 +30,7 @@ def test_read_block_layout_and_write_block_round_trip(name):
     backend.write_block(kv, 0, data)  # block 0 now holds block 2's bits
     assert backend.read_block(kv, 0) == data
     assert backend.read_block(kv, 1) != data  # a control: other blocks are untouched
-    assert np.frombuffer(backend.read_block(kv, 1), "<f4").reshape(2, 2, 3, 2, 5)[0, 0].tobytes() \
+    assert (
+        np.frombuffer(backend.read_block(kv, 1), "<f4").reshape(2, 2, 3, 2, 5)[0, 0].tobytes()
         == rows[0][0][3:6].tobytes()
+    )

@@ -1,6 +1,7 @@
 """The layout fence: every weight declares how its data is laid out, upload_weight declares
 the truth, and an op handed a layout it cannot read raises naming the weight and the layout
 instead of computing on bytes it misreads."""
+
 from __future__ import annotations
 
 import numpy as np

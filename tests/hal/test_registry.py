@@ -1,4 +1,5 @@
 """`lookup` never falls back: the named backend, or an error naming why not."""
+
 from __future__ import annotations
 
 import stat
@@ -74,9 +75,11 @@ def test_cpu_without_a_compiler_raises_naming_it(tmp_path):
 def test_cpu_with_a_failing_build_raises_with_the_compilers_message(tmp_path):
     """A compiler that exists but fails, in a fresh kernel cache: its own message comes back."""
     cxx = tmp_path / "broken-cxx"
-    cxx.write_text("#!/bin/sh\n"  # answers torch's version probe, then fails every compile
-                   "if [ \"$1\" = --version ]; then echo 'g++ (GCC) 12.2.0'; exit 0; fi\n"
-                   "echo 'broken-cxx: deliberate failure' >&2\nexit 1\n")
+    cxx.write_text(
+        "#!/bin/sh\n"  # answers torch's version probe, then fails every compile
+        "if [ \"$1\" = --version ]; then echo 'g++ (GCC) 12.2.0'; exit 0; fi\n"
+        "echo 'broken-cxx: deliberate failure' >&2\nexit 1\n"
+    )
     cxx.chmod(cxx.stat().st_mode | stat.S_IXUSR)
     r = run_python(CPU_LOOKUP, CXX=str(cxx), HOME=str(tmp_path))
     assert r.stdout.startswith("UNAVAILABLE backend 'cpu' cannot run here: the kernel build failed"), r.stdout

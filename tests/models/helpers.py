@@ -4,6 +4,7 @@ GGUF written the way llama.cpp's converter writes it, and running both sides on 
 The oracle is always HF transformers in float32 with eager attention (docs/design.md, house style: oracles come
 from outside). Imported as `tests.models.helpers` (the Makefile runs `python -m pytest` from
 the repository root, where `tests` is a namespace package)."""
+
 from __future__ import annotations
 
 import math
@@ -18,15 +19,21 @@ from agentkv.models.registry import load_model
 from agentkv.runtime.runner import Chunk, ModelRunner
 
 BACKENDS = ("reference", "cpu")
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
-            # HF's 0.02 leaves attention nearly uniform in a 64-wide model, so rope, window
-            # and q/k layout would barely move the logits; 0.2 makes the scores peaky.
-            initializer_range=0.2)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=256,
+    # HF's 0.02 leaves attention nearly uniform in a 64-wide model, so rope, window
+    # and q/k layout would barely move the logits; 0.2 makes the scores peaky.
+    initializer_range=0.2,
+)
 
 
-def tiny_hf_model(folder: Path, model_type: str, seed: int = 0, norm_offset: float = 1.0,
-                  **overrides):
+def tiny_hf_model(folder: Path, model_type: str, seed: int = 0, norm_offset: float = 1.0, **overrides):
     """A random-weight HF causal LM of `model_type`, saved to `folder` (safetensors); returns it.
 
     Norm gains are randomised too (HF initialises them to constants, which would hide a
@@ -37,8 +44,7 @@ def tiny_hf_model(folder: Path, model_type: str, seed: int = 0, norm_offset: flo
     config = AutoConfig.for_model(model_type, **{**TINY, **overrides})
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                             dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -56,8 +62,9 @@ def hf_logits(model, token_ids: list[int]) -> np.ndarray:
     return out.logits[0].float().numpy()
 
 
-def our_logits(path: Path | str, backend: str, token_ids: list[int], block_size: int = 4,
-               rows: str = "all") -> np.ndarray:
+def our_logits(
+    path: Path | str, backend: str, token_ids: list[int], block_size: int = 4, rows: str = "all"
+) -> np.ndarray:
     """agentkv logits for one prompt run cold in a single chunk: `[len, vocab]` for rows="all",
     `[1, vocab]` (the prompt end) for rows="last"."""
     model = load_model(open_model(path), lookup(backend))
@@ -90,8 +97,7 @@ def prompt(length: int, vocab: int = 128, seed: int = 1) -> list[int]:
 
 def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp convert_hf_to_gguf.py LlamaModel.permute: HF rope halves -> adjacent pairs."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def write_gguf(model, path: Path, arch: str) -> Path:

@@ -4,6 +4,7 @@ boundary errors.
 Tolerance: cosine >= 0.9999 per sentence. Same float32 weights; only summation order differs
 (and sentence-transformers pads a batch to its longest sentence and masks the pads, where we
 run each sentence at its own length), which leaves ~1e-7 in a 384-wide unit vector."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,7 @@ def expected(minilm_path) -> tuple[list[list[int]], np.ndarray]:
 
     st = SentenceTransformer(str(minilm_path), device="cpu")
     features = st.tokenize(SENTENCES)
-    ids = [row[mask.bool()].tolist()
-           for row, mask in zip(features["input_ids"], features["attention_mask"])]
+    ids = [row[mask.bool()].tolist() for row, mask in zip(features["input_ids"], features["attention_mask"])]
     return ids, st.encode(SENTENCES, convert_to_numpy=True, normalize_embeddings=False)
 
 
@@ -63,12 +63,15 @@ def test_embedding_model_contract(model):
         model.forward(np.array([101]), None, None, np.array([0]))
 
 
-@pytest.mark.parametrize("bad, message", [
-    ([], "empty batch"),
-    ([[101, 102], []], "sequence 1 has 0 tokens; bert takes 1..512"),
-    ([[101] * 513], "sequence 0 has 513 tokens; bert takes 1..512"),
-    ([[101, 30522]], "token id 30522 outside the vocabulary 0..30521"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ([], "empty batch"),
+        ([[101, 102], []], "sequence 1 has 0 tokens; bert takes 1..512"),
+        ([[101] * 513], "sequence 0 has 513 tokens; bert takes 1..512"),
+        ([[101, 30522]], "token id 30522 outside the vocabulary 0..30521"),
+    ],
+)
 def test_bad_input_is_refused(model, bad, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         model.embed(bad)

@@ -2,6 +2,7 @@
 the same order as Backend.decoder_block's composition of single ops: logits and KV are equal
 bit for bit, on both real models (llama with fused q/k/v; gemma3 with post norms, q/k norms,
 local/global rope and layers whose q/k/v stay separate)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -5,21 +5,30 @@ Tolerance: cosine >= 0.99999 per position and equal argmax. Both sides compute i
 the same weights; what differs is summation order (our row-wise GEMV and per-row softmax vs
 torch's batched GEMM), worth ~1e-7 relative per op — far below 1e-5 after a few layers of a
 64-wide model, while any wrong op (norm, rope layout, window, bias) drops the cosine to ~0.9."""
+
 from __future__ import annotations
 
 import pytest
 
-from tests.models.helpers import (BACKENDS, assert_logits_match, hf_logits, our_logits, prompt,
-                                  tiny_hf_model, write_gguf)
+from tests.models.helpers import BACKENDS, assert_logits_match, hf_logits, our_logits, prompt, tiny_hf_model, write_gguf
 
 MIN_COS = 0.99999
 PROMPT_LEN = 13  # > 3 blocks of 4, > mistral's window of 4
 
 FAMILIES = {
     "llama": dict(model_type="llama"),
-    "llama3-rope": dict(model_type="llama", num_hidden_layers=2, rope_parameters={
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "llama3-rope": dict(
+        model_type="llama",
+        num_hidden_layers=2,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
     "mistral": dict(model_type="mistral", sliding_window=4, num_hidden_layers=3),
     "qwen2": dict(model_type="qwen2"),
     "qwen3": dict(model_type="qwen3", head_dim=16),
@@ -70,8 +79,7 @@ def test_sliding_window_changes_logits(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     folder, _, expected, ids = built("mistral", tmp_path_factory)
-    full = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
-                                                sliding_window=None).eval()
+    full = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", sliding_window=None).eval()
     assert abs(hf_logits(full, ids)[-1] - expected[-1]).max() > 1e-3
 
 

@@ -7,6 +7,7 @@ experts on both sides, so the tests first assert a top-k margin: at every layer 
 k-th router probability beats the (k+1)-th by more than ROUTER_MARGIN, a gap ~1e4 times wider
 than float32 rounding can move a probability here. A wrong routing rule (renormalisation, shared
 expert gate, softmax order) moves the logits far past the floor."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,13 @@ PROMPT_LEN = 13
 MOE = dict(head_dim=16, num_experts_per_tok=2)
 
 FAMILIES = {
-    "qwen2moe": dict(model_type="qwen2_moe", num_experts=8, moe_intermediate_size=32,
-                     shared_expert_intermediate_size=96, norm_topk_prob=False),
+    "qwen2moe": dict(
+        model_type="qwen2_moe",
+        num_experts=8,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=96,
+        norm_topk_prob=False,
+    ),
     "qwen3moe": dict(model_type="qwen3_moe", num_experts=8, moe_intermediate_size=32, norm_topk_prob=True),
     "mixtral": dict(model_type="mixtral", num_local_experts=8, intermediate_size=64),
     "olmoe": dict(model_type="olmoe", num_experts=8, intermediate_size=32, norm_topk_prob=False),

@@ -2,6 +2,7 @@
 tiny Qwen2-MoE model with a shared expert: grouping tokens by expert must never let a token's
 bits depend on which other tokens share its batch or chunk. The control backend (a matmul whose
 row bits depend on the row count) must be caught on the same model, so the check can fail."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,16 @@ import pytest
 from tests.models.helpers import tiny_hf_model
 from tests.runtime.test_exactness import byte_level_tokenizer, check_contract
 
-MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
-           head_dim=16, norm_topk_prob=False, vocab_size=256, max_position_embeddings=512)
+MOE = dict(
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=64,
+    head_dim=16,
+    norm_topk_prob=False,
+    vocab_size=256,
+    max_position_embeddings=512,
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,5 +36,6 @@ def test_exact_reuse_tiny_qwen2moe(moe_dir, backend):
 
 
 def test_control_non_invariant_backend_is_caught_on_moe(moe_dir):
-    assert check_contract(moe_dir, "torch-noninvariant", 256, 41, seed=4), \
+    assert check_contract(moe_dir, "torch-noninvariant", 256, 41, seed=4), (
         "a non-invariant matmul went unnoticed on the MoE model: the check cannot fail"
+    )

@@ -6,6 +6,7 @@ renormalisation, which these configs agree with), in F32 and with Q8_0 experts.
 F32: the same floor as from safetensors (cosine >= 0.99999, argmax equal). Q8_0: the experts
 stay quantized (the load log and `weight_formats` say so), and the cpu backend's logits agree
 with the reference backend's on the same file at the quantized-kernel witness floor."""
+
 from __future__ import annotations
 
 import json
@@ -103,8 +104,9 @@ def test_q8_0_experts_stay_quantized(name, tmp_path_factory, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="agentkv.models.moe"):
         model = load_model(open_model(path), lookup("cpu"))
     layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
-    assert model.expert_formats == {f"blk.{i}.ffn_{p}_exps.weight": (Q8_0, Q8_0)
-                                    for i in range(layers) for p in ("gate", "up", "down")}
+    assert model.expert_formats == {
+        f"blk.{i}.ffn_{p}_exps.weight": (Q8_0, Q8_0) for i in range(layers) for p in ("gate", "up", "down")
+    }
     assert f"{3 * layers} expert tensors resident: {3 * layers} Q8_0" in caplog.text
     assert "dequantized" not in caplog.text
     cpu, ref = our_logits(path, "cpu", ids), our_logits(path, "reference", ids)

@@ -3,6 +3,7 @@ against transformers running the same weights dequantized (cosine >= 0.9999, arg
 
 Both sides hold identical float32 weights (the dequantization is exact, tests/formats), so the
 floor only absorbs the two engines' summation orders, as for plain safetensors models."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,30 +19,46 @@ GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True, "desc_
 
 
 def _ct(fmt: str, weights: dict) -> dict:
-    return {"quant_method": "compressed-tensors", "format": fmt,
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}, "ignore": ["lm_head"]}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+        "ignore": ["lm_head"],
+    }
 
 
 CASES = {
     "gptq-sym-g32": (GPTQ, lambda n, w, r: qw.gptq_parts(w, 4, 32, True, False, False, r)),
-    "gptq-v2-asym-8bit": ({**GPTQ, "bits": 8, "sym": False, "checkpoint_format": "gptq_v2"},
-                          lambda n, w, r: qw.gptq_parts(w, 8, 32, False, True, False, r)),
-    "gptq-desc-act": ({**GPTQ, "sym": False, "desc_act": True},
-                      lambda n, w, r: qw.gptq_parts(w, 4, 32, False, False, True, r)),
-    "awq-g32": ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"},
-                lambda n, w, r: qw.awq_parts(w, 32, r)),
-    "ct-w4a16-asym": (_ct("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
-                                             "group_size": 32}),
-                      lambda n, w, r: qw.compressed_int_parts(w, 4, 32, False, False, r)),
-    "ct-w8a16-channel": (_ct("pack-quantized", {"num_bits": 8, "type": "int", "symmetric": True,
-                                                "strategy": "channel"}),
-                         lambda n, w, r: qw.compressed_int_parts(w, 8, None, True, False, r)),
-    "ct-fp8-channel": (_ct("float-quantized", {"num_bits": 8, "type": "float", "symmetric": True,
-                                               "strategy": "channel"}),
-                       lambda n, w, r: qw.fp8_parts(w, "channel")),
-    "hf-fp8-block": ({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                      "weight_block_size": [32, 32]},
-                     lambda n, w, r: qw.fp8_parts(w, "block", (32, 32), "weight_scale_inv")),
+    "gptq-v2-asym-8bit": (
+        {**GPTQ, "bits": 8, "sym": False, "checkpoint_format": "gptq_v2"},
+        lambda n, w, r: qw.gptq_parts(w, 8, 32, False, True, False, r),
+    ),
+    "gptq-desc-act": (
+        {**GPTQ, "sym": False, "desc_act": True},
+        lambda n, w, r: qw.gptq_parts(w, 4, 32, False, False, True, r),
+    ),
+    "awq-g32": (
+        {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"},
+        lambda n, w, r: qw.awq_parts(w, 32, r),
+    ),
+    "ct-w4a16-asym": (
+        _ct(
+            "pack-quantized", {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 32}
+        ),
+        lambda n, w, r: qw.compressed_int_parts(w, 4, 32, False, False, r),
+    ),
+    "ct-w8a16-channel": (
+        _ct("pack-quantized", {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}),
+        lambda n, w, r: qw.compressed_int_parts(w, 8, None, True, False, r),
+    ),
+    "ct-fp8-channel": (
+        _ct("float-quantized", {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}),
+        lambda n, w, r: qw.fp8_parts(w, "channel"),
+    ),
+    "hf-fp8-block": (
+        {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [32, 32]},
+        lambda n, w, r: qw.fp8_parts(w, "block", (32, 32), "weight_scale_inv"),
+    ),
 }
 
 

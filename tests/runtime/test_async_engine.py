@@ -1,5 +1,6 @@
 """AsyncEngine's inbox: typed messages, applied by the engine thread; an unknown one is a bug
 that stops the engine loudly, never a message silently dropped."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,6 @@
 """The engine says what computes its bits: stats() and one INFO line at start name the
 backend, its kernel ISA and kernel build."""
+
 from __future__ import annotations
 
 import logging

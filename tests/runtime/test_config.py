@@ -1,5 +1,6 @@
 """The config tree: each knob has one owner field, overrides build the same EngineConfig that
 LLM and AsyncEngine load, and a bad value is a ValueError naming field, value and range."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +9,16 @@ import pytest
 
 from agentkv.runtime.async_engine import AsyncEngine
 from agentkv.runtime.config import (
-    DEFAULT_BACKEND, KNOBS, CacheConfig, EngineConfig, engine_config, knob_default, knob_field,
-    knob_type, with_overrides)
+    DEFAULT_BACKEND,
+    KNOBS,
+    CacheConfig,
+    EngineConfig,
+    engine_config,
+    knob_default,
+    knob_field,
+    knob_type,
+    with_overrides,
+)
 from agentkv.runtime.engine import Engine
 from agentkv.runtime.llm import LLM
 from agentkv.runtime.params import SamplingParams
@@ -22,8 +31,12 @@ SECTIONS = (EngineConfig, CacheConfig, SchedulerConfig)
 
 def leaf_fields() -> list[tuple[type, str]]:
     """Every settable leaf of the tree (the sub-config holders and the model are not knobs)."""
-    return [(cls, f.name) for cls in SECTIONS for f in dataclasses.fields(cls)
-            if f.name not in ("model", "cache", "scheduler")]
+    return [
+        (cls, f.name)
+        for cls in SECTIONS
+        for f in dataclasses.fields(cls)
+        if f.name not in ("model", "cache", "scheduler")
+    ]
 
 
 def test_every_leaf_field_is_owned_by_exactly_one_knob():
@@ -44,33 +57,49 @@ def test_knob_defaults_and_types_come_from_the_owner():
 
 
 def test_overrides_land_on_their_owner_and_nowhere_else():
-    got = engine_config("m", block_size=32, enable_prefix_cache=False, kv_cache_blocks=7,
-                        max_num_seqs=3, chunk_size=8, backend="reference", served_model_name="x")
-    want = EngineConfig(model="m", backend="reference", served_model_name="x",
-                        cache=CacheConfig(block_size=32, num_blocks=7, enable_prefix_cache=False),
-                        scheduler=SchedulerConfig(max_num_seqs=3, chunk_size=8))
+    got = engine_config(
+        "m",
+        block_size=32,
+        enable_prefix_cache=False,
+        kv_cache_blocks=7,
+        max_num_seqs=3,
+        chunk_size=8,
+        backend="reference",
+        served_model_name="x",
+    )
+    want = EngineConfig(
+        model="m",
+        backend="reference",
+        served_model_name="x",
+        cache=CacheConfig(block_size=32, num_blocks=7, enable_prefix_cache=False),
+        scheduler=SchedulerConfig(max_num_seqs=3, chunk_size=8),
+    )
     assert got == want
     assert engine_config("m") == EngineConfig(model="m")
     assert engine_config(want) is want
     # Whole sections apply first, flat knobs then refine them.
     base = EngineConfig(model="m")
-    assert with_overrides(base, cache=CacheConfig(num_blocks=9), block_size=8).cache == \
-        CacheConfig(block_size=8, num_blocks=9)
+    assert with_overrides(base, cache=CacheConfig(num_blocks=9), block_size=8).cache == CacheConfig(
+        block_size=8, num_blocks=9
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"block_size": 0}, r"block_size=0 is out of range: allowed an integer \[1, 1024\]"),
-    ({"block_size": 2048}, r"block_size=2048 is out of range"),
-    ({"block_size": True}, r"block_size=True is out of range"),
-    ({"kv_cache_blocks": 0}, r"num_blocks=0 is out of range: allowed None or an integer >= 1"),
-    ({"kv_cache_memory": -1}, r"memory_bytes=-1 is out of range"),
-    ({"max_model_len": 1}, r"max_model_len=1 is out of range: allowed None or an integer >= 2"),
-    ({"weights": "q4"}, r"weights='q4' is not allowed: use 'resident' or 'f32'"),
-    ({"backend": ""}, r"backend='' must be a backend name"),
-    ({"enable_prefix_cache": "no"}, r"enable_prefix_cache='no' must be True or False"),
-    ({"max_num_seqs": 0}, r"max_num_seqs=0 is out of range: allowed an integer >= 1"),
-    ({"chunk_size": 600}, r"chunk_size=600 is out of range: allowed an integer \[1, max_num_batched_tokens=512\]"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"block_size": 0}, r"block_size=0 is out of range: allowed an integer \[1, 1024\]"),
+        ({"block_size": 2048}, r"block_size=2048 is out of range"),
+        ({"block_size": True}, r"block_size=True is out of range"),
+        ({"kv_cache_blocks": 0}, r"num_blocks=0 is out of range: allowed None or an integer >= 1"),
+        ({"kv_cache_memory": -1}, r"memory_bytes=-1 is out of range"),
+        ({"max_model_len": 1}, r"max_model_len=1 is out of range: allowed None or an integer >= 2"),
+        ({"weights": "q4"}, r"weights='q4' is not allowed: use 'resident' or 'f32'"),
+        ({"backend": ""}, r"backend='' must be a backend name"),
+        ({"enable_prefix_cache": "no"}, r"enable_prefix_cache='no' must be True or False"),
+        ({"max_num_seqs": 0}, r"max_num_seqs=0 is out of range: allowed an integer >= 1"),
+        ({"chunk_size": 600}, r"chunk_size=600 is out of range: allowed an integer \[1, max_num_batched_tokens=512\]"),
+    ],
+)
 def test_a_bad_value_names_field_value_and_range(overrides, message):
     with pytest.raises(ValueError, match=message):
         engine_config("m", **overrides)
@@ -84,16 +113,18 @@ def test_an_unknown_setting_is_named():
 def test_the_engine_gives_the_scheduler_the_cache_configs_knobs(qwen2_dir):  # noqa: F811
     """The scheduler's block size and prefix switch are the cache config's, not a copy's."""
     for block_size, prefix in ((8, False), (32, True)):
-        engine = Engine(engine_config(qwen2_dir, block_size=block_size, enable_prefix_cache=prefix,
-                                      kv_cache_blocks=64))
+        engine = Engine(engine_config(qwen2_dir, block_size=block_size, enable_prefix_cache=prefix, kv_cache_blocks=64))
         assert engine.scheduler.block_size == engine.cache.block_size == block_size
         assert (engine.scheduler.cache is engine.cache) is prefix
         assert engine.runner is not None and engine.num_blocks == 64
 
 
 def test_llm_takes_a_config_or_the_same_keywords(qwen2_dir):  # noqa: F811
-    config = EngineConfig(model=qwen2_dir, cache=CacheConfig(block_size=8, num_blocks=40),
-                          scheduler=SchedulerConfig(max_num_batched_tokens=16))
+    config = EngineConfig(
+        model=qwen2_dir,
+        cache=CacheConfig(block_size=8, num_blocks=40),
+        scheduler=SchedulerConfig(max_num_batched_tokens=16),
+    )
     by_config = LLM(config)
     by_keywords = LLM(qwen2_dir, block_size=8, kv_cache_blocks=40, max_num_batched_tokens=16)
     assert by_config.config == by_keywords.config == config
@@ -106,13 +137,11 @@ def test_llm_takes_a_config_or_the_same_keywords(qwen2_dir):  # noqa: F811
 
 
 def test_async_engine_from_config_and_from_model_agree(qwen2_dir):  # noqa: F811
-    config = engine_config(qwen2_dir, kv_cache_blocks=32, enable_prefix_cache=False,
-                           served_model_name="tiny")
+    config = engine_config(qwen2_dir, kv_cache_blocks=32, enable_prefix_cache=False, served_model_name="tiny")
     engine = AsyncEngine.from_config(config)
     assert engine.config is config and engine.model_name == "tiny"
     assert engine.engine.scheduler.cache is None
-    again = AsyncEngine.from_model(qwen2_dir, kv_cache_blocks=32, enable_prefix_cache=False,
-                                   served_model_name="tiny")
+    again = AsyncEngine.from_model(qwen2_dir, kv_cache_blocks=32, enable_prefix_cache=False, served_model_name="tiny")
     assert again.config == config
     with pytest.raises(TypeError, match="needs an EngineConfig, got str"):
         AsyncEngine.from_config(qwen2_dir)

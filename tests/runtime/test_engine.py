@@ -1,4 +1,5 @@
 """Engine behaviour with exact expected state: pressure and preemption, aborts, bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -79,8 +80,7 @@ def test_stop_string_and_length(qwen2_dir):  # noqa: F811
     text = outs["a"].text
     stop = text[1:3] if len(text) >= 3 else None
     if stop:
-        _, outs2 = run(engine, {"b": tokens(20, 3, 256)},
-                       SamplingParams(max_tokens=5, temperature=0.0, stop=[stop]))
+        _, outs2 = run(engine, {"b": tokens(20, 3, 256)}, SamplingParams(max_tokens=5, temperature=0.0, stop=[stop]))
         assert outs2["b"].finish_reason == "stop" and outs2["b"].stop_reason == stop
         assert outs2["b"].text == text[: text.index(stop)]
 

@@ -5,6 +5,7 @@ Every comparison is `np.array_equal` on float32 logits rows — never a toleranc
 runs the same checks on a backend with a deliberately non-invariant matmul and asserts that
 every family of variants (warm split, batched, chunked) catches it, so none of them can pass
 vacuously."""
+
 from __future__ import annotations
 
 import random
@@ -38,7 +39,7 @@ class SplitKBackend(CpuBackend):
             return super().matmul(x, weight, bias)
         xs, w = x.raw, weight.raw
         bounds = np.linspace(0, xs.shape[1], xs.shape[0] % 3 + 2).astype(int)
-        out = xs[:, :bounds[1]] @ w[:, :bounds[1]].T
+        out = xs[:, : bounds[1]] @ w[:, : bounds[1]].T
         for lo, hi in zip(bounds[1:-1], bounds[2:]):
             out = out + xs[:, lo:hi] @ w[:, lo:hi].T
         return Tensor(out + bias.raw if bias is not None else out)
@@ -70,11 +71,17 @@ def byte_level_tokenizer(folder) -> None:
     tok.save(str(folder / "tokenizer.json"))
 
 
-def make_engine(model: str, backend: str = "cpu", chunk: int = 512, prefix_cache: bool = True,
-                num_blocks: int = 256) -> Engine:
-    engine = Engine(EngineConfig(model=model, backend=backend,
-                                 cache=CacheConfig(num_blocks=num_blocks, enable_prefix_cache=prefix_cache),
-                                 scheduler=SchedulerConfig(max_num_batched_tokens=chunk)))
+def make_engine(
+    model: str, backend: str = "cpu", chunk: int = 512, prefix_cache: bool = True, num_blocks: int = 256
+) -> Engine:
+    engine = Engine(
+        EngineConfig(
+            model=model,
+            backend=backend,
+            cache=CacheConfig(num_blocks=num_blocks, enable_prefix_cache=prefix_cache),
+            scheduler=SchedulerConfig(max_num_batched_tokens=chunk),
+        )
+    )
     engine.record_logits = True
     return engine
 
@@ -145,7 +152,8 @@ def test_control_non_invariant_backend_is_caught_by_every_variant_family(qwen2_d
     caught = {name.split()[0].split("=")[0] for name in broken}
     assert caught == set(VARIANT_FAMILIES), (
         f"a non-invariant matmul went unnoticed by {set(VARIANT_FAMILIES) - caught}: those checks cannot fail "
-        f"(broken: {broken})")
+        f"(broken: {broken})"
+    )
 
 
 def agent_conversation(engine: Engine, vocab: int, turns: int = 4) -> list[list[int]]:

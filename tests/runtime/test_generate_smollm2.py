@@ -1,6 +1,7 @@
 """SmolLM2 (real, Q4_1 dequantized) greedy continuations: agentkv on both backends vs
 transformers loading the same GGUF. Where two continuations differ, the first differing
 step must be a near-tie (top-2 logit gap < 1e-3 on both sides), and the test says so."""
+
 from __future__ import annotations
 
 import os
@@ -16,11 +17,15 @@ NEAR_TIE = 1e-3
 NUM_TOKENS = 64
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You are a terse assistant."},
-     {"role": "user", "content": "Write a Python function that reverses a string."}],
-    [{"role": "user", "content": "Name three colours."},
-     {"role": "assistant", "content": "Red, green and blue."},
-     {"role": "user", "content": "And three animals?"}],
+    [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Write a Python function that reverses a string."},
+    ],
+    [
+        {"role": "user", "content": "Name three colours."},
+        {"role": "assistant", "content": "Red, green and blue."},
+        {"role": "user", "content": "And three animals?"},
+    ],
 ]
 
 
@@ -29,8 +34,9 @@ def hf_model(smollm2_path):
     from transformers import AutoModelForCausalLM
 
     os.environ["HF_HUB_OFFLINE"] = "1"
-    return AutoModelForCausalLM.from_pretrained(str(smollm2_path.parent), gguf_file=smollm2_path.name,
-                                                dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(smollm2_path.parent), gguf_file=smollm2_path.name, dtype=torch.float32
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +49,17 @@ def hf_greedy(model, ids: list[int]) -> tuple[list[int], list[np.ndarray]]:
         # An explicit mask: SmolLM2's pad id (2) is <|im_end|>, which chat prompts contain, and
         # generate() would otherwise mask those tokens out.
         x = torch.tensor([ids])
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NUM_TOKENS, do_sample=False,
-                             output_scores=True, return_dict_in_generate=True, eos_token_id=None,
-                             pad_token_id=2)
-    return out.sequences[0, len(ids):].tolist(), [s[0].float().numpy() for s in out.scores]
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=NUM_TOKENS,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            eos_token_id=None,
+            pad_token_id=2,
+        )
+    return out.sequences[0, len(ids) :].tolist(), [s[0].float().numpy() for s in out.scores]
 
 
 def ours(llm: LLM, ids: list[int]) -> tuple[list[int], list[np.ndarray]]:
@@ -69,8 +82,8 @@ def assert_same_or_near_tie(a: tuple, b: tuple, label: str) -> None:
         return
     ga, gb = gap(la[diff]), gap(lb[diff])
     assert ga < NEAR_TIE and gb < NEAR_TIE, (
-        f"{label}: continuations differ at step {diff} and it is not a near-tie "
-        f"(top-2 gaps {ga:.2e}, {gb:.2e})")
+        f"{label}: continuations differ at step {diff} and it is not a near-tie (top-2 gaps {ga:.2e}, {gb:.2e})"
+    )
     print(f"{label}: first difference at step {diff} is a near-tie (gaps {ga:.2e}, {gb:.2e})")
 
 

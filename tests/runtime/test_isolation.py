@@ -1,13 +1,14 @@
 """A failing request fails alone: bad rows, dead-end grammars, requests too big for the pool,
 embedding models asked to generate, unsafe parameters; the rest of the batch gets exactly
 the tokens it would have had alone, and the engine's state stays consistent."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from agentkv.hal.registry import register
 from agentkv.hal.cpu import CpuBackend
+from agentkv.hal.registry import register
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
 from agentkv.runtime.errors import KVCapacityError, NotAGeneratorError, PromptTooLongError
@@ -171,10 +172,15 @@ def test_cli_generate_with_an_embedding_model_exits_2(capsys):
     assert "minilm is an embedding model; it does not generate" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name, value", [
-    ("repetition_penalty", 1e-40), ("repetition_penalty", 1e-4), ("repetition_penalty", 1e4),
-    ("temperature", 1e6),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("repetition_penalty", 1e-40),
+        ("repetition_penalty", 1e-4),
+        ("repetition_penalty", 1e4),
+        ("temperature", 1e6),
+    ],
+)
 def test_unsafe_sampling_values_are_refused(name, value):
     with pytest.raises(ValueError) as info:
         SamplingParams(**{name: value})

@@ -1,4 +1,5 @@
 """MinTokensConstraint: EOS and stop ids are masked until min_tokens tokens are out."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """SamplingParams: normalisation of JSON-shaped input and one rejection test per bounded field."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,18 +15,32 @@ def test_defaults_match_openai() -> None:
     assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) == (1.0, 0.0, 0.0)
     assert p.logit_bias == () and p.stop == () and p.stop_token_ids == ()
     assert p.seed is None and p.logprobs is None and p.prompt_logprobs is None
-    assert (p.ignore_eos, p.include_stop_str_in_output, p.skip_special_tokens, p.n) == (
-        False, False, True, 1)
+    assert (p.ignore_eos, p.include_stop_str_in_output, p.skip_special_tokens, p.n) == (False, False, True, 1)
     assert not p.greedy
 
 
 def test_field_names_are_the_contract() -> None:
     names = [f.name for f in dataclasses.fields(SamplingParams)]
     assert names == [
-        "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "logit_bias", "seed", "stop",
-        "stop_token_ids", "ignore_eos", "logprobs", "prompt_logprobs",
-        "include_stop_str_in_output", "skip_special_tokens", "n", "speculative",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "logprobs",
+        "prompt_logprobs",
+        "include_stop_str_in_output",
+        "skip_special_tokens",
+        "n",
+        "speculative",
     ]
 
 
@@ -56,26 +71,53 @@ def test_int_floats_become_floats() -> None:
     assert isinstance(p.temperature, float) and isinstance(p.top_p, float)
 
 
-@pytest.mark.parametrize("kw, greedy", [
-    ({"temperature": 0.0}, True), ({"top_k": 1}, True), ({"temperature": 0.7}, False),
-    ({"top_k": 2}, False), ({"top_k": -1}, False),
-])
+@pytest.mark.parametrize(
+    "kw, greedy",
+    [
+        ({"temperature": 0.0}, True),
+        ({"top_k": 1}, True),
+        ({"temperature": 0.7}, False),
+        ({"top_k": 2}, False),
+        ({"top_k": -1}, False),
+    ],
+)
 def test_greedy(kw: dict, greedy: bool) -> None:
     assert SamplingParams(**kw).greedy is greedy
 
 
-@pytest.mark.parametrize("name, value", [
-    ("max_tokens", 0), ("max_tokens", -3), ("max_tokens", 1.5), ("max_tokens", True),
-    ("temperature", -0.01), ("temperature", float("nan")), ("temperature", float("inf")),
-    ("top_p", 0.0), ("top_p", 1.01), ("top_p", -0.5),
-    ("top_k", -2), ("top_k", 2.0),
-    ("min_p", -0.1), ("min_p", 1.5),
-    ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
-    ("presence_penalty", 2.5), ("presence_penalty", -2.01),
-    ("frequency_penalty", 3.0), ("frequency_penalty", -2.5),
-    ("logprobs", -1), ("logprobs", 21), ("prompt_logprobs", 21), ("prompt_logprobs", -1),
-    ("n", 0), ("seed", 1.5), ("seed", "7"), ("seed", 2**64),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("max_tokens", 0),
+        ("max_tokens", -3),
+        ("max_tokens", 1.5),
+        ("max_tokens", True),
+        ("temperature", -0.01),
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("top_p", 0.0),
+        ("top_p", 1.01),
+        ("top_p", -0.5),
+        ("top_k", -2),
+        ("top_k", 2.0),
+        ("min_p", -0.1),
+        ("min_p", 1.5),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", -1.0),
+        ("presence_penalty", 2.5),
+        ("presence_penalty", -2.01),
+        ("frequency_penalty", 3.0),
+        ("frequency_penalty", -2.5),
+        ("logprobs", -1),
+        ("logprobs", 21),
+        ("prompt_logprobs", 21),
+        ("prompt_logprobs", -1),
+        ("n", 0),
+        ("seed", 1.5),
+        ("seed", "7"),
+        ("seed", 2**64),
+    ],
+)
 def test_out_of_range_names_field_and_value(name: str, value: object) -> None:
     with pytest.raises(ValueError) as info:
         SamplingParams(**{name: value})
@@ -83,14 +125,33 @@ def test_out_of_range_names_field_and_value(name: str, value: object) -> None:
     assert name in message and repr(value) in message
 
 
-@pytest.mark.parametrize("name, value", [
-    ("temperature", 0.0), ("temperature", 5.0), ("top_p", 1.0), ("top_p", 1e-9),
-    ("top_k", -1), ("top_k", 0), ("top_k", 100000), ("min_p", 0.0), ("min_p", 1.0),
-    ("repetition_penalty", 1e-3), ("presence_penalty", -2.0), ("presence_penalty", 2.0),
-    ("frequency_penalty", -2.0), ("frequency_penalty", 2.0), ("logprobs", 0),
-    ("logprobs", 20), ("prompt_logprobs", 0), ("n", 8), ("seed", 0), ("seed", -5),
-    ("seed", 2**64 - 1), ("max_tokens", 1),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("temperature", 0.0),
+        ("temperature", 5.0),
+        ("top_p", 1.0),
+        ("top_p", 1e-9),
+        ("top_k", -1),
+        ("top_k", 0),
+        ("top_k", 100000),
+        ("min_p", 0.0),
+        ("min_p", 1.0),
+        ("repetition_penalty", 1e-3),
+        ("presence_penalty", -2.0),
+        ("presence_penalty", 2.0),
+        ("frequency_penalty", -2.0),
+        ("frequency_penalty", 2.0),
+        ("logprobs", 0),
+        ("logprobs", 20),
+        ("prompt_logprobs", 0),
+        ("n", 8),
+        ("seed", 0),
+        ("seed", -5),
+        ("seed", 2**64 - 1),
+        ("max_tokens", 1),
+    ],
+)
 def test_boundary_values_accepted(name: str, value: object) -> None:
     assert getattr(SamplingParams(**{name: value}), name) == value
 
@@ -133,8 +194,7 @@ def test_stop_token_ids_are_non_negative_ints(ids: list) -> None:
     assert repr(ids[-1]) in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["ignore_eos", "include_stop_str_in_output",
-                                  "skip_special_tokens"])
+@pytest.mark.parametrize("name", ["ignore_eos", "include_stop_str_in_output", "skip_special_tokens"])
 def test_bool_flags_must_be_bools(name: str) -> None:
     with pytest.raises(ValueError, match=name):
         SamplingParams(**{name: 1})

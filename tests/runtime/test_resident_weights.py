@@ -1,6 +1,7 @@
 """Quantized weights kept resident give the same greedy continuations as the f32-dequantized
 path, on SmolLM2 (Q4_1/Q8_0) and Gemma-3-270M (Q4_K_M: Q4_K/Q5_0/Q6_K/Q8_0 mixed). Where two
 continuations differ, the first differing step must be a near-tie (top-2 gap < 1e-3)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,6 +35,6 @@ def test_resident_matches_f32_greedy(model):
         if diff is not None:
             ga, gb = gap(la[diff]), gap(lb[diff])
             assert ga < NEAR_TIE and gb < NEAR_TIE, (
-                f"{model} {text!r}: resident and f32 differ at step {diff}, not a near-tie "
-                f"(gaps {ga:.2e}, {gb:.2e})")
+                f"{model} {text!r}: resident and f32 differ at step {diff}, not a near-tie (gaps {ga:.2e}, {gb:.2e})"
+            )
             print(f"{model} {text!r}: first difference at step {diff}, a near-tie")

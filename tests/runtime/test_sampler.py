@@ -1,4 +1,5 @@
 """Sampler: exact supports and seeded frequencies, penalties and warpers against HF transformers."""
+
 from __future__ import annotations
 
 import math
@@ -17,12 +18,12 @@ from transformers import (
 from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.sampler import (
     SamplingState,
-    process_logits,
     logsumexp,
+    process_logits,
     raw_logprobs,
+    sample,
     token_logprob,
     top_logprobs,
-    sample,
     warp,
 )
 
@@ -62,12 +63,14 @@ def _assert_frequencies(draws: np.ndarray, expected: np.ndarray) -> None:
 
 # ---- greedy -----------------------------------------------------------------------------
 
+
 def test_greedy_is_argmax_and_lowest_id_on_ties() -> None:
     rng = np.random.default_rng(0)
     for _ in range(20):
         logits = rng.normal(size=100).astype(np.float32)
-        assert sample(logits, SamplingParams(temperature=0), _state(SamplingParams())).token_id \
-            == int(np.argmax(logits))
+        assert sample(logits, SamplingParams(temperature=0), _state(SamplingParams())).token_id == int(
+            np.argmax(logits)
+        )
     tied = np.array([1.0, 3.0, 0.0, 3.0], dtype=np.float32)
     assert sample(tied, SamplingParams(temperature=0), _state(SamplingParams())).token_id == 1
     assert sample(tied, SamplingParams(top_k=1), _state(SamplingParams())).token_id == 1
@@ -82,6 +85,7 @@ def test_greedy_does_not_consume_the_rng() -> None:
 
 
 # ---- supports and frequencies -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
 def test_temperature_frequencies(temperature: float) -> None:
@@ -137,6 +141,7 @@ def test_top_k_larger_than_vocab_keeps_all() -> None:
 
 # ---- warpers against HF transformers --------------------------------------------------------
 
+
 def _hf_mask(processors: list, logits: np.ndarray) -> np.ndarray:
     scores = torch.from_numpy(logits.copy())[None, :]
     ids = torch.zeros((1, 1), dtype=torch.long)
@@ -153,9 +158,10 @@ def test_warpers_match_hf(seed: int) -> None:
         (SamplingParams(top_k=5), [TopKLogitsWarper(5)]),
         (SamplingParams(top_p=0.7), [TopPLogitsWarper(0.7)]),
         (SamplingParams(min_p=0.05), [MinPLogitsWarper(0.05)]),
-        (SamplingParams(temperature=0.7, top_k=20, top_p=0.8, min_p=0.02),
-         [TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.8),
-          MinPLogitsWarper(0.02)]),
+        (
+            SamplingParams(temperature=0.7, top_k=20, top_p=0.8, min_p=0.02),
+            [TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.8), MinPLogitsWarper(0.02)],
+        ),
     ]
     for params, processors in cases:
         ours = np.isfinite(warp(logits, params))
@@ -191,6 +197,7 @@ def test_temperature_matches_hf_distribution() -> None:
 
 
 # ---- penalties ---------------------------------------------------------------------------------
+
 
 def test_repetition_penalty_hand_computed_and_hf() -> None:
     logits = np.array([2.0, -1.0, 0.5, -3.0, 4.0, 0.0], dtype=np.float32)
@@ -243,6 +250,7 @@ def test_penalty_order_bias_then_repetition_then_presence() -> None:
 
 # ---- logit bias and allowed mask -------------------------------------------------------------
 
+
 def test_logit_bias_steers_and_bans() -> None:
     params = SamplingParams(logit_bias={0: 100.0})
     assert set(_draws(SMALL, params, 100)) == {0}
@@ -283,6 +291,7 @@ def test_never_samples_a_masked_token_when_only_one_survives() -> None:
 
 # ---- seeds -------------------------------------------------------------------------------------
 
+
 def _run(params: SamplingParams, steps: int = 50, index: int = 0) -> list[int]:
     rng = np.random.default_rng(99)
     rows = (rng.normal(size=(steps, 32)) * 2).astype(np.float32)
@@ -300,8 +309,7 @@ def test_same_seed_same_tokens_different_seed_different() -> None:
     first = _run(params)
     assert first == _run(params)
     assert first != _run(SamplingParams(seed=43, repetition_penalty=1.1, top_p=0.95))
-    assert _run(params, index=1) == _run(SamplingParams(seed=43, repetition_penalty=1.1,
-                                                        top_p=0.95))
+    assert _run(params, index=1) == _run(SamplingParams(seed=43, repetition_penalty=1.1, top_p=0.95))
 
 
 def test_seeded_draw_is_pcg64_of_seed_and_position() -> None:
@@ -331,10 +339,10 @@ def test_unseeded_states_differ() -> None:
 
 # ---- logprobs ----------------------------------------------------------------------------------
 
+
 def test_logprobs_are_raw_log_softmax() -> None:
     logits = (np.random.default_rng(4).normal(size=500) * 4).astype(np.float32)
-    params = SamplingParams(logprobs=5, temperature=0.5, repetition_penalty=1.5,
-                            logit_bias={0: 50.0})
+    params = SamplingParams(logprobs=5, temperature=0.5, repetition_penalty=1.5, logit_bias={0: 50.0})
     state = _state(params, prompt=list(range(100)))
     result = sample(logits, params, state)
     expected = torch.log_softmax(torch.from_numpy(logits).double(), dim=-1).numpy()
@@ -342,8 +350,7 @@ def test_logprobs_are_raw_log_softmax() -> None:
     assert result.token_id == 0  # the bias won, but the reported logprob is the raw one
     best = np.argsort(-expected, kind="stable")[:5]
     assert [t for t, _ in result.top_logprobs] == best.tolist()
-    np.testing.assert_allclose([lp for _, lp in result.top_logprobs], expected[best],
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose([lp for _, lp in result.top_logprobs], expected[best], rtol=0, atol=1e-6)
     np.testing.assert_allclose(raw_logprobs(logits), expected, rtol=0, atol=1e-12)
     lse = logsumexp(logits)
     assert token_logprob(logits[7], lse) == float(np.float32(expected[7]))
@@ -362,6 +369,7 @@ def test_top_logprobs_ties_by_lower_id_and_counts() -> None:
 
 
 # ---- bad rows ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_nan_or_posinf_row_is_a_bug(bad: float) -> None:

@@ -1,4 +1,5 @@
 """StopChecker: token stops, stop strings across token boundaries, trimming, holdback, length."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,7 @@ from agentkv.runtime.stop import RUNNING, StopChecker, StopDecision
 EOS = 2
 
 
-def _feed(checker: StopChecker, pieces: list[str], token_ids: list[int] | None = None
-          ) -> tuple[str, StopDecision, int]:
+def _feed(checker: StopChecker, pieces: list[str], token_ids: list[int] | None = None) -> tuple[str, StopDecision, int]:
     """Feed text pieces one token at a time; return (text, first finishing decision, step)."""
     text = ""
     for step, piece in enumerate(pieces):
@@ -32,8 +32,7 @@ def test_running_until_max_tokens_then_length() -> None:
 
 
 def test_eos_stops_unless_ignore_eos() -> None:
-    assert StopChecker(SamplingParams(), {EOS, 7}).check(7, "x", "x") == \
-        StopDecision(True, "stop", None, 7)
+    assert StopChecker(SamplingParams(), {EOS, 7}).check(7, "x", "x") == StopDecision(True, "stop", None, 7)
     ignoring = StopChecker(SamplingParams(ignore_eos=True, max_tokens=5), {EOS})
     assert ignoring.check(EOS, "x", "x") == RUNNING
 
@@ -97,10 +96,19 @@ def test_text_must_include_new_text() -> None:
         checker.check(5, "abc", "zz")
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("", 0), ("hello", 0), ("hello <", 1), ("hello </to", 4), ("hello </tool", 6),
-    ("hello </tool>", 0), ("x\n", 1), ("<</", 2),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", 0),
+        ("hello", 0),
+        ("hello <", 1),
+        ("hello </to", 4),
+        ("hello </tool", 6),
+        ("hello </tool>", 0),
+        ("x\n", 1),
+        ("<</", 2),
+    ],
+)
 def test_holdback_len(text: str, expected: int) -> None:
     checker = StopChecker(SamplingParams(stop=("</tool>", "\n\n")), {EOS})
     assert checker.holdback_len(text) == expected
@@ -128,13 +136,13 @@ def test_streamed_deltas_never_show_a_partial_stop_string(pieces: list[str]) -> 
         text2 += piece
         d = streamer.check(1, text2, piece)
         if d.finished:
-            sent += text2[len(sent): d.trim_text_to]
+            sent += text2[len(sent) : d.trim_text_to]
             break
         visible = len(text2) - streamer.holdback_len(text2)
         assert visible >= len(sent)
-        sent += text2[len(sent): visible]
+        sent += text2[len(sent) : visible]
     else:
-        sent += text2[len(sent):]
+        sent += text2[len(sent) :]
     expected = text if not decision.finished else text[: decision.trim_text_to]
     assert sent == expected
     whole = "".join(pieces)

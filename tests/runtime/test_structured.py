@@ -1,5 +1,6 @@
 """Grammar constraints with the real SmolLM2 tokenizer: masks admit exactly the grammar's
 continuations, padded ids and special tokens are never allowed, and a grammar ends itself."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,12 @@ from agentkv.formats.tokenizer import load_tokenizer
 from agentkv.runtime.structured import ConstraintFactory, tool_call_schema
 
 PAD = 64  # model logits wider than the vocabulary, as padded embeddings are
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-          "required": ["city", "days"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}
 
 
@@ -41,7 +46,7 @@ def test_schema_mask_shape_and_forbidden_ids(factory, tokenizer):
     constraint = factory.json_schema(SCHEMA)
     mask = constraint.allowed_mask()
     assert mask.dtype == bool and mask.shape == (tokenizer.vocab_size + PAD,)
-    assert not mask[tokenizer.vocab_size:].any()
+    assert not mask[tokenizer.vocab_size :].any()
     assert not mask[sorted(tokenizer.special_ids)].any()
     assert {tokenizer.id_to_token(i) for i in np.flatnonzero(mask)} == {"{", '{"'}
 
@@ -99,11 +104,17 @@ def test_tool_call_schema_single_and_many():
     assert len(tool_call_schema([TOOL, TOOL])["anyOf"]) == 2
 
 
-@pytest.mark.parametrize("schema", [
-    {"anyOf": []}, {"enum": []}, False, {"oneOf": [{"enum": []}, {"anyOf": []}]},
-    {"type": "object", "properties": {"a": {"anyOf": []}}, "required": ["a"]},
-    {"allOf": [{"type": "string"}, {"anyOf": []}]},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"anyOf": []},
+        {"enum": []},
+        False,
+        {"oneOf": [{"enum": []}, {"anyOf": []}]},
+        {"type": "object", "properties": {"a": {"anyOf": []}}, "required": ["a"]},
+        {"allOf": [{"type": "string"}, {"anyOf": []}]},
+    ],
+)
 def test_schema_that_admits_nothing_is_refused_when_built(factory, schema):
     with pytest.raises(ValueError, match="admits no JSON value"):
         factory.json_schema(schema)
@@ -117,7 +128,11 @@ def test_tool_whose_parameters_admit_nothing_is_refused(factory):
 
 def test_satisfiable_schemas_with_empty_parts_still_compile(factory):
     # An optional property that can never be present, and `false` as additionalProperties.
-    schema = {"type": "object", "properties": {"a": {"anyOf": []}, "b": {"type": "integer"}},
-              "required": ["b"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"anyOf": []}, "b": {"type": "integer"}},
+        "required": ["b"],
+        "additionalProperties": False,
+    }
     assert factory.json_schema(schema).allowed_mask().any()
     assert factory.json_schema({"anyOf": [{"anyOf": []}, {"type": "integer"}]}).allowed_mask().any()

@@ -2,6 +2,7 @@
 restarted engine serves a transcript from disk with logits bit-identical to an engine with no
 cache at all; a kill -9 mid-write, a corrupted file and a changed fingerprint never change an
 answer; a working set five times the RAM pool still hits from disk within both budgets."""
+
 from __future__ import annotations
 
 import os
@@ -36,10 +37,17 @@ def transcript(seed: int, num_tokens: int) -> list[int]:
 
 
 def engine(model: str, disk_dir=None, num_blocks: int = 64, **cache) -> Engine:
-    config = EngineConfig(model=model, cache=CacheConfig(
-        block_size=BS, num_blocks=num_blocks, disk_dir=None if disk_dir is None else str(disk_dir),
-        enable_prefix_cache=cache.pop("enable_prefix_cache", True), **cache),
-        scheduler=SchedulerConfig(max_num_batched_tokens=128))
+    config = EngineConfig(
+        model=model,
+        cache=CacheConfig(
+            block_size=BS,
+            num_blocks=num_blocks,
+            disk_dir=None if disk_dir is None else str(disk_dir),
+            enable_prefix_cache=cache.pop("enable_prefix_cache", True),
+            **cache,
+        ),
+        scheduler=SchedulerConfig(max_num_batched_tokens=128),
+    )
     e = Engine(config)
     e.record_logits = True
     return e
@@ -168,8 +176,9 @@ WRITER = textwrap.dedent("""
 
 
 def test_kill_9_during_heavy_writing_then_restart_is_exact(qwen2_dir, cold, tmp_path):  # noqa: F811
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, qwen2_dir, str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, qwen2_dir, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 120

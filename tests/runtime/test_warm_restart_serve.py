@@ -1,5 +1,6 @@
 """Warm restarts across processes: a real `agentkv serve` over HTTP stopped with SIGTERM and
 restarted on the same --kv-cache-dir, and a forced other ISA that must reuse nothing."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ def free_port() -> int:
 
 
 def post(port: int, body: dict) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=300) as resp:
         return json.loads(resp.read())
 
@@ -40,10 +42,26 @@ class Server:
 
     def __init__(self, model: str, *flags: str) -> None:
         self.port = free_port()
-        self.proc = subprocess.Popen([*AGENTKV, "serve", model, "--port", str(self.port),
-                                      "--block-size", "16", "--kv-cache-blocks", "64",
-                                      "--served-model-name", "tiny", *flags],
-                                     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [
+                *AGENTKV,
+                "serve",
+                model,
+                "--port",
+                str(self.port),
+                "--block-size",
+                "16",
+                "--kv-cache-blocks",
+                "64",
+                "--served-model-name",
+                "tiny",
+                *flags,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             try:
@@ -64,12 +82,14 @@ class Server:
 
 
 def completion(port: int, prompt: list[int]) -> tuple[int, list]:
-    out = post(port, {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0,
-                      "logprobs": 5})
+    out = post(port, {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 5})
     choice = out["choices"][0]
     details = out["usage"].get("prompt_tokens_details") or {}
-    return details.get("cached_tokens", 0), [choice["logprobs"]["token_logprobs"],
-                                             choice["logprobs"]["top_logprobs"], choice["text"]]
+    return details.get("cached_tokens", 0), [
+        choice["logprobs"]["token_logprobs"],
+        choice["logprobs"]["top_logprobs"],
+        choice["text"],
+    ]
 
 
 def test_served_warm_restart_is_exact(qwen2_dir, tmp_path):  # noqa: F811
@@ -117,8 +137,14 @@ def test_another_isa_reuses_nothing(qwen2_dir, tmp_path):  # noqa: F811
 
     def probe(isa: str) -> list[str]:
         env = {**os.environ, "AGENTKV_CPU_ISA": isa}
-        done = subprocess.run([sys.executable, "-c", PROBE, qwen2_dir, str(tmp_path)], cwd=ROOT,
-                              env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE, qwen2_dir, str(tmp_path)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.split()
 

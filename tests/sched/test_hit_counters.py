@@ -1,5 +1,6 @@
 """Prefix-cache hit counters count a hit once, when the request is admitted, however many
 steps its admission had to wait for blocks."""
+
 from tests.sched.test_scheduler import assert_idle_and_empty, drain, make, seq, step
 
 A = list(range(1, 9))  # 8 tokens: two full blocks of 4

@@ -6,6 +6,7 @@ through the block table (what attention would see). The next token is a pure fun
 the context, so any stale or misplaced KV, and any recompute that changes the context,
 shows up as a wrong read or a different output.
 """
+
 from collections import defaultdict
 
 import pytest
@@ -22,7 +23,7 @@ def expected_output(prompt, max_tokens):
     ids = list(prompt)
     for _ in range(max_tokens):
         ids.append(next_token(ids))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 class FakeModel:
@@ -39,9 +40,9 @@ class FakeModel:
                 continue  # finished or aborted after schedule(): the runner skips it
             ids, table = chunk.seq.all_ids, chunk.seq.block_table
             for p in range(chunk.start):
-                assert self.kv[table[p // self.bs]].get(p % self.bs) == tuple(ids[:p + 1])
+                assert self.kv[table[p // self.bs]].get(p % self.bs) == tuple(ids[: p + 1])
             for p in range(chunk.start, chunk.start + chunk.num_tokens):
-                self.kv[table[p // self.bs]][p % self.bs] = tuple(ids[:p + 1])
+                self.kv[table[p // self.bs]][p % self.bs] = tuple(ids[: p + 1])
             if chunk.samples:
                 sampled[chunk.seq.seq_id] = next_token(ids)
         return sampled

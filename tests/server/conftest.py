@@ -1,11 +1,13 @@
 """Live servers for the API tests: uvicorn in a background thread on a free 127.0.0.1 port,
 driven over real HTTP. One smollm2 engine is shared by every server in the session."""
+
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import httpx
 import openai
@@ -67,14 +69,14 @@ def smollm2_server(smollm2_engine) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="session")
 def keyed_server(smollm2_engine) -> Iterator[LiveServer]:
-    yield from serve(create_app(smollm2_engine, api_key=API_KEY, served_model_name="smollm2"),
-                     smollm2_engine)
+    yield from serve(create_app(smollm2_engine, api_key=API_KEY, served_model_name="smollm2"), smollm2_engine)
 
 
 @pytest.fixture(scope="session")
 def strict_server(smollm2_engine) -> Iterator[LiveServer]:
-    yield from serve(create_app(smollm2_engine, served_model_name="smollm2",
-                                strict_request_fields=True), smollm2_engine)
+    yield from serve(
+        create_app(smollm2_engine, served_model_name="smollm2", strict_request_fields=True), smollm2_engine
+    )
 
 
 @pytest.fixture(scope="session")
@@ -84,8 +86,9 @@ def minilm_server() -> Iterator[LiveServer]:
 
 
 def make_client(server: LiveServer, api_key: str = "unused") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=api_key, max_retries=0,
-                         timeout=300, _strict_response_validation=True)
+    return openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key=api_key, max_retries=0, timeout=300, _strict_response_validation=True
+    )
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +105,9 @@ def http(smollm2_server) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="session")
 def server_tools() -> Any:
     """The helpers, for tests that start their own server or client."""
+
     class Tools:
         start = staticmethod(start_server)
         client = staticmethod(make_client)
+
     return Tools

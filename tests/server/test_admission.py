@@ -2,6 +2,7 @@
 OpenAI's rate_limit_error shape with Retry-After (the openai client retries it by itself); a
 stream answers at once, sends keep-alives while it waits, and a client that leaves while
 still queued costs no prefill."""
+
 from __future__ import annotations
 
 import threading
@@ -20,16 +21,28 @@ from tests.server.conftest import LiveServer, serve
 pytestmark = pytest.mark.slow
 
 NO_EOS = {"0": -100, "2": -100}  # smollm2's EOS ids: the answer runs to max_tokens
-LONG = {"model": "smollm2", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 400,
-        "temperature": 0, "logit_bias": NO_EOS, "stream": True}
+LONG = {
+    "model": "smollm2",
+    "prompt": [1, 2, 3, 4, 5, 6, 7, 8],
+    "max_tokens": 400,
+    "temperature": 0,
+    "logit_bias": NO_EOS,
+    "stream": True,
+}
 
 
 @pytest.fixture(scope="module")
 def one_slot() -> Iterator[LiveServer]:
     """max_num_seqs=1 and max_queued_requests=1; no prefix cache, so every prompt token a
     request gets is computed (and counted) by the engine."""
-    engine = AsyncEngine.from_model("smollm2", max_model_len=1024, kv_cache_blocks=128,
-                                    max_num_seqs=1, max_queued_requests=1, enable_prefix_cache=False)
+    engine = AsyncEngine.from_model(
+        "smollm2",
+        max_model_len=1024,
+        kv_cache_blocks=128,
+        max_num_seqs=1,
+        max_queued_requests=1,
+        enable_prefix_cache=False,
+    )
     app = create_app(engine, served_model_name="smollm2", limits=ServerLimits(sse_keepalive_s=0.2))
     yield from serve(app, engine)
 
@@ -53,22 +66,28 @@ def test_beyond_the_queue_a_429_that_the_client_retries(one_slot):
     settle(engine)
     chat = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with httpx.Client(base_url=one_slot.base_url, timeout=60) as c:
-        with c.stream("POST", "/v1/completions", json=LONG) as running, \
-                c.stream("POST", "/v1/completions", json=LONG) as queued:
+        with (
+            c.stream("POST", "/v1/completions", json=LONG) as running,
+            c.stream("POST", "/v1/completions", json=LONG) as queued,
+        ):
             assert running.status_code == 200 and queued.status_code == 200
             r = c.post("/v1/chat/completions", json=chat)
             assert r.status_code == 429 and r.headers["retry-after"] == "1"
             assert r.json()["error"]["type"] == "rate_limit_error"
             with pytest.raises(openai.RateLimitError):
-                openai.OpenAI(base_url=f"{one_slot.base_url}/v1", api_key="x",
-                              max_retries=0).chat.completions.create(**chat)
+                openai.OpenAI(base_url=f"{one_slot.base_url}/v1", api_key="x", max_retries=0).chat.completions.create(
+                    **chat
+                )
             statuses: list[int] = []
             hooks = {"response": [lambda resp: statuses.append(resp.status_code)]}
-            retrying = openai.OpenAI(base_url=f"{one_slot.base_url}/v1", api_key="x", max_retries=8,
-                                     http_client=httpx.Client(event_hooks=hooks, timeout=120))
+            retrying = openai.OpenAI(
+                base_url=f"{one_slot.base_url}/v1",
+                api_key="x",
+                max_retries=8,
+                http_client=httpx.Client(event_hooks=hooks, timeout=120),
+            )
             result: list = []
-            worker = threading.Thread(target=lambda: result.append(
-                retrying.chat.completions.create(**chat)))
+            worker = threading.Thread(target=lambda: result.append(retrying.chat.completions.create(**chat)))
             worker.start()
             wait_for(lambda: 429 in statuses, "the retrying client saw no 429")
         # both streams closed: their slots free, the client's next retry gets in
@@ -80,10 +99,11 @@ def test_beyond_the_queue_a_429_that_the_client_retries(one_slot):
 def test_a_stream_answers_at_once_and_keeps_alive_while_queued(one_slot):
     engine = one_slot.engine
     settle(engine)
-    chat = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-            "stream": True}
-    with httpx.Client(base_url=one_slot.base_url, timeout=60) as c, \
-            c.stream("POST", "/v1/completions", json=LONG) as running:
+    chat = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+    with (
+        httpx.Client(base_url=one_slot.base_url, timeout=60) as c,
+        c.stream("POST", "/v1/completions", json=LONG) as running,
+    ):
         wait_for(lambda: engine.stats().num_running == 1, "the first request never ran")
         with c.stream("POST", "/v1/chat/completions", json=chat) as waiting:
             lines = waiting.iter_lines()
@@ -99,8 +119,10 @@ def test_a_client_that_leaves_while_queued_costs_no_prefill(one_slot):
     settle(engine)
     before = engine.stats()
     queued_prompt = list(range(100, 400))  # 300 tokens: their prefill would show
-    with httpx.Client(base_url=one_slot.base_url, timeout=60) as c, \
-            c.stream("POST", "/v1/completions", json=LONG) as running:
+    with (
+        httpx.Client(base_url=one_slot.base_url, timeout=60) as c,
+        c.stream("POST", "/v1/completions", json=LONG) as running,
+    ):
         wait_for(lambda: engine.stats().num_running == 1, "the first request never ran")
         with c.stream("POST", "/v1/completions", json={**LONG, "prompt": queued_prompt}) as queued:
             assert queued.status_code == 200

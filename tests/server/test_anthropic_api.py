@@ -2,6 +2,7 @@
 a full tool loop (tool_use -> tool_result -> text) whole and streamed, streamed tool input
 equal to the whole one, cache reads on the second turn, count_tokens, cache_control pins,
 Anthropic's error shapes, x-api-key."""
+
 from __future__ import annotations
 
 import anthropic
@@ -12,9 +13,16 @@ from tests.server.conftest import API_KEY
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {"name": "get_weather", "description": "Current weather for a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-                            "required": ["city"], "additionalProperties": False}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
 SYSTEM = "You are a weather assistant. Use the tools to answer."
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 # This anthropic client has no sampling arguments; the API still takes them in the body.
@@ -31,8 +39,15 @@ def claude(smollm2_server) -> anthropic.Anthropic:
 
 
 def _call(claude, stream: bool):
-    kw = dict(model="smollm2", max_tokens=48, system=SYSTEM, messages=ASK, tools=[WEATHER],
-              tool_choice={"type": "any"}, extra_body=GREEDY)
+    kw = dict(
+        model="smollm2",
+        max_tokens=48,
+        system=SYSTEM,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice={"type": "any"},
+        extra_body=GREEDY,
+    )
     if not stream:
         return claude.messages.create(**kw), 0
     num_json = 0
@@ -48,14 +63,13 @@ def test_tool_loop_whole_and_streamed(claude):
     streamed, num_json = _call(claude, stream=True)
     use = [b for b in whole.content if b.type == "tool_use"]
     assert whole.stop_reason == "tool_use" and use and use[0].name == "get_weather"
-    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] \
-        == [(b.name, b.input) for b in use]
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [(b.name, b.input) for b in use]
     assert streamed.stop_reason == "tool_use" and num_json > 1
-    second = ASK + [{"role": "assistant", "content": [b.model_dump() for b in whole.content]},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id,
-                                                  "content": "18 C and sunny"}]}]
-    kw = dict(model="smollm2", max_tokens=24, system=SYSTEM, messages=second, tools=[WEATHER],
-              extra_body=GREEDY)
+    second = ASK + [
+        {"role": "assistant", "content": [b.model_dump() for b in whole.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id, "content": "18 C and sunny"}]},
+    ]
+    kw = dict(model="smollm2", max_tokens=24, system=SYSTEM, messages=second, tools=[WEATHER], extra_body=GREEDY)
     final = claude.messages.create(**kw)
     assert final.stop_reason in ("end_turn", "max_tokens")
     assert [b.type for b in final.content] == ["text"] and final.content[0].text
@@ -77,23 +91,36 @@ def test_count_tokens_equals_the_request_usage(claude):
 
 
 def test_stop_sequences_and_plain_text(claude):
-    r = claude.messages.create(model="smollm2", max_tokens=32, messages=[
-        {"role": "user", "content": "Count: one, two, three, four, five"}], extra_body=GREEDY)
+    r = claude.messages.create(
+        model="smollm2",
+        max_tokens=32,
+        messages=[{"role": "user", "content": "Count: one, two, three, four, five"}],
+        extra_body=GREEDY,
+    )
     words = r.content[0].text.split()
     assert r.content[0].type == "text" and len(words) > 1
-    cut = claude.messages.create(model="smollm2", max_tokens=32, extra_body=GREEDY, stop_sequences=[words[1]],
-                                 messages=[{"role": "user", "content": "Count: one, two, three, four, five"}])
+    cut = claude.messages.create(
+        model="smollm2",
+        max_tokens=32,
+        extra_body=GREEDY,
+        stop_sequences=[words[1]],
+        messages=[{"role": "user", "content": "Count: one, two, three, four, five"}],
+    )
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == words[1]
-    assert cut.content[0].text == r.content[0].text[:r.content[0].text.index(words[1])]
+    assert cut.content[0].text == r.content[0].text[: r.content[0].text.index(words[1])]
 
 
 def test_cache_control_pins_the_prefix(claude, smollm2_engine):
-    system = [{"type": "text", "text": "You are a careful pinning test assistant. " * 8,
-               "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    system = [
+        {
+            "type": "text",
+            "text": "You are a careful pinning test assistant. " * 8,
+            "cache_control": {"type": "ephemeral", "ttl": "1h"},
+        }
+    ]
     cache = smollm2_engine.engine.cache
     before = cache.num_pins
-    r = claude.messages.create(model="smollm2", max_tokens=2, system=system, messages=ASK,
-                               extra_body=GREEDY)
+    r = claude.messages.create(model="smollm2", max_tokens=2, system=system, messages=ASK, extra_body=GREEDY)
     assert cache.num_pins == before + 1
     assert r.usage.cache_creation_input_tokens + r.usage.cache_read_input_tokens > 0
     control = claude.messages.create(model="smollm2", max_tokens=2, messages=ASK, extra_body=GREEDY)
@@ -109,12 +136,25 @@ def test_errors_in_anthropic_shape(claude, http):
     assert r.status_code == 400 and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error" and "max_tokens" in body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError) as bad:
-        claude.messages.create(model="smollm2", max_tokens=4, messages=[
-            {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}])
+        claude.messages.create(
+            model="smollm2",
+            max_tokens=4,
+            messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}],
+        )
     assert "'image'" in bad.value.body["error"]["message"]
-    ttl = http.post("/v1/messages", json={"model": "smollm2", "max_tokens": 2, "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "hi",
-                                      "cache_control": {"type": "ephemeral", "ttl": "2d"}}]}]})
+    ttl = http.post(
+        "/v1/messages",
+        json={
+            "model": "smollm2",
+            "max_tokens": 2,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral", "ttl": "2d"}}],
+                }
+            ],
+        },
+    )
     assert ttl.status_code == 400 and "ttl='2d'" in ttl.json()["error"]["message"]
     # Control: the OpenAI routes keep OpenAI's shape.
     openai_shape = http.post("/v1/chat/completions", json={"model": "smollm2"}).json()
@@ -127,7 +167,10 @@ def test_x_api_key(keyed_server):
     with pytest.raises(anthropic.AuthenticationError) as err:
         make(keyed_server, "wrong").messages.create(model="smollm2", max_tokens=2, messages=ASK)
     assert err.value.body["error"]["type"] == "authentication_error"
-    r = httpx.post(f"{keyed_server.base_url}/v1/messages", timeout=300,
-                   headers={"x-api-key": API_KEY, "anthropic-version": "2023-06-01"},
-                   json={"model": "smollm2", "max_tokens": 2, "messages": ASK})
+    r = httpx.post(
+        f"{keyed_server.base_url}/v1/messages",
+        timeout=300,
+        headers={"x-api-key": API_KEY, "anthropic-version": "2023-06-01"},
+        json={"model": "smollm2", "max_tokens": 2, "messages": ASK},
+    )
     assert r.status_code == 200 and r.json()["usage"]["input_tokens"] >= 0

@@ -1,4 +1,5 @@
 """/v1/chat/completions over real HTTP with the official openai client (strict validation)."""
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,31 @@ import pytest
 pytestmark = pytest.mark.slow
 
 HI = [{"role": "user", "content": "Say hi"}]
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-                   "required": ["city"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}},
-                                       "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 8}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def test_plain_chat(client):
@@ -30,8 +49,16 @@ def test_plain_chat(client):
 
 def test_stream_matches_non_stream_at_temperature_0(client):
     whole = client.chat.completions.create(model="smollm2", messages=HI, max_tokens=8, temperature=0)
-    chunks = list(client.chat.completions.create(model="smollm2", messages=HI, max_tokens=8, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2",
+            messages=HI,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -40,8 +67,9 @@ def test_stream_matches_non_stream_at_temperature_0(client):
 
 
 def test_n2_logprobs(client):
-    r = client.chat.completions.create(model="smollm2", messages=HI, max_tokens=4, n=2, temperature=0,
-                                       logprobs=True, top_logprobs=2)
+    r = client.chat.completions.create(
+        model="smollm2", messages=HI, max_tokens=4, n=2, temperature=0, logprobs=True, top_logprobs=2
+    )
     assert [c.index for c in r.choices] == [0, 1]
     assert r.choices[0].message.content == r.choices[1].message.content  # greedy
     entries = r.choices[0].logprobs.content
@@ -56,12 +84,17 @@ def test_stop_string(client):
     cut = text.strip()[3:5]
     r = client.chat.completions.create(model="smollm2", messages=HI, max_tokens=8, temperature=0, stop=[cut])
     assert r.choices[0].finish_reason == "stop"
-    assert r.choices[0].message.content == text[:text.index(cut)]
+    assert r.choices[0].message.content == text[: text.index(cut)]
 
 
 def test_seed_reproducible(client):
-    kw = dict(model="smollm2", messages=[{"role": "user", "content": "Name a colour"}], max_tokens=6,
-              temperature=1.0, seed=1234)
+    kw = dict(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Name a colour"}],
+        max_tokens=6,
+        temperature=1.0,
+        seed=1234,
+    )
     a, b = client.chat.completions.create(**kw), client.chat.completions.create(**kw)
     assert a.choices[0].message.content == b.choices[0].message.content
 
@@ -73,33 +106,44 @@ def test_extending_a_conversation_hits_the_cache(client, http):
                 return float(line.split()[-1])
         raise AssertionError("no prefix-cache metric")
 
-    msgs = [{"role": "system", "content": "You are a terse assistant for the cache test."},
-            {"role": "user", "content": "Count to three."}]
+    msgs = [
+        {"role": "system", "content": "You are a terse assistant for the cache test."},
+        {"role": "user", "content": "Count to three."},
+    ]
     first = client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=4, temperature=0)
     before = hit_tokens()
-    msgs += [{"role": "assistant", "content": first.choices[0].message.content},
-             {"role": "user", "content": "Again."}]
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "Again."}]
     second = client.chat.completions.create(model="smollm2", messages=msgs, max_tokens=4, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens > 0
     assert hit_tokens() > before
 
 
 def test_json_schema_output_validates(client):
-    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 10},
-                                               "count": {"type": "integer"}},
-              "required": ["colour", "count"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string", "maxLength": 10}, "count": {"type": "integer"}},
+        "required": ["colour", "count"],
+        "additionalProperties": False,
+    }
     r = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Give a colour and a count as JSON."}],
-        max_tokens=40, temperature=0,
-        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+        model="smollm2",
+        messages=[{"role": "user", "content": "Give a colour and a count as JSON."}],
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
     assert r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
 
 
 def test_json_object(client):
     r = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Reply with a JSON object."}],
-        max_tokens=30, temperature=0, response_format={"type": "json_object"})
+        model="smollm2",
+        messages=[{"role": "user", "content": "Reply with a JSON object."}],
+        max_tokens=30,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].message.content), dict)
     else:
@@ -114,8 +158,13 @@ def _check_call(call, tool):
 
 def test_tool_choice_required(client):
     r = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[WEATHER, TIME], tool_choice="required", max_tokens=48, temperature=0)
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=48,
+        temperature=0,
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
     call = choice.message.tool_calls[0]
@@ -124,9 +173,14 @@ def test_tool_choice_required(client):
 
 def test_named_tool_choice_streamed(client):
     stream = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "What time is it in UTC?"}],
-        tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}},
-        max_tokens=48, temperature=0, stream=True)
+        model="smollm2",
+        messages=[{"role": "user", "content": "What time is it in UTC?"}],
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=48,
+        temperature=0,
+        stream=True,
+    )
     calls, reasons = {}, []
     for chunk in stream:
         for delta in chunk.choices[0].delta.tool_calls or []:
@@ -141,12 +195,14 @@ def test_named_tool_choice_streamed(client):
 
 def test_full_tool_loop(client):
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
-    first = client.chat.completions.create(model="smollm2", messages=msgs, tools=[WEATHER],
-                                           tool_choice="required", max_tokens=48, temperature=0)
+    first = client.chat.completions.create(
+        model="smollm2", messages=msgs, tools=[WEATHER], tool_choice="required", max_tokens=48, temperature=0
+    )
     call = first.choices[0].message.tool_calls[0]
     msgs.append(first.choices[0].message.model_dump(exclude_none=True))
     msgs.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "sunny", "c": 21})})
-    answer = client.chat.completions.create(model="smollm2", messages=msgs, tools=[WEATHER],
-                                            tool_choice="none", max_tokens=12, temperature=0)
+    answer = client.chat.completions.create(
+        model="smollm2", messages=msgs, tools=[WEATHER], tool_choice="none", max_tokens=12, temperature=0
+    )
     assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
     assert answer.usage.prompt_tokens_details.cached_tokens > 0

@@ -1,9 +1,10 @@
 """Chat leftovers over real HTTP: reasoning_content from a `<think>` template (message and
 stream deltas), special tokens kept for the tool-call parser, min_tokens, generation-config
 defaults (SmolLM2's GGUF ships none)."""
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -18,16 +19,24 @@ pytestmark = pytest.mark.slow
 
 HI = [{"role": "user", "content": "Say hi"}]
 # SmolLM2's turns, with a generation prompt that opens a <think> block (as DeepSeek-R1's does).
-THINK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+THINK_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
 def think_server(smollm2_engine) -> Iterator[LiveServer]:
-    app = create_app(smollm2_engine, served_model_name="smollm2",
-                     chat_template=ChatTemplate(THINK_TEMPLATE, origin="think-test"))
+    app = create_app(
+        smollm2_engine, served_model_name="smollm2", chat_template=ChatTemplate(THINK_TEMPLATE, origin="think-test")
+    )
     yield from serve(app, smollm2_engine)
 
 
@@ -37,8 +46,7 @@ def test_reasoning_content_in_message_and_stream(think_server):
     message = client.chat.completions.create(**kw).choices[0].message
     # The raw text of the same prompt: everything before </think> is reasoning.
     ids = httpx.post(f"{think_server.base_url}/tokenize", json={"messages": HI}).json()["tokens"]
-    text = client.completions.create(model="smollm2", prompt=ids, max_tokens=12,
-                                     temperature=0).choices[0].text
+    text = client.completions.create(model="smollm2", prompt=ids, max_tokens=12, temperature=0).choices[0].text
     reasoning, _, content = text.partition("</think>")
     assert reasoning and message.model_extra["reasoning_content"] == reasoning
     assert (message.content or "") == content
@@ -57,8 +65,7 @@ def test_default_template_has_no_reasoning(client):
 
 def test_special_tokens_reach_the_tool_parser(client, smollm2_engine):
     im_start = smollm2_engine.tokenizer.token_to_id("<|im_start|>")
-    kw = dict(model="smollm2", messages=HI, max_tokens=2, temperature=0,
-              logit_bias={str(im_start): 100})
+    kw = dict(model="smollm2", messages=HI, max_tokens=2, temperature=0, logit_bias={str(im_start): 100})
     with_tools = client.chat.completions.create(tools=[WEATHER], tool_choice="auto", **kw)
     bare = client.chat.completions.create(**kw)
     assert with_tools.choices[0].message.content == "<|im_start|>" * 2
@@ -76,8 +83,7 @@ def test_min_tokens_holds_off_eos(client):
 
 
 def test_min_tokens_above_max_tokens_is_a_400(http):
-    r = http.post("/v1/chat/completions", json={"model": "smollm2", "messages": HI,
-                                                "max_tokens": 4, "min_tokens": 5})
+    r = http.post("/v1/chat/completions", json={"model": "smollm2", "messages": HI, "max_tokens": 4, "min_tokens": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
     assert "min_tokens=5" in r.json()["error"]["message"]
 

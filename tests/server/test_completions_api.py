@@ -1,4 +1,5 @@
 """/v1/completions: string, token-id and batched prompts; echo with prompt logprobs."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,7 @@ pytestmark = pytest.mark.slow
 def lenient(smollm2_server):
     """The openai client as users run it (no strict validation): its Logprobs type says floats,
     but it parses the null first-token logprob OpenAI itself sends; strict validation refuses."""
-    return openai.OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=300)
+    return openai.OpenAI(base_url=f"{smollm2_server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def test_echo_logprobs_scores_the_prompt(lenient, http, smollm2_engine):
@@ -26,8 +26,9 @@ def test_echo_logprobs_scores_the_prompt(lenient, http, smollm2_engine):
     lp = choice.logprobs
     assert len(lp.tokens) == len(ids) and "".join(lp.tokens) == prompt
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # no context: no logprob
-    raw = http.post("/v1/completions", json={"model": "smollm2", "prompt": prompt, "max_tokens": 0,
-                                             "echo": True, "logprobs": 1}).json()
+    raw = http.post(
+        "/v1/completions", json={"model": "smollm2", "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}
+    ).json()
     assert raw["choices"][0]["logprobs"]["token_logprobs"][0] is None  # JSON null on the wire
     assert all(x < 0 for x in lp.token_logprobs[1:])
     assert lp.text_offset[0] == 0 and lp.text_offset[-1] == len(prompt) - len(lp.tokens[-1])
@@ -35,8 +36,9 @@ def test_echo_logprobs_scores_the_prompt(lenient, http, smollm2_engine):
 
 
 def test_echo_with_generation(lenient):
-    r = lenient.completions.create(model="smollm2", prompt="One, two,", max_tokens=3, echo=True,
-                                  logprobs=2, temperature=0)
+    r = lenient.completions.create(
+        model="smollm2", prompt="One, two,", max_tokens=3, echo=True, logprobs=2, temperature=0
+    )
     choice = r.choices[0]
     assert choice.text.startswith("One, two,") and len(choice.text) > len("One, two,")
     assert len(choice.logprobs.tokens) == r.usage.prompt_tokens + r.usage.completion_tokens
@@ -59,10 +61,11 @@ def test_stream_matches_non_stream(client, http):
     # the SDK's Completion type (finish_reason required) rejects under strict validation.
     kw = dict(model="smollm2", prompt="Once upon a time", max_tokens=6, temperature=0)
     whole = client.completions.create(**kw)
-    with http.stream("POST", "/v1/completions",
-                     json={**kw, "stream": True, "stream_options": {"include_usage": True}}) as r:
+    with http.stream(
+        "POST", "/v1/completions", json={**kw, "stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
-        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["object"] == "text_completion" for c in chunks)

@@ -1,4 +1,5 @@
 """Every client mistake is an OpenAI-shaped 4xx (never a 500), and the server keeps serving."""
+
 from __future__ import annotations
 
 import time
@@ -29,39 +30,55 @@ def chat(http, **body) -> httpx.Response:
 
 
 def test_malformed_json(http):
-    r = http.post("/v1/chat/completions", content=b'{"model": "smollm2", "messages": [', 
-                  headers={"content-type": "application/json"})
+    r = http.post(
+        "/v1/chat/completions",
+        content=b'{"model": "smollm2", "messages": [',
+        headers={"content-type": "application/json"},
+    )
     assert "JSON" in check(r, 400)["message"]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"temperature": "hot"}, "temperature"),
-    ({"max_tokens": "5"}, "max_tokens"),
-    ({"messages": "hi"}, "messages"),
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
-    ({"response_format": {"type": "xml"}}, "response_format.type"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ],
+)
 def test_wrong_types_and_unknown_fields(http, body, param):
     check(chat(http, **body), 400, param)
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"top_p": 2.0}, "top_p"),
-    ({"temperature": -1}, "temperature"),
-    ({"presence_penalty": 5}, "presence_penalty"),
-    ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
-    ({"top_logprobs": 2}, "top_logprobs"),
-    ({"n": 0}, "n"),
-    ({"max_tokens": -1}, "max_tokens"),
-    ({"logit_bias": {"99999999": 1}}, None),
-    ({"tool_choice": {"type": "function", "function": {"name": "nope"}},
-      "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages.0.content.0"),
-    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"top_p": 2.0}, "top_p"),
+        ({"temperature": -1}, "temperature"),
+        ({"presence_penalty": 5}, "presence_penalty"),
+        ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"logit_bias": {"99999999": 1}}, None),
+        (
+            {
+                "tool_choice": {"type": "function", "function": {"name": "nope"}},
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages.0.content.0",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ],
+)
 def test_out_of_range(http, body, param):
     err = check(chat(http, **body), 400)
     if param is not None:
@@ -114,8 +131,7 @@ def test_errors_are_counted_and_the_server_still_serves(client, http):
 def uncached_server(server_tools):
     """Prefix cache off: every block a request held must be free once it ends, so 'returned to
     the pool' is an exact count (with the cache on, finished blocks stay cached, counted used)."""
-    engine = AsyncEngine.from_model("smollm2", max_model_len=1024, kv_cache_blocks=128,
-                                    enable_prefix_cache=False)
+    engine = AsyncEngine.from_model("smollm2", max_model_len=1024, kv_cache_blocks=128, enable_prefix_cache=False)
     server, base = server_tools.start(create_app(engine, served_model_name="smollm2"))
     yield base, engine
     server.should_exit = True
@@ -135,8 +151,13 @@ def test_disconnect_mid_stream_frees_kv(uncached_server):
 
     before = settled()
     assert before.kv_blocks_used == 0
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
-            "max_tokens": 400, "temperature": 0, "stream": True}
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
     with httpx.Client(base_url=base, timeout=60) as c:
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
             lines = r.iter_lines()
@@ -157,8 +178,13 @@ def test_disconnect_during_non_streaming_request_frees_kv(uncached_server):
         time.sleep(0.05)
     generated_before = engine.stats().generation_tokens
     # EOS (ids 0 and 2) banned, so the answer runs to 400 tokens unless the disconnect stops it
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell me a long story."}],
-            "max_tokens": 400, "temperature": 0, "logit_bias": {"0": -100, "2": -100}}
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "logit_bias": {"0": -100, "2": -100},
+    }
     with httpx.Client(base_url=base, timeout=1.0) as c:
         with pytest.raises(httpx.ReadTimeout):
             c.post("/v1/chat/completions", json=body)

@@ -2,6 +2,7 @@
 /health is 503, requests in flight and new ones get 503, and `agentkv serve` exits 1; a KV
 pool too small for an explicit --max-model-len exits 2 at start; a small pool without one
 clamps max_model_len, refuses what cannot fit with a 400 and goes on serving."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,14 @@ from tests.server.conftest import _free_port, start_server
 
 pytestmark = pytest.mark.slow
 
-LONG = {"model": "smollm2", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 400,
-        "temperature": 0, "logit_bias": {"0": -100, "2": -100}, "stream": True}
+LONG = {
+    "model": "smollm2",
+    "prompt": [1, 2, 3, 4, 5, 6, 7, 8],
+    "max_tokens": 400,
+    "temperature": 0,
+    "logit_bias": {"0": -100, "2": -100},
+    "stream": True,
+}
 
 
 def kill(engine: AsyncEngine) -> None:
@@ -74,9 +81,16 @@ def test_health_is_503_once_the_engine_died_and_requests_get_503():
 def test_serve_exits_1_after_failing_the_requests_in_flight():
     engine, port = new_engine(), _free_port()
     codes: list[int] = []
-    thread = threading.Thread(target=lambda: codes.append(serve_app(
-        lambda on_fatal: create_app(engine, served_model_name="smollm2", on_fatal=on_fatal),
-        host="127.0.0.1", port=port, log_level="warning")))
+    thread = threading.Thread(
+        target=lambda: codes.append(
+            serve_app(
+                lambda on_fatal: create_app(engine, served_model_name="smollm2", on_fatal=on_fatal),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+            )
+        )
+    )
     thread.start()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -99,9 +113,22 @@ def test_serve_exits_1_after_failing_the_requests_in_flight():
 
 def cli(*args: str, port: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", "import sys; from agentkv.cli import main; sys.exit(main())",
-         "serve", "smollm2", "--port", str(port), "--log-level", "warning", *args],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [
+            sys.executable,
+            "-c",
+            "import sys; from agentkv.cli import main; sys.exit(main())",
+            "serve",
+            "smollm2",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *args,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def test_a_pool_too_small_for_an_explicit_max_model_len_exits_2():

@@ -8,6 +8,7 @@ own knobs, never by touching the model's output: turn one is `tool_choice="requi
 parallel calls off (exactly one call); the tool is enabled until it has run (`is_enabled`),
 and the SDK's `reset_tool_choice` drops the forced choice once a tool was used, so turn two
 is decoded under the output schema alone."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,11 +42,15 @@ def _run(server, model_class: str, streamed: bool) -> tuple[object, list[str], i
 
     client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
     agent = agents.Agent(
-        name="weather", instructions="You are a weather assistant. Call get_weather, then answer.",
+        name="weather",
+        instructions="You are a weather assistant. Call get_weather, then answer.",
         tools=[agents.function_tool(get_weather, is_enabled=lambda ctx, agent: not ran)],
-        output_type=Weather, model=getattr(agents, model_class)(model="smollm2", openai_client=client),
-        model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False,
-                                            temperature=0, max_tokens=96))
+        output_type=Weather,
+        model=getattr(agents, model_class)(model="smollm2", openai_client=client),
+        model_settings=agents.ModelSettings(
+            tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=96
+        ),
+    )
 
     async def run() -> tuple[object, int]:
         if not streamed:
@@ -53,8 +58,7 @@ def _run(server, model_class: str, streamed: bool) -> tuple[object, list[str], i
         result = agents.Runner.run_streamed(agent, ASK, max_turns=4)
         num_deltas = 0
         async for ev in result.stream_events():
-            if isinstance(ev, RawResponsesStreamEvent) and \
-                    ev.data.type == "response.function_call_arguments.delta":
+            if isinstance(ev, RawResponsesStreamEvent) and ev.data.type == "response.function_call_arguments.delta":
                 num_deltas += 1
         return result, num_deltas
 

@@ -1,12 +1,12 @@
 """The `<think>` reasoning split and the shared output reader, on text alone: streamed in any
 pieces it equals the whole parse, tool calls are parsed from the content only."""
+
 from __future__ import annotations
 
 import pytest
 
 from agentkv.server.output_parser import OutputParser, OutputSpec, parse_output
-from agentkv.server.reasoning import (
-    ReasoningStreamParser, prompt_opens_thinking, split_reasoning, template_thinks)
+from agentkv.server.reasoning import ReasoningStreamParser, prompt_opens_thinking, split_reasoning, template_thinks
 from agentkv.server.tool_policy import tool_policy
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -24,9 +24,8 @@ def test_split_whole():
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 64])
 def test_stream_in_pieces_equals_whole(size):
     parser = ReasoningStreamParser()
-    pieces = [parser.feed(TEXT[i:i + size]) for i in range(0, len(TEXT), size)] + [parser.finish()]
-    assert ("".join(p.reasoning for p in pieces), "".join(p.content for p in pieces)) \
-        == split_reasoning(TEXT, False)
+    pieces = [parser.feed(TEXT[i : i + size]) for i in range(0, len(TEXT), size)] + [parser.finish()]
+    assert ("".join(p.reasoning for p in pieces), "".join(p.content for p in pieces)) == split_reasoning(TEXT, False)
     assert all("<" not in p.reasoning[-1:] for p in pieces)  # never half a tag
 
 
@@ -44,12 +43,11 @@ def test_tool_calls_come_from_content_only():
 def test_streamed_events_add_up_to_the_whole(size):
     spec = OutputSpec(tool_policy([WEATHER], "auto", True), reasoning=True)
     parser = OutputParser(spec)
-    events = [e for i in range(0, len(TEXT), size) for e in parser.feed(TEXT[i:i + size])]
+    events = [e for i in range(0, len(TEXT), size) for e in parser.feed(TEXT[i : i + size])]
     events += parser.finish()
     whole = parse_output(TEXT, spec)
     assert "".join(e.text for e in events if e.kind == "reasoning") == whole.reasoning
-    args = "".join(e.call.arguments if e.kind == "call" else e.text
-                   for e in events if e.kind in ("call", "arguments"))
+    args = "".join(e.call.arguments if e.kind == "call" else e.text for e in events if e.kind in ("call", "arguments"))
     assert args == whole.calls[0].arguments and len(parser.calls) == 1
 
 
@@ -60,4 +58,5 @@ def test_prompt_and_template_detection():
 
     class Template:
         source = "{% if thinking %}<think>{% endif %}"
+
     assert template_thinks(Template()) and not template_thinks(None)

@@ -1,6 +1,7 @@
 """POST /v1/responses through the official openai client (strict response validation):
 text, a function call, a tool loop with function_call_output and previous_response_id,
 json_schema output, whole and streamed, cached tokens, the store, and OpenAI's errors."""
+
 from __future__ import annotations
 
 import json
@@ -11,14 +12,25 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather for a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
-                          "required": ["city"], "additionalProperties": False}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
 INSTRUCTIONS = "You are a weather assistant. Use the tools to answer."
 ASK = "What is the weather in Paris?"
-CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
-                                         "country": {"type": "string", "maxLength": 16}},
-        "required": ["name", "country"], "additionalProperties": False}
+CITY = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 16}, "country": {"type": "string", "maxLength": 16}},
+    "required": ["name", "country"],
+    "additionalProperties": False,
+}
 
 
 def _stream(client, **kw):
@@ -31,9 +43,17 @@ def _stream(client, **kw):
 
 def _call_kw(**kw):
     """A forced single call (parallel calls off: the grammar allows exactly one)."""
-    return dict(model="smollm2", instructions=INSTRUCTIONS, input=ASK, tools=[WEATHER],
-                tool_choice="required", parallel_tool_calls=False, temperature=0,
-                max_output_tokens=48, **kw)
+    return dict(
+        model="smollm2",
+        instructions=INSTRUCTIONS,
+        input=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_output_tokens=48,
+        **kw,
+    )
 
 
 def test_text_whole_and_streamed(client):
@@ -44,10 +64,19 @@ def test_text_whole_and_streamed(client):
     assert whole.usage.output_tokens == 12 and whole.usage.input_tokens > 0
     events = _stream(client, **kw)
     types = [e.type for e in events]
-    assert types[:5] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added", "response.output_text.delta"]
-    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.incomplete"]
+    assert types[:5] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+    ]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == whole.output_text  # greedy: the stream says exactly what the whole answer says
@@ -71,16 +100,17 @@ def test_tool_loop_with_previous_response_id(client):
     first = client.responses.create(**_call_kw())
     call = next(i for i in first.output if i.type == "function_call")
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "18 C and sunny"}
-    kw = dict(model="smollm2", instructions=INSTRUCTIONS, tools=[WEATHER], temperature=0,
-              max_output_tokens=24)
+    kw = dict(model="smollm2", instructions=INSTRUCTIONS, tools=[WEATHER], temperature=0, max_output_tokens=24)
     second = client.responses.create(previous_response_id=first.id, input=[result], **kw)
     assert [i.type for i in second.output] == ["message"] and second.output_text
     assert second.previous_response_id == first.id
     assert second.usage.input_tokens_details.cached_tokens > 0  # the first turn's prefix, reused
     # Control: the same conversation sent whole (stateless) is the same prompt, the same answer.
-    items = [{"role": "user", "content": ASK},
-             {"type": "function_call", "call_id": call.call_id, "name": call.name,
-              "arguments": call.arguments}, result]
+    items = [
+        {"role": "user", "content": ASK},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        result,
+    ]
     stateless = client.responses.create(input=items, **kw)
     assert stateless.output_text == second.output_text
     assert stateless.usage.input_tokens == second.usage.input_tokens
@@ -90,8 +120,7 @@ def test_tool_loop_with_previous_response_id(client):
 def test_store_false_keeps_nothing(client):
     r = client.responses.create(model="smollm2", input="Hi", max_output_tokens=2, store=False)
     with pytest.raises(openai.BadRequestError) as exc:
-        client.responses.create(model="smollm2", input="Again", previous_response_id=r.id,
-                                max_output_tokens=2)
+        client.responses.create(model="smollm2", input="Again", previous_response_id=r.id, max_output_tokens=2)
     assert exc.value.code == "previous_response_not_found"
     assert exc.value.body["param"] == "previous_response_id"
     with pytest.raises(openai.NotFoundError):
@@ -105,8 +134,9 @@ def test_store_false_keeps_nothing(client):
 
 def test_json_schema_output_validates(client):
     fmt = {"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}}
-    kw = dict(model="smollm2", input="Name a city and its country as JSON.", text=fmt,
-              temperature=0, max_output_tokens=64)
+    kw = dict(
+        model="smollm2", input="Name a city and its country as JSON.", text=fmt, temperature=0, max_output_tokens=64
+    )
     r = client.responses.create(**kw)
     assert r.status == "completed"
     jsonschema.validate(json.loads(r.output_text), CITY)
@@ -115,16 +145,21 @@ def test_json_schema_output_validates(client):
     assert final.output_text == r.output_text
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
-     "input.0.content.0"),
-    ({"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]}, "input.0.call_id"),
-    ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "c"}}}, "text.format.schema"),
-    ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
-    ({"input": "x", "background": True}, "background"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+            "input.0.content.0",
+        ),
+        ({"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]}, "input.0.call_id"),
+        ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "c"}}}, "text.format.schema"),
+        ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
+        ({"input": "x", "background": True}, "background"),
+    ],
+)
 def test_errors_in_openai_shape(http, body, param):
     r = http.post("/v1/responses", json={"model": "smollm2", **body})
     assert r.status_code == 400, r.text

@@ -1,6 +1,7 @@
 """The Responses API's parts without a model: the LRU store behind previous_response_id, the
 request schema's catch-alls, input items to chat messages, and the event stream built from
 the shared output reader, validated event by event against the openai client's own types."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,7 @@ TEXT = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city"
 
 
 def _body(rid: str) -> ResponseObject:
-    return ResponseObject(id=rid, status="completed", model="m", parallel_tool_calls=True,
-                          tool_choice="auto", tools=[])
+    return ResponseObject(id=rid, status="completed", model="m", parallel_tool_calls=True, tool_choice="auto", tools=[])
 
 
 def test_store_evicts_least_recently_used():
@@ -38,7 +38,10 @@ def test_store_evicts_least_recently_used():
     with pytest.raises(APIError) as exc:
         store.previous("b")
     assert (exc.value.status, exc.value.code, exc.value.param) == (
-        400, "previous_response_not_found", "previous_response_id")
+        400,
+        "previous_response_not_found",
+        "previous_response_id",
+    )
     with pytest.raises(APIError) as exc:
         store.require("b")
     assert exc.value.status == 404
@@ -48,9 +51,9 @@ def test_store_evicts_least_recently_used():
 
 
 def test_schema_catch_alls_keep_the_type_for_a_400():
-    req = ResponsesRequest.model_validate({
-        "model": "m", "input": [{"type": "item_reference", "id": "x"}],
-        "tools": [{"type": "web_search"}]})
+    req = ResponsesRequest.model_validate(
+        {"model": "m", "input": [{"type": "item_reference", "id": "x"}], "tools": [{"type": "web_search"}]}
+    )
     assert isinstance(req.input[0], OtherItem) and req.input[0].type == "item_reference"
     assert isinstance(req.tools[0], OtherTool)
     with pytest.raises(APIError, match="'web_search'") as exc:
@@ -61,15 +64,25 @@ def test_schema_catch_alls_keep_the_type_for_a_400():
 
 
 def test_items_become_chat_messages():
-    req = ResponsesRequest.model_validate({"model": "m", "input": [
-        {"role": "user", "content": [{"type": "input_text", "text": "Weather in "},
-                                     {"type": "input_text", "text": "Paris?"}]},
-        {"type": "message", "role": "assistant",
-         "content": [{"type": "output_text", "text": "Checking."}]},
-        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
-        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
-        {"type": "reasoning", "id": "rs_1", "summary": []},
-        {"type": "function_call_output", "call_id": "c1", "output": "18 C"}]})
+    req = ResponsesRequest.model_validate(
+        {
+            "model": "m",
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "Weather in "},
+                        {"type": "input_text", "text": "Paris?"},
+                    ],
+                },
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "function_call_output", "call_id": "c1", "output": "18 C"},
+            ],
+        }
+    )
     messages = input_messages(req, [])
     assert [m.role for m in messages] == ["user", "assistant", "tool"]
     assert messages[0].content == "Weather in Paris?"
@@ -78,13 +91,15 @@ def test_items_become_chat_messages():
 
 
 def test_function_call_output_must_answer_a_call():
-    req = ResponsesRequest.model_validate({"model": "m", "input": [
-        {"type": "function_call_output", "call_id": "nope", "output": "x"}]})
+    req = ResponsesRequest.model_validate(
+        {"model": "m", "input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]}
+    )
     with pytest.raises(APIError, match="nope") as exc:
         input_messages(req, [])
     assert exc.value.param == "input.0.call_id"
-    earlier = ResponsesRequest.model_validate({"model": "m", "input": [
-        {"type": "function_call", "call_id": "nope", "name": "f", "arguments": "{}"}]})
+    earlier = ResponsesRequest.model_validate(
+        {"model": "m", "input": [{"type": "function_call", "call_id": "nope", "name": "f", "arguments": "{}"}]}
+    )
     with_history = input_messages(req, input_messages(earlier, []))
     assert with_history[0].role == "tool"  # control: a call made in an earlier turn counts
 
@@ -96,7 +111,7 @@ def test_stream_events_validate_and_add_up(step):
     items = OutputItems(write)
     frames = []
     for i in range(0, len(TEXT), step):
-        for ev in parser.feed(TEXT[i:i + step]):
+        for ev in parser.feed(TEXT[i : i + step]):
             frames += items.feed(ev)
     for ev in parser.finish():
         frames += items.feed(ev)

@@ -1,4 +1,5 @@
 """Tool-call parsing: whole completions and streamed deltas, split at every character."""
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,7 @@ def test_stream_deltas_match_whole_parse(step):
     parser = ToolCallStreamParser()
     events = []
     for i in range(0, len(text), step):
-        events += parser.feed(text[i:i + step])
+        events += parser.feed(text[i : i + step])
     events += parser.finish()
     content = "".join(e.content for e in events if e.content)
     calls = [e for e in events if e.call]
@@ -70,7 +71,7 @@ def _streamed(text, step, **kw):
     parser = ToolCallStreamParser(**kw)
     events = []
     for i in range(0, len(text), step):
-        events += parser.feed(text[i:i + step])
+        events += parser.feed(text[i : i + step])
     return events + parser.finish(), parser
 
 
@@ -80,7 +81,9 @@ def test_stream_sends_name_first_then_argument_fragments(step):
     events, parser = _streamed(text, step)
     starts = [e for e in events if e.call is not None]
     assert [(e.index, e.call.name, e.call.arguments) for e in starts] == [
-        (0, "get_weather", ""), (1, "get_weather", "")]
+        (0, "get_weather", ""),
+        (1, "get_weather", ""),
+    ]
     for index, city in ((0, "Paris"), (1, "Rome")):
         fragments = [e.arguments for e in events if e.arguments is not None and e.index == index]
         assert "".join(fragments) == json.dumps({"city": city})

@@ -1,5 +1,6 @@
 """Whole-model witnesses: the cpu backend with resident quantized weights against the
 reference backend (f32-dequantized), on the real packaged models."""
+
 from __future__ import annotations
 
 import pytest

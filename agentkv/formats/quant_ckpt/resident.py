@@ -11,6 +11,7 @@ codes in agentkv's own group-32 blocks (agentkv.formats.quants.group32); a backe
 kernel for them dequantizes that tensor to f32 at upload (and the load log says so). Only a
 tensor whose groups do not fall on 32-column blocks is f32 here already, with the reason.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -22,8 +23,7 @@ from agentkv.formats.quant_ckpt.unpack import GroupedFp8, GroupedInt
 from agentkv.formats.quants.group32 import F8G32, I4G32, I8G32
 
 BLOCK = 32
-Q4_0, Q8_0, F32 = (int(GGMLQuantizationType.Q4_0), int(GGMLQuantizationType.Q8_0),
-                   int(GGMLQuantizationType.F32))
+Q4_0, Q8_0, F32 = (int(GGMLQuantizationType.Q4_0), int(GGMLQuantizationType.Q8_0), int(GGMLQuantizationType.F32))
 
 
 class Resident(NamedTuple):

@@ -11,6 +11,7 @@ supported, so no checkpoint is ever read with a convention it does not have.
                          actorder) | float-quantized (float 8 e4m3, tensor|channel|block)
     fp8                  HF fine-grained FP8: e4m3 weights, weight_scale_inv per block
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,14 +24,17 @@ class QuantConfigError(FormatError):
     """A quantization_config field or value this loader does not implement."""
 
 
-UNSUPPORTED_METHODS = {"exl2": "EXL2 has no CPU oracle and no loader here",
-                       "bitsandbytes": "bitsandbytes checkpoints are not read here"}
+UNSUPPORTED_METHODS = {
+    "exl2": "EXL2 has no CPU oracle and no loader here",
+    "bitsandbytes": "bitsandbytes checkpoints are not read here",
+}
 
 
 def _check(where: str, field: str, value: Any, allowed: tuple) -> Any:
     if value not in allowed:
-        raise QuantConfigError(f"{where}: {field}={value!r} is not supported "
-                               f"(supported: {', '.join(repr(a) for a in allowed)})")
+        raise QuantConfigError(
+            f"{where}: {field}={value!r} is not supported (supported: {', '.join(repr(a) for a in allowed)})"
+        )
     return value
 
 
@@ -87,8 +91,9 @@ def _gptq(qc: dict[str, Any], where: str) -> IntScheme:
     fmt = _check(where, "checkpoint_format", qc.get("checkpoint_format", "gptq"), ("gptq", "gptq_v2"))
     sym = _check(where, "sym", qc.get("sym", True), (True, False))
     desc_act = _check(where, "desc_act", qc.get("desc_act", False), (True, False))
-    return IntScheme("gptq", bits, _group(where, qc.get("group_size", 128)), sym,
-                     zero_plus_one=fmt == "gptq", act_order=desc_act)
+    return IntScheme(
+        "gptq", bits, _group(where, qc.get("group_size", 128)), sym, zero_plus_one=fmt == "gptq", act_order=desc_act
+    )
 
 
 def _awq(qc: dict[str, Any], where: str) -> IntScheme:
@@ -103,7 +108,7 @@ def _compressed(qc: dict[str, Any], where: str) -> Scheme:
     groups = qc.get("config_groups") or {}
     if len(groups) != 1:
         raise QuantConfigError(f"{where}: config_groups has {len(groups)} groups; exactly one is supported")
-    (name, group), = groups.items()
+    ((name, group),) = groups.items()
     here = f"{where}: config_groups.{name}"
     _check(here, "targets", tuple(group.get("targets", ())), (("Linear",),))
     for kind in ("input_activations", "output_activations"):

@@ -17,6 +17,7 @@ p = 32 // b values per int32 word, bit slot j of a word holds bits [b*j, b*j + b
 Every family dequantizes as W[o, i] = scale[o, g(i)] * (q[o, i] - zero[o, g(i)]); here q and
 zero are the unsigned codes (the signed offsets of pack-quantized cancel in q - zero).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -78,8 +79,9 @@ def _groups(num_in: int, group_size: int | None, g_idx: np.ndarray | None, num_g
     group = np.asarray(g_idx, dtype=np.int64).reshape(-1)
     _need(f"{name}.g_idx", group, (num_in,))
     if group.min(initial=0) < 0 or group.max(initial=0) >= num_groups:
-        raise QuantTensorError(f"{name}.g_idx: values must lie in [0, {num_groups}), "
-                               f"got [{group.min()}, {group.max()}]")
+        raise QuantTensorError(
+            f"{name}.g_idx: values must lie in [0, {num_groups}), got [{group.min()}, {group.max()}]"
+        )
     return group
 
 
@@ -87,8 +89,9 @@ def _num_groups(num_in: int, group_size: int | None) -> int:
     return -(-num_in // group_size) if group_size else 1
 
 
-def unpack_gptq(name: str, qweight, qzeros, scales, g_idx, bits: int, group_size: int | None,
-                zero_plus_one: bool) -> GroupedInt:
+def unpack_gptq(
+    name: str, qweight, qzeros, scales, g_idx, bits: int, group_size: int | None, zero_plus_one: bool
+) -> GroupedInt:
     """GPTQ (AutoGPTQ / gptqmodel layout); `zero_plus_one` for the v1 checkpoint format."""
     p = 32 // bits
     num_in, num_out = qweight.shape[0] * p, qweight.shape[1]
@@ -96,14 +99,21 @@ def unpack_gptq(name: str, qweight, qzeros, scales, g_idx, bits: int, group_size
     _need(f"{name}.scales", scales, (groups, num_out))
     _need(f"{name}.qzeros", qzeros, (groups, num_out // p))
     if g_idx is None and groups != _num_groups(num_in, group_size):
-        raise QuantTensorError(f"{name}.scales: {groups} groups, group_size {group_size} over {num_in} "
-                               f"inputs gives {_num_groups(num_in, group_size)}")
+        raise QuantTensorError(
+            f"{name}.scales: {groups} groups, group_size {group_size} over {num_in} "
+            f"inputs gives {_num_groups(num_in, group_size)}"
+        )
     q = unpack_slots(qweight, bits).transpose(0, 2, 1).reshape(num_in, num_out).T
     zero = unpack_slots(qzeros, bits).reshape(groups, num_out).astype(np.float32)
     if zero_plus_one:
         zero += np.float32(1)  # v1 stores zero - 1; AutoGPTQ adds the 1 back after unpacking
-    return GroupedInt(np.ascontiguousarray(q), np.ascontiguousarray(scales.astype(np.float32).T),
-                      np.ascontiguousarray(zero.T), _groups(num_in, group_size, g_idx, groups, name), bits)
+    return GroupedInt(
+        np.ascontiguousarray(q),
+        np.ascontiguousarray(scales.astype(np.float32).T),
+        np.ascontiguousarray(zero.T),
+        _groups(num_in, group_size, g_idx, groups, name),
+        bits,
+    )
 
 
 def _awq_columns(words: np.ndarray) -> np.ndarray:
@@ -122,8 +132,13 @@ def unpack_awq(name: str, qweight, qzeros, scales, group_size: int | None) -> Gr
     _need(f"{name}.qzeros", qzeros, (groups, num_out // 8))
     q = _awq_columns(qweight).T
     zero = _awq_columns(qzeros).astype(np.float32)
-    return GroupedInt(np.ascontiguousarray(q), np.ascontiguousarray(scales.astype(np.float32).T),
-                      np.ascontiguousarray(zero.T), _groups(num_in, group_size, None, groups, name), 4)
+    return GroupedInt(
+        np.ascontiguousarray(q),
+        np.ascontiguousarray(scales.astype(np.float32).T),
+        np.ascontiguousarray(zero.T),
+        _groups(num_in, group_size, None, groups, name),
+        4,
+    )
 
 
 def unpack_sequential(words: np.ndarray, bits: int, count: int) -> np.ndarray:
@@ -131,8 +146,9 @@ def unpack_sequential(words: np.ndarray, bits: int, count: int) -> np.ndarray:
     return unpack_slots(words, bits).reshape(words.shape[0], -1)[:, :count]
 
 
-def unpack_pack_quantized(name: str, packed, scale, zero_point, shape, g_idx, bits: int,
-                          group_size: int | None) -> GroupedInt:
+def unpack_pack_quantized(
+    name: str, packed, scale, zero_point, shape, g_idx, bits: int, group_size: int | None
+) -> GroupedInt:
     """compressed-tensors pack-quantized; `zero_point` None when symmetric."""
     num_out, num_in = (int(d) for d in np.asarray(shape).reshape(-1))
     groups = scale.shape[1] if scale.ndim == 2 else 1
@@ -145,8 +161,13 @@ def unpack_pack_quantized(name: str, packed, scale, zero_point, shape, g_idx, bi
         _need(f"{name}.weight_zero_point", zero_point, (-(-num_out * bits // 32), groups))
         zero = unpack_sequential(np.ascontiguousarray(zero_point.T), bits, num_out).T.astype(np.float32)
     group = _groups(num_in, group_size, g_idx, groups, name)
-    return GroupedInt(q, np.ascontiguousarray(scale.reshape(num_out, groups).astype(np.float32)),
-                      np.ascontiguousarray(zero), group, bits)
+    return GroupedInt(
+        q,
+        np.ascontiguousarray(scale.reshape(num_out, groups).astype(np.float32)),
+        np.ascontiguousarray(zero),
+        group,
+        bits,
+    )
 
 
 def unpack_fp8(name: str, codes, scale, block: tuple[int, int] | None) -> GroupedFp8:

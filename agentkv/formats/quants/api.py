@@ -2,6 +2,7 @@
 
 Importing this module registers every codec (floats, legacy, K-quants).
 """
+
 from __future__ import annotations
 
 from types import MappingProxyType
@@ -12,9 +13,7 @@ from agentkv.formats.quants import floats, group32, kquants, legacy  # noqa: F40
 from agentkv.formats.quants.base import get_codec, registered
 
 # gguf type number -> format name, for every type this package can dequantize.
-QUANT_NAMES = MappingProxyType(
-    {num: codec.qtype.name for num, codec in sorted(registered().items())}
-)
+QUANT_NAMES = MappingProxyType({num: codec.qtype.name for num, codec in sorted(registered().items())})
 
 # The subset that `quantize` accepts.
 QUANTIZABLE = frozenset(num for num, codec in registered().items() if codec.can_quantize)

@@ -15,6 +15,7 @@ Bit-identity with gguf-py matters (a cache hit must not change an answer, and we
 part of the answer), so each codec repeats gguf-py's float32 operations in the same order:
 IEEE `*`, `+`, `-` round once each, so `out *= d; out += m` is `(d * q) + m` exactly.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -52,9 +53,7 @@ def get_codec(qtype: int) -> type[Codec]:
     try:
         return _CODECS[int(qtype)]
     except (KeyError, TypeError, ValueError):
-        raise QuantError(
-            f"quant type {qtype_label(qtype)} is not supported; supported: {supported_labels()}"
-        ) from None
+        raise QuantError(f"quant type {qtype_label(qtype)} is not supported; supported: {supported_labels()}") from None
 
 
 def registered() -> dict[int, type[Codec]]:
@@ -80,10 +79,7 @@ def row_bytes(qtype: int, n_cols: int) -> int:
     """Bytes of one row of `n_cols` logical elements; QuantError unless whole blocks."""
     block_size, type_size = block_info(qtype)
     if n_cols < 0 or n_cols % block_size:
-        raise QuantError(
-            f"row length {n_cols} is not a multiple of the {qtype_label(qtype)} "
-            f"block size {block_size}"
-        )
+        raise QuantError(f"row length {n_cols} is not a multiple of the {qtype_label(qtype)} block size {block_size}")
     return n_cols // block_size * type_size
 
 
@@ -136,7 +132,7 @@ class Codec:
         out_blocks = out.reshape(num_blocks, cls.block_size)
         step = cls._chunk_blocks()
         for start in range(0, num_blocks, step):
-            cls.dequantize_blocks(blocks[start:start + step], out_blocks[start:start + step])
+            cls.dequantize_blocks(blocks[start : start + step], out_blocks[start : start + step])
         return out
 
     @classmethod
@@ -157,7 +153,7 @@ class Codec:
         out = np.empty((num_blocks, cls.type_size), np.uint8)
         step = cls._chunk_blocks()
         for start in range(0, num_blocks, step):
-            out[start:start + step] = cls.quantize_blocks(blocks[start:start + step])
+            out[start : start + step] = cls.quantize_blocks(blocks[start : start + step])
         return out.reshape(*array.shape[:-1], n_bytes)
 
 
@@ -178,4 +174,4 @@ def as_row_bytes(raw: np.ndarray, codec: type[Codec]) -> np.ndarray:
 
 def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
     """The float16 at byte `offset` of each block, widened: float32 [n, 1]."""
-    return blocks[:, offset:offset + 2].view(np.float16).astype(np.float32)
+    return blocks[:, offset : offset + 2].view(np.float16).astype(np.float32)

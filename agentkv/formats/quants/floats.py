@@ -4,6 +4,7 @@ F32 and F16 keep gguf-py's conventions: dequantize *views* the data as the type 
 bytes or an already-typed array both work) and quantize is a dtype cast straight from the
 input dtype (float64 -> float16 directly, never through float32: that would round twice).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -11,6 +11,7 @@ format's own formula and a single rounding:
 
 `q - zero` is a small integer, exact in float32. The type numbers sit above every GGML type.
 """
+
 from __future__ import annotations
 
 from enum import IntEnum
@@ -34,7 +35,7 @@ def _e4m3_table() -> np.ndarray:
     b = np.arange(256)
     sign = np.where(b & 0x80, -1.0, 1.0)
     exp, man = (b >> 3) & 0xF, b & 0x7
-    value = np.where(exp == 0, man / 8.0 * 2.0 ** -6, (1.0 + man / 8.0) * 2.0 ** (exp - 7.0))
+    value = np.where(exp == 0, man / 8.0 * 2.0**-6, (1.0 + man / 8.0) * 2.0 ** (exp - 7.0))
     value = np.where((exp == 15) & (man == 7), np.nan, value)
     return (sign * value).astype(np.float32)
 
@@ -43,7 +44,7 @@ E4M3_TABLE = _e4m3_table()
 
 
 def _f32_field(blocks: np.ndarray, offset: int) -> np.ndarray:
-    return np.ascontiguousarray(blocks[:, offset:offset + 4]).view(np.float32)
+    return np.ascontiguousarray(blocks[:, offset : offset + 4]).view(np.float32)
 
 
 def _head(rows: int, *fields: np.ndarray) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ Bit planes: a byte array `b` of width W holding P planes of k bits gives element
     Q6_K  | ql:128 (2 x 2 planes of 4 bits, width 64) | qh:64 (2 x 4 planes of 2 bits) |
           | scales:16 int8 | d |
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -12,6 +12,7 @@ and element i+16 in the high nibble, qh bit i is the fifth bit of element i):
 Encoders repeat gguf-py's float32 arithmetic (itself ggml-quants.c's reference code) so the
 bytes match exactly, including `-0.0` scales of all-zero blocks.
 """
+
 from __future__ import annotations
 
 import numpy as np

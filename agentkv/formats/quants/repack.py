@@ -5,6 +5,7 @@ Folding the two float16 super-scales into per-group float32 `scale = d * sc` and
 `offset = dmin * m` keeps every value bit-identical: `scale * q - offset` is exactly the
 float32 arithmetic `dequantize` does.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple

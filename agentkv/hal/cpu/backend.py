@@ -9,6 +9,7 @@ class this extends. The kernels must run here: when they cannot (no C++ compiler
 AVX2/FMA/F16C, a failed build), constructing the backend raises BackendUnavailable naming why;
 it never runs the portable path in their place.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -16,7 +17,7 @@ import warnings
 import numpy as np
 import torch
 
-from agentkv.hal.base import AttnMeta, RopeSpec, Capabilities, Identity, Layout, Tensor, Weight, check_layout
+from agentkv.hal.base import AttnMeta, Capabilities, Identity, Layout, RopeSpec, Tensor, Weight, check_layout
 from agentkv.hal.cpu.block import CompiledBlocks
 from agentkv.hal.kernels import SUPPORTED_QTYPES, build_id, load
 from agentkv.hal.portable.backend import F32, GLU_KINDS, TorchBackend, TorchKV, _stacked
@@ -41,8 +42,13 @@ class CpuBackend(CompiledBlocks, TorchBackend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(device=str(self.device), resident_qtypes=SUPPORTED_QTYPES, asynchronous=False,
-                            fused_attention=True, layouts=LAYOUTS)
+        return Capabilities(
+            device=str(self.device),
+            resident_qtypes=SUPPORTED_QTYPES,
+            asynchronous=False,
+            fused_attention=True,
+            layouts=LAYOUTS,
+        )
 
     @property
     def identity(self) -> Identity:
@@ -82,8 +88,15 @@ class CpuBackend(CompiledBlocks, TorchBackend):
         return Tensor(self._kernels.rms_norm(x.raw.contiguous(), weight.raw, eps, unit_offset))
 
     # -- fused glue: one compiled kernel each (fused.cpp) --------------------------------
-    def add_norm(self, h: Tensor, delta: Tensor, weight: Weight, eps: float, unit_offset: bool = False,
-                 post_weight: Weight | None = None) -> tuple[Tensor, Tensor]:
+    def add_norm(
+        self,
+        h: Tensor,
+        delta: Tensor,
+        weight: Weight,
+        eps: float,
+        unit_offset: bool = False,
+        post_weight: Weight | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """h_new is h's own storage updated in place (see Backend.add_norm)."""
         hs = h.raw.contiguous()
         post = post_weight.raw if post_weight is not None else None
@@ -95,8 +108,16 @@ class CpuBackend(CompiledBlocks, TorchBackend):
             return super().glu(x, kind)
         return Tensor(self._kernels.glu(_stacked(x), GLU_KINDS[kind]))
 
-    def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale: float,
-                  window: int | None = None, softcap: float | None = None) -> Tensor:
+    def attention(
+        self,
+        q: Tensor,
+        kv: TorchKV,
+        layer: int,
+        meta: AttnMeta,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> Tensor:
         return Tensor(_kernel_attention(self._kernels, q.raw, kv, layer, meta, scale, window, softcap))
 
 
@@ -115,6 +136,14 @@ def _mapped_tensor(data: np.ndarray, rows: int) -> torch.Tensor:
 def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window, softcap):
     """The compiled kernel walks each row's keys 0..pos in order: invariant by construction."""
     tables, row_seq, row_pos = kernel_meta(meta)
-    return mod.paged_attention(q.contiguous(), kv.k_blocks[layer], kv.v_blocks[layer],
-                               tables, row_seq, row_pos, float(scale), int(window or 0),
-                               float(softcap or 0.0))
+    return mod.paged_attention(
+        q.contiguous(),
+        kv.k_blocks[layer],
+        kv.v_blocks[layer],
+        tables,
+        row_seq,
+        row_pos,
+        float(scale),
+        int(window or 0),
+        float(softcap or 0.0),
+    )

@@ -2,6 +2,7 @@
 norm, rope, K/V store) and a whole decoder block as one compiled call (layer.cpp), built once
 per layer and KV store. The same kernels in the same order as the base class's composition,
 so the same bits, minus ~10 Python/pybind crossings a layer."""
+
 from __future__ import annotations
 
 import torch
@@ -17,19 +18,48 @@ class CompiledBlocks:
     """Mixed into `CpuBackend` (before the portable backend), which sets `_kernels` and
     `_rope_full`; an FFN that is not dense takes the composed path (`Backend.ffn`)."""
 
-    def attention_inputs(self, qkv, meta: AttnMeta, kv: TorchKV, layer: int, spec: AttentionSpec,
-                         q_norm: Weight | None = None, k_norm: Weight | None = None) -> Tensor:
+    def attention_inputs(
+        self,
+        qkv,
+        meta: AttnMeta,
+        kv: TorchKV,
+        layer: int,
+        spec: AttentionSpec,
+        q_norm: Weight | None = None,
+        k_norm: Weight | None = None,
+    ) -> Tensor:
         rows = step_rows(meta)
         cos, sin = self._rope_full_tables(spec.rope, rows.max_pos)
         q = self._kernels.attention_inputs(
-            _stacked(qkv), q_norm.raw if q_norm is not None else None,
-            k_norm.raw if k_norm is not None else None, cos, sin, rows.positions, rows.slots,
-            kv.k_slots[layer], kv.v_slots[layer], spec.num_heads, spec.num_kv_heads, spec.rope.dim,
-            spec.rope.style is RopeStyle.INTERLEAVED, spec.eps, spec.unit_offset)
+            _stacked(qkv),
+            q_norm.raw if q_norm is not None else None,
+            k_norm.raw if k_norm is not None else None,
+            cos,
+            sin,
+            rows.positions,
+            rows.slots,
+            kv.k_slots[layer],
+            kv.v_slots[layer],
+            spec.num_heads,
+            spec.num_kv_heads,
+            spec.rope.dim,
+            spec.rope.style is RopeStyle.INTERLEAVED,
+            spec.eps,
+            spec.unit_offset,
+        )
         return Tensor(q)
 
-    def decoder_block(self, h: Tensor, x: Tensor, layer: DecoderLayer, spec: BlockSpec, meta: AttnMeta,
-                      kv: TorchKV, index: int, next_norm: Weight) -> tuple[Tensor, Tensor]:
+    def decoder_block(
+        self,
+        h: Tensor,
+        x: Tensor,
+        layer: DecoderLayer,
+        spec: BlockSpec,
+        meta: AttnMeta,
+        kv: TorchKV,
+        index: int,
+        next_norm: Weight,
+    ) -> tuple[Tensor, Tensor]:
         """The block as one compiled call (layer.cpp): the same kernels in the same order as
         the default composition, so the same bits, minus ~10 Python/pybind crossings. Only a
         dense FFN runs compiled; any other FFN kind takes the composed path (`Backend.ffn`)."""
@@ -53,9 +83,15 @@ class CompiledBlocks:
         att, ffn = layer.attention, layer.ffn
         block = None
         if type(ffn) is DenseFFN and isinstance(spec.ffn, DenseFFNSpec) and spec.ffn.act in GLU_KINDS:
-            projections = {name: _projection(self._kernels, p) for name, p in (
-                ("qkv", att.qkv), ("o", Projection((att.o,))), ("gate_up", ffn.gate_up),
-                ("down", Projection((ffn.down,))))}
+            projections = {
+                name: _projection(self._kernels, p)
+                for name, p in (
+                    ("qkv", att.qkv),
+                    ("o", Projection((att.o,))),
+                    ("gate_up", ffn.gate_up),
+                    ("down", Projection((ffn.down,))),
+                )
+            }
             if all(p is not None for p in projections.values()):
                 parts = self._block_parts(layer, spec, kv, index, next_norm)
                 block = self._kernels.DecoderBlock(**projections, **parts)
@@ -66,14 +102,32 @@ class CompiledBlocks:
         """The compiled block's norms, K/V store and scalars, each a small bound struct."""
         att, ffn, a, K = layer.attention, layer.ffn, spec.attention, self._kernels
         raw = lambda w: w.raw if w is not None else None  # noqa: E731
-        norms = K.BlockNorms(ffn_norm=ffn.norm.raw, next_norm=next_norm.raw, post_attn_norm=raw(att.post_norm),
-                             post_ffn_norm=raw(ffn.post_norm), q_norm=raw(att.q_norm), k_norm=raw(att.k_norm))
-        cache = K.BlockCache(k_cache=kv.k_slots[index], v_cache=kv.v_slots[index], k_blocks=kv.k_blocks[index],
-                             v_blocks=kv.v_blocks[index])
-        config = K.BlockConfig(heads=a.num_heads, kv_heads=a.num_kv_heads, head_dim=a.head_dim,
-                               rope_dim=a.rope.dim, interleaved=a.rope.style is RopeStyle.INTERLEAVED,
-                               window=int(a.window or 0), act=GLU_KINDS[spec.ffn.act], eps=a.eps,
-                               unit_offset=a.unit_offset, scale=a.scale)
+        norms = K.BlockNorms(
+            ffn_norm=ffn.norm.raw,
+            next_norm=next_norm.raw,
+            post_attn_norm=raw(att.post_norm),
+            post_ffn_norm=raw(ffn.post_norm),
+            q_norm=raw(att.q_norm),
+            k_norm=raw(att.k_norm),
+        )
+        cache = K.BlockCache(
+            k_cache=kv.k_slots[index],
+            v_cache=kv.v_slots[index],
+            k_blocks=kv.k_blocks[index],
+            v_blocks=kv.v_blocks[index],
+        )
+        config = K.BlockConfig(
+            heads=a.num_heads,
+            kv_heads=a.num_kv_heads,
+            head_dim=a.head_dim,
+            rope_dim=a.rope.dim,
+            interleaved=a.rope.style is RopeStyle.INTERLEAVED,
+            window=int(a.window or 0),
+            act=GLU_KINDS[spec.ffn.act],
+            eps=a.eps,
+            unit_offset=a.unit_offset,
+            scale=a.scale,
+        )
         return {"norms": norms, "cache": cache, "config": config}
 
     def _rope_full_tables(self, spec: RopeSpec, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,5 +147,6 @@ def _projection(kernels, proj: Projection):
         return None
     weights = proj.weights
     bias = torch.cat([b.raw for b in proj.biases]) if proj.biases[0] is not None else None
-    return kernels.projection([w.raw for w in weights], [w.qtype for w in weights],
-                              [w.shape[0] for w in weights], bias, weights[0].shape[1])
+    return kernels.projection(
+        [w.raw for w in weights], [w.qtype for w in weights], [w.shape[0] for w in weights], bias, weights[0].shape[1]
+    )

@@ -5,6 +5,7 @@ The build is cached under ~/.cache/agentkv/kernels/torch<version>-<flags hash>; 
 rebuilds (incrementally, through ninja) when a source changes, and its file lock serialises
 concurrent compiles. A stamp per source hash tells whether this exact source was built.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,7 +25,16 @@ from agentkv.hal.base import BackendUnavailable
 log = logging.getLogger(__name__)
 
 NAME = "agentkv_cpu_kernels"
-SOURCES = ("bindings.cpp", "qmatmul.cpp", "qmatmul512.cpp", "attention.cpp", "attention512.cpp", "fused.cpp", "pool.cpp", "layer.cpp")
+SOURCES = (
+    "bindings.cpp",
+    "qmatmul.cpp",
+    "qmatmul512.cpp",
+    "attention.cpp",
+    "attention512.cpp",
+    "fused.cpp",
+    "pool.cpp",
+    "layer.cpp",
+)
 HEADERS = ("simd.h", "quant.h", "qmatmul.h", "qmatmul_impl.h", "fused.h", "pool.h", "ops.h", "simd512.h")
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")

@@ -1,4 +1,5 @@
 """The gguf quant types the compiled kernels accept, with their block geometry."""
+
 from __future__ import annotations
 
 # qtype -> (weights per block, bytes per block); 0 is f32 (handled by matmul_f32).

@@ -1,6 +1,7 @@
 """The `torch` backend's attention (no compiled kernels): fixed-shape tiles, so a query's
 bits are the same in decode and in any prefill chunk (MKL's GEMM is row-invariant only for
 fixed shapes)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,12 +12,12 @@ from agentkv.hal.base import AttnMeta
 GROUP = 16  # attention query tile: positions [16j, 16j + 16) share one fixed-shape tile
 
 
-def paged_attention_portable(q: torch.Tensor, kv, layer: int, meta: AttnMeta, scale: float,
-                             window: int | None, softcap: float | None) -> torch.Tensor:
+def paged_attention_portable(
+    q: torch.Tensor, kv, layer: int, meta: AttnMeta, scale: float, window: int | None, softcap: float | None
+) -> torch.Tensor:
     """Backend.attention for a TorchKV store `kv`, one tile per 16-aligned group of positions."""
     out = torch.empty_like(q)
-    for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens,
-                                       meta.block_tables):
+    for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables):
         pos0 = ctx - qlen
         r = 0
         while r < qlen:
@@ -28,8 +29,9 @@ def paged_attention_portable(q: torch.Tensor, kv, layer: int, meta: AttnMeta, sc
     return out
 
 
-def _attend_group(q: torch.Tensor, kv, layer: int, table, first_pos: int, scale: float,
-                  window: int | None, softcap: float | None) -> torch.Tensor:
+def _attend_group(
+    q: torch.Tensor, kv, layer: int, table, first_pos: int, scale: float, window: int | None, softcap: float | None
+) -> torch.Tensor:
     """Queries at positions [first_pos, first_pos + m) inside group g = first_pos // 16, the
     positions [16g, 16g + 16).
 
@@ -45,7 +47,7 @@ def _attend_group(q: torch.Tensor, kv, layer: int, table, first_pos: int, scale:
     vals = kv.v[layer].index_select(0, slots)
     off = first_pos - group * GROUP
     tile = q.new_zeros(GROUP, h, hd)
-    tile[off:off + m] = q
+    tile[off : off + m] = q
     g = h // kvh
     qt = tile.reshape(GROUP, kvh, g, hd).permute(1, 2, 0, 3).reshape(kvh, g * GROUP, hd)
     scores = torch.matmul(qt, keys.permute(1, 2, 0)) * scale  # [kvh, g*16, L]
@@ -60,7 +62,7 @@ def _attend_group(q: torch.Tensor, kv, layer: int, table, first_pos: int, scale:
     probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, vals.permute(1, 0, 2))  # [kvh, g*16, hd]
     out = out.reshape(kvh, g, GROUP, hd).permute(2, 0, 1, 3).reshape(GROUP, h, hd)
-    return out[off:off + m]
+    return out[off : off + m]
 
 
 def _slots(table, num_keys: int, bs: int, device) -> torch.Tensor:

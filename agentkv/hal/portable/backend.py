@@ -8,6 +8,7 @@ any M >= 16, so matmuls pad short batches to 16 rows, and attention runs per 16-
 group with a fixed tile shape (see `attention.py`); elementwise ops avoid torch kernels whose
 scalar tail differs from their vector body (silu is written with exp, which has none).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentkv.hal.base import (AttnMeta, Backend, BackendUnavailable, Capabilities, KVSpec, Layout, RopeSpec,
-                             RopeStyle, Tensor, Weight, check_layout)
+from agentkv.hal.base import (
+    AttnMeta,
+    Backend,
+    BackendUnavailable,
+    Capabilities,
+    KVSpec,
+    Layout,
+    RopeSpec,
+    RopeStyle,
+    Tensor,
+    Weight,
+    check_layout,
+)
 from agentkv.hal.portable.attention import paged_attention_portable
 from agentkv.hal.portable.steps import slots_tensor
 from agentkv.hal.rope import rope_tables
@@ -74,8 +86,12 @@ class TorchBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(device=str(self.device), resident_qtypes=frozenset(),
-                            asynchronous=self.device.type == "cuda", layouts=F32_ONLY)
+        return Capabilities(
+            device=str(self.device),
+            resident_qtypes=frozenset(),
+            asynchronous=self.device.type == "cuda",
+            layouts=F32_ONLY,
+        )
 
     # -- data in and out ------------------------------------------------------------------
     def upload(self, array: np.ndarray) -> Tensor:
@@ -87,8 +103,9 @@ class TorchBackend(Backend):
         from agentkv.formats.quants import dequantize
 
         arr = dequantize(np.asarray(data), qtype).reshape(shape).astype(np.float32)
-        return Weight(torch.from_numpy(np.ascontiguousarray(arr)).to(self.device), shape, F32, name,
-                      layout=Layout.ROW_MAJOR_F32)
+        return Weight(
+            torch.from_numpy(np.ascontiguousarray(arr)).to(self.device), shape, F32, name, layout=Layout.ROW_MAJOR_F32
+        )
 
     def read(self, x: Tensor) -> np.ndarray:
         return x.raw.detach().to("cpu", torch.float32).numpy().copy()
@@ -105,12 +122,12 @@ class TorchBackend(Backend):
 
     def fuse_rows(self, weights: list[Weight], name: str) -> Weight | None:
         first = weights[0]
-        if any(w.qtype != first.qtype or w.shape[1:] != first.shape[1:] or w.layout is not first.layout
-               for w in weights):
+        if any(
+            w.qtype != first.qtype or w.shape[1:] != first.shape[1:] or w.layout is not first.layout for w in weights
+        ):
             return None
         raw = torch.cat([w.raw for w in weights], dim=0)  # stacking rows keeps either layout by row
-        return Weight(raw, (sum(w.shape[0] for w in weights), *first.shape[1:]), first.qtype, name,
-                      layout=first.layout)
+        return Weight(raw, (sum(w.shape[0] for w in weights), *first.shape[1:]), first.qtype, name, layout=first.layout)
 
     def split(self, x: Tensor, sizes: list[int]) -> list[Tensor]:
         return [Tensor(part) for part in torch.split(x.raw, sizes, dim=-1)]
@@ -150,7 +167,7 @@ class TorchBackend(Backend):
     def rope(self, x: Tensor, positions, spec: RopeSpec) -> Tensor:
         cos, sin = self._rope_rows(positions, spec)
         xs = x.raw
-        rot, rest = xs[..., : spec.dim], xs[..., spec.dim:]
+        rot, rest = xs[..., : spec.dim], xs[..., spec.dim :]
         half = spec.dim // 2
         if spec.style is RopeStyle.NEOX:
             a, b = rot[..., :half], rot[..., half:]
@@ -206,8 +223,8 @@ class TorchBackend(Backend):
     def copy_blocks(self, kv: TorchKV, pairs) -> None:
         bs = kv.spec.block_size
         for src, dst in pairs:
-            kv.k[:, dst * bs:(dst + 1) * bs] = kv.k[:, src * bs:(src + 1) * bs]
-            kv.v[:, dst * bs:(dst + 1) * bs] = kv.v[:, src * bs:(src + 1) * bs]
+            kv.k[:, dst * bs : (dst + 1) * bs] = kv.k[:, src * bs : (src + 1) * bs]
+            kv.v[:, dst * bs : (dst + 1) * bs] = kv.v[:, src * bs : (src + 1) * bs]
 
     def read_block(self, kv: TorchKV, block: int) -> bytes:
         bs = kv.spec.block_size
@@ -219,11 +236,19 @@ class TorchBackend(Backend):
         s, bs = kv.spec, kv.spec.block_size
         arr = np.frombuffer(data, "<f4").reshape(s.num_layers, 2, bs, s.num_kv_heads, s.head_dim)
         both = torch.from_numpy(arr.copy()).to(kv.k.device)
-        kv.k[:, block * bs:(block + 1) * bs] = both[:, 0]
-        kv.v[:, block * bs:(block + 1) * bs] = both[:, 1]
+        kv.k[:, block * bs : (block + 1) * bs] = both[:, 0]
+        kv.v[:, block * bs : (block + 1) * bs] = both[:, 1]
 
-    def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale: float,
-                  window: int | None = None, softcap: float | None = None) -> Tensor:
+    def attention(
+        self,
+        q: Tensor,
+        kv: TorchKV,
+        layer: int,
+        meta: AttnMeta,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> Tensor:
         return Tensor(paged_attention_portable(q.raw, kv, layer, meta, scale, window, softcap))
 
     def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens, scale: float) -> Tensor:

@@ -10,6 +10,7 @@ padding). The expert outputs land in one slot per (token, rank):
 and each token's output is summed over its slots in rank order, elementwise across tokens. So a
 token's bits depend only on its own row: never on which tokens share its batch or chunk.
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,7 +40,7 @@ def _rank_sum(w: torch.Tensor) -> torch.Tensor:
     """`w.sum(-1, keepdim=True)` of `[n, k]` in rank order, as k elementwise adds."""
     total = w[:, :1]
     for j in range(1, w.shape[1]):
-        total = total + w[:, j:j + 1]
+        total = total + w[:, j : j + 1]
     return total
 
 
@@ -56,7 +57,7 @@ def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec) 
     for e, count in enumerate(counts):
         if not count:
             continue
-        slots = order[start:start + count]
+        slots = order[start : start + count]
         start += count
         rows = Tensor(xs.index_select(0, slots // k))
         hidden = backend.glu([backend.matmul(rows, ex.gate[e]), backend.matmul(rows, ex.up[e])], spec.act)
@@ -64,7 +65,7 @@ def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec) 
     per_rank = slots_out.view(n, k, -1)
     out = probs[:, :1] * per_rank[:, 0]
     for j in range(1, k):
-        out = out + probs[:, j:j + 1] * per_rank[:, j]
+        out = out + probs[:, j : j + 1] * per_rank[:, j]
     if weights.shared is not None:
         shared, gate = shared_expert(backend, x, weights.shared, spec.act)
         out = out + (shared.raw if gate is None else shared.raw / (1.0 + torch.exp(-gate.raw)))

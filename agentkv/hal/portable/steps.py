@@ -1,5 +1,6 @@
 """Per-step index tensors of the torch backends, built once per step and shared by every layer
 (each layer passes the same AttnMeta, so an identity check on it is the memo key)."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -22,8 +23,7 @@ def kernel_meta(meta: AttnMeta):
     for i, t in enumerate(meta.block_tables):
         tables[i, : len(t)] = t
     row_seq = np.repeat(np.arange(len(meta.query_lens), dtype=np.int32), meta.query_lens)
-    out = (torch.from_numpy(tables), torch.from_numpy(row_seq),
-           torch.from_numpy(meta.positions.astype(np.int32)))
+    out = (torch.from_numpy(tables), torch.from_numpy(row_seq), torch.from_numpy(meta.positions.astype(np.int32)))
     _META_MEMO[0] = (meta, out)
     return out
 
@@ -44,8 +44,7 @@ def step_rows(meta: AttnMeta) -> StepRows:
     if last_meta is meta:
         return last
     pos = np.ascontiguousarray(meta.positions, dtype=np.int64)
-    out = StepRows(torch.from_numpy(pos), slots_tensor(meta.slot_mapping, torch.device("cpu")),
-                   int(pos.max(initial=0)))
+    out = StepRows(torch.from_numpy(pos), slots_tensor(meta.slot_mapping, torch.device("cpu")), int(pos.max(initial=0)))
     _ROWS_MEMO[0] = (meta, out)
     return out
 
