@@ -308,11 +308,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve_until_exit(cluster: Cluster) -> None:
     """Block until SIGINT/SIGTERM or until a process of the cluster exits."""
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     procs: Sequence[subprocess.Popen] = [cluster.router, *cluster.workers]  # type: ignore[list-item]
     while all(p.poll() is None for p in procs):
         time.sleep(1.0)
     print("agentkv cluster: a process exited; stopping the cluster", file=sys.stderr)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM ends the launcher like Ctrl-C does: through `Cluster.__exit__`, which stops all."""
+    raise KeyboardInterrupt
 
 
 def _spawn(cmd: list[str]) -> subprocess.Popen:

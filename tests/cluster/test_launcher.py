@@ -1,0 +1,62 @@
+"""`agentkv cluster` as a user runs it: it comes up behind the router, answers through it, and
+SIGTERM stops every process it started."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from agentkv.bench.cluster import post_chat
+from tests.cluster.conftest import free_port_run, needs_router
+
+pytestmark = [needs_router, pytest.mark.timeout(900)]
+
+
+def test_cluster_command_starts_serves_and_stops_all(kernels_built) -> None:
+    port = free_port_run(4)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentkv.cli",
+            "cluster",
+            "--replicas",
+            "1",
+            "--router-port",
+            str(port),
+            "--max-model-len",
+            "512",
+            "--kv-cache-blocks",
+            "64",
+            "smollm2",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, "agentkv cluster exited early"
+            assert time.monotonic() < deadline, "router never answered"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readiness", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert len(started) >= 2  # the worker and the router
+        status, data = post_chat(
+            f"http://127.0.0.1:{port}",
+            {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
+        assert status == 200, data
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    gone, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, alive
