@@ -63,22 +63,15 @@ class OutputItems:
         return self.close(incomplete)
 
     def _open_message(self) -> list[str]:
-        frames = self._start("message", item_id("msg"))
-        item = OutputMessage(id=self.id, status="in_progress", content=[])
-        return frames + [
-            self.write("response.output_item.added", output_index=self.index, item=item.model_dump()),
-            self.write(
-                "response.content_part.added",
-                item_id=self.id,
-                output_index=self.index,
-                content_index=0,
-                part=OutputText(text="").model_dump(),
-            ),
-        ]
+        return self._open("message", "msg", OutputMessage, OutputText)
 
     def _open_reasoning(self) -> list[str]:
-        frames = self._start("reasoning", item_id("rs"))
-        item = ReasoningOut(id=self.id, status="in_progress", content=[])
+        return self._open("reasoning", "rs", ReasoningOut, ReasoningText)
+
+    def _open(self, kind: str, id_prefix: str, item_type: type, part_type: type) -> list[str]:
+        """A new output item of `kind` and its first, empty content part."""
+        frames = self._start(kind, item_id(id_prefix))
+        item = item_type(id=self.id, status="in_progress", content=[])
         return frames + [
             self.write("response.output_item.added", output_index=self.index, item=item.model_dump()),
             self.write(
@@ -86,7 +79,7 @@ class OutputItems:
                 item_id=self.id,
                 output_index=self.index,
                 content_index=0,
-                part=ReasoningText(text="").model_dump(),
+                part=part_type(text="").model_dump(),
             ),
         ]
 
