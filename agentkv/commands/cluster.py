@@ -295,20 +295,24 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"agentkv cluster: {exc}", file=sys.stderr)
         return 2
-    with Cluster(spec) as cluster:
-        print(
-            f"router {spec.router_url} -> workers {' '.join(spec.worker_urls)} "
-            f"(policy {spec.policy}, metrics {spec.host}:{spec.prometheus_port})",
-            flush=True,
-        )
-        with contextlib.suppress(KeyboardInterrupt):
+    # SIGTERM is handled from the first moment: a supervisor may stop the launcher while the
+    # router is still registering its workers, and every process must still be stopped.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with contextlib.suppress(KeyboardInterrupt), Cluster(spec) as cluster:
+            print(
+                f"router {spec.router_url} -> workers {' '.join(spec.worker_urls)} "
+                f"(policy {spec.policy}, metrics {spec.host}:{spec.prometheus_port})",
+                flush=True,
+            )
             _serve_until_exit(cluster)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
 def _serve_until_exit(cluster: Cluster) -> None:
     """Block until SIGINT/SIGTERM or until a process of the cluster exits."""
-    signal.signal(signal.SIGTERM, _interrupt)
     procs: Sequence[subprocess.Popen] = [cluster.router, *cluster.workers]  # type: ignore[list-item]
     while all(p.poll() is None for p in procs):
         time.sleep(1.0)

@@ -60,3 +60,23 @@ def test_cluster_command_starts_serves_and_stops_all(kernels_built) -> None:
         assert proc.wait(timeout=60) == 0
     gone, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, alive
+
+
+def test_sigterm_while_starting_stops_the_workers_and_exits_zero(kernels_built) -> None:
+    """A supervisor may stop the launcher before the router is up (CI once sent SIGTERM while
+    the router was still registering its worker, and the launcher died by the signal)."""
+    port = free_port_run(4)
+    cmd = [sys.executable, "-m", "agentkv.cli", "cluster", "--replicas", "1", "--router-port", str(port), "smollm2"]
+    proc = subprocess.Popen(cmd)
+    launcher = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    while not launcher.children(recursive=True):
+        assert proc.poll() is None, "agentkv cluster exited early"
+        assert time.monotonic() < deadline, "no worker was started"
+        time.sleep(0.1)
+    time.sleep(1.0)  # past the imports: the launcher now waits for the worker's /health
+    started = launcher.children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    gone, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, alive
