@@ -42,8 +42,19 @@ class BlockHeader(NamedTuple):
     payload_bytes: int
 
 
+IGNORE_REASONS = ("truncated", "corrupt", "layout", "fingerprint", "mismatch")
+
+
 class BadBlockFile(ValueError):
-    """A block file that must not be served; the message says what was wrong."""
+    """A block file that must not be served; the message says what was wrong and `reason`
+    (one of IGNORE_REASONS) names the kind: cut short, damaged bytes, an older layout
+    version, another fingerprint, or another block (key, namespace, tokens, shape, dtype)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        if reason not in IGNORE_REASONS:
+            raise ValueError(f"reason={reason!r} is not one of {IGNORE_REASONS}")
+        super().__init__(message)
+        self.reason = reason
 
 
 def namespace_text(namespace: Hashable) -> str | None:
@@ -94,23 +105,27 @@ def decode_block(data: bytes, expected: BlockHeader) -> bytes:
     """The payload of a block file if it is intact and is exactly the block `expected`
     describes (every header field equal); raises BadBlockFile otherwise."""
     if len(data) < _HEAD.size + _DIGEST_LEN:
-        raise BadBlockFile(f"truncated: {len(data)} bytes")
+        raise BadBlockFile(f"truncated: {len(data)} bytes", "truncated")
     magic, text_len = _HEAD.unpack_from(data)
     if magic != MAGIC:
-        raise BadBlockFile(f"bad magic {magic!r}")
+        raise BadBlockFile(f"bad magic {magic!r}", "corrupt")
+    whole_len = _HEAD.size + text_len + expected.payload_bytes + _DIGEST_LEN
+    if len(data) < whole_len:  # a file cut short (its own header says how long it should be)
+        raise BadBlockFile(f"truncated: {len(data)} of {whole_len} bytes", "truncated")
     body, digest = data[:-_DIGEST_LEN], data[-_DIGEST_LEN:]
     if hashlib.sha256(body).digest() != digest:
-        raise BadBlockFile("checksum mismatch (corrupt or truncated)")
+        raise BadBlockFile("checksum mismatch (corrupt or truncated)", "corrupt")
     try:
         fields = json.loads(body[_HEAD.size : _HEAD.size + text_len])
         header = BlockHeader(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     except (ValueError, TypeError) as exc:
-        raise BadBlockFile(f"unreadable header: {exc}") from None
+        raise BadBlockFile(f"unreadable header: {exc}", "corrupt") from None
     for name, want in expected._asdict().items():
         got = getattr(header, name)
         if got != want:
-            raise BadBlockFile(f"{name} is {str(got)[:80]}, expected {str(want)[:80]}")
+            reason = {"layout_version": "layout", "fingerprint": "fingerprint"}.get(name, "mismatch")
+            raise BadBlockFile(f"{name} is {str(got)[:80]}, expected {str(want)[:80]}", reason)
     payload = body[_HEAD.size + text_len :]
     if len(payload) != header.payload_bytes:
-        raise BadBlockFile(f"payload has {len(payload)} bytes, header says {header.payload_bytes}")
+        raise BadBlockFile(f"payload has {len(payload)} bytes, header says {header.payload_bytes}", "corrupt")
     return payload

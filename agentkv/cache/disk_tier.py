@@ -32,6 +32,7 @@ from typing import NamedTuple
 from agentkv.cache.block_pool import BlockId
 from agentkv.cache.disk_fingerprint import LAYOUT_VERSION, Fingerprint
 from agentkv.cache.disk_format import (
+    IGNORE_REASONS,
     SUFFIX,
     BadBlockFile,
     BlockHeader,
@@ -46,10 +47,12 @@ from agentkv.cache.radix import Node, RadixCache
 log = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 256 << 20  # queued and not yet written; past it an offer is dropped
 _STOP = object()
+IGNORED_REASONS = (*IGNORE_REASONS, "stale_tmp", "unreadable")  # DiskStats.ignored's reasons
 
 
 class DiskStats(NamedTuple):
     hit_blocks: int = 0  # blocks served from disk (or from the write queue)
+    hit_tokens: int = 0  # their tokens (hit_blocks x block_size)
     loads: int = 0  # fetches that served at least one block
     written_blocks: int = 0
     bytes_written: int = 0
@@ -60,6 +63,7 @@ class DiskStats(NamedTuple):
     num_files: int = 0
     used_bytes: int = 0
     read_only: bool = False
+    ignored: tuple[tuple[str, int], ...] = ()  # ignored_files by reason (IGNORED_REASONS), sorted
 
 
 class DiskTier:
@@ -86,6 +90,7 @@ class DiskTier:
         self._pending_bytes = 0
         self._used = 0
         self._stats = dict(DiskStats()._asdict())
+        self._ignored: dict[str, int] = {}
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self.wait_when_full = False  # offer drops a block when the queue is full (steps never wait)
@@ -105,11 +110,16 @@ class DiskTier:
                     st = entry.stat()
                     found.append((st.st_mtime_ns, stem, st.st_size))
                 elif entry.name.endswith(".tmp"):
-                    self._stats["ignored_files"] += 1
+                    self._count_ignored("stale_tmp")
                     self._unlink(Path(entry.path))
         for _, stem, size in sorted(found):
             self._index[stem] = size
             self._used += size
+
+    def _count_ignored(self, reason: str) -> None:
+        """One more file ignored for `reason` (caller holds the lock, or runs before the writer)."""
+        self._stats["ignored_files"] += 1
+        self._ignored[reason] = self._ignored.get(reason, 0) + 1
 
     def _path(self, key: str) -> Path:
         return self.dir / f"{key}{SUFFIX}"
@@ -249,6 +259,7 @@ class DiskTier:
             payloads.append(payload)
         with self._lock:
             self._stats["hit_blocks"] += len(payloads)
+            self._stats["hit_tokens"] += len(payloads) * self.block_size
             self._stats["loads"] += bool(payloads)
         return payloads
 
@@ -270,7 +281,7 @@ class DiskTier:
         except (OSError, BadBlockFile) as exc:
             log.warning("KV disk tier: ignoring %s: %s", path.name, exc)
             with self._lock:
-                self._stats["ignored_files"] += 1
+                self._count_ignored(exc.reason if isinstance(exc, BadBlockFile) else "unreadable")
                 self._drop(key)
             return None
         with self._lock:
@@ -305,4 +316,7 @@ class DiskTier:
 
     def stats(self) -> DiskStats:
         with self._lock:
-            return DiskStats(**{**self._stats, "num_files": len(self._index), "used_bytes": self._used})
+            ignored = tuple(sorted(self._ignored.items()))
+            return DiskStats(
+                **{**self._stats, "num_files": len(self._index), "used_bytes": self._used, "ignored": ignored}
+            )

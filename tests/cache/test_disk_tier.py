@@ -14,7 +14,7 @@ import pytest
 
 from agentkv.cache.block_pool import BlockPool
 from agentkv.cache.disk_fingerprint import Fingerprint
-from agentkv.cache.disk_format import block_hashes, namespace_text, root_hash
+from agentkv.cache.disk_format import BlockHeader, block_hashes, encode_block, namespace_text, root_hash
 from agentkv.cache.disk_tier import DiskTier
 from agentkv.cache.radix import RadixCache
 
@@ -34,6 +34,13 @@ def store(num_blocks: int) -> dict[int, bytes]:
 
 def tier(path, kv, capacity=1 << 20, fp=None) -> DiskTier:
     return DiskTier(path, fp or fingerprint(), capacity, kv.__getitem__)
+
+
+def decode_header(data: bytes) -> BlockHeader:
+    """The header of a block file's bytes, read by hand (the format's layout, not its reader)."""
+    (text_len,) = struct.unpack_from("<I", data, 4)
+    fields = json.loads(data[8 : 8 + text_len])
+    return BlockHeader(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def written(t: DiskTier, tokens, blocks) -> DiskTier:
@@ -87,7 +94,7 @@ def test_written_blocks_survive_a_restart_from_the_index_alone(tmp_path):
     assert again.fetch(("model", "other"), tokens, 0, 3) == []
     changed = tokens[:5] + [999] + tokens[6:]  # block 1 differs: blocks 1 and 2 are other keys
     assert again.fetch(NS, changed, 0, 3) == [kv[5]]
-    assert again.stats().hit_blocks == 6
+    assert again.stats().hit_blocks == 6 and again.stats().hit_tokens == 6 * BS and again.stats().loads == 3
 
 
 def test_file_is_self_describing(tmp_path):
@@ -104,8 +111,10 @@ def test_file_is_self_describing(tmp_path):
     assert data[-32:] == hashlib.sha256(data[:-32]).digest()
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
-def test_a_bad_file_is_counted_deleted_and_never_served(tmp_path, damage):
+@pytest.mark.parametrize(
+    "damage, reason", [("flip", "corrupt"), ("truncate", "truncated"), ("foreign", "fingerprint"), ("old", "layout")]
+)
+def test_a_bad_file_is_counted_by_reason_deleted_and_never_served(tmp_path, damage, reason):
     kv = store(8)
     tokens = list(range(12))
     t = written(tier(tmp_path, kv), tokens, {0: 1, 1: 2, 2: 3})
@@ -120,9 +129,12 @@ def test_a_bad_file_is_counted_deleted_and_never_served(tmp_path, damage):
         other = written(tier(tmp_path / "other", kv, fp=fingerprint(isa="avx2")), tokens, {0: 1, 1: 4})
         other_key = other.keys(namespace_text(NS), tokens, 2)[1]
         shutil.copy(other.dir / f"{other_key}.kvb", victim)
+    if damage == "old":  # an intact file of an older layout version under this block's name
+        victim.write_bytes(encode_block(decode_header(data)._replace(layout_version=0), kv[2]))
     again = tier(tmp_path, kv)
     assert again.fetch(NS, tokens, 0, 3) == [kv[1]]
     assert again.stats().ignored_files == 1 and not victim.exists()
+    assert again.stats().ignored == ((reason, 1),)
     assert again.fetch(NS, tokens, 0, 3) == [kv[1]]  # gone from the index: not counted twice
     assert again.stats().ignored_files == 1
 
@@ -150,6 +162,7 @@ def test_stale_temporary_files_are_removed_at_start(tmp_path):
     (t.dir / ".deadbeef.123.tmp").write_bytes(b"half a block")
     again = tier(tmp_path, kv)
     assert again.stats().ignored_files == 1 and again.stats().num_files == 1
+    assert again.stats().ignored == (("stale_tmp", 1),)
     assert not list(again.dir.glob("*.tmp"))
 
 
