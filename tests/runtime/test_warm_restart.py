@@ -36,9 +36,10 @@ def transcript(seed: int, num_tokens: int) -> list[int]:
     return out
 
 
-def engine(model: str, disk_dir=None, num_blocks: int = 64, **cache) -> Engine:
+def engine(model: str, disk_dir=None, num_blocks: int = 64, backend: str = "cpu", **cache) -> Engine:
     config = EngineConfig(
         model=model,
+        backend=backend,
         cache=CacheConfig(
             block_size=BS,
             num_blocks=num_blocks,
