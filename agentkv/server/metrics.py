@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agentkv.cache.disk_tier import IGNORED_REASONS, DiskStats
+
 PREFIX = "agentkv"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -46,6 +48,41 @@ class EngineCollector(Collector):
         }
         for name, (field, doc) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=getattr(stats, field))
+        if stats.disk is not None:
+            yield from disk_metrics(stats.disk)
+
+
+DISK_COUNTERS = {
+    "hit_blocks": "KV blocks served from the disk tier",
+    "hit_tokens": "Prompt tokens whose KV came from the disk tier",
+    "loads": "Admissions that loaded at least one block from the disk tier",
+    "written_blocks": "KV blocks written to the disk tier",
+    "bytes_written": "Bytes of block files written",
+    "bytes_read": "Bytes of block files read (and verified)",
+    "write_errors": "Failed block-file writes (the tier turns read-only)",
+    "dropped_writes": "Blocks not written: the write queue was full or the tier read-only",
+}
+DISK_GAUGES = {
+    "num_files": ("files", "Block files in the disk tier's index"),
+    "used_bytes": ("used_bytes", "Bytes of block files on disk"),
+    "read_only": ("read_only", "1 after a write error: the disk tier only serves what it has"),
+}
+
+
+def disk_metrics(disk: DiskStats) -> Iterator[Any]:
+    """The KV disk tier's counters and gauges (`agentkv_kv_disk_*`); ignored files by reason,
+    every reason listed (zero included) so a dashboard sees the series before the first one."""
+    for field, doc in DISK_COUNTERS.items():
+        yield CounterMetricFamily(f"{PREFIX}_kv_disk_{field}", doc, value=getattr(disk, field))
+    ignored = CounterMetricFamily(
+        f"{PREFIX}_kv_disk_ignored_files", "Block files ignored (never served) by reason", labels=["reason"]
+    )
+    counts = dict(disk.ignored)
+    for reason in IGNORED_REASONS:
+        ignored.add_metric([reason], counts.get(reason, 0))
+    yield ignored
+    for field, (name, doc) in DISK_GAUGES.items():
+        yield GaugeMetricFamily(f"{PREFIX}_kv_disk_{name}", doc, value=float(getattr(disk, field)))
 
 
 class ServerMetrics:

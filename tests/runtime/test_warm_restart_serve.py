@@ -81,6 +81,23 @@ class Server:
         return code
 
 
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics parsed by prometheus_client's own text parser: (sample name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def disk_metric(samples: dict, name: str, **labels: str) -> float:
+    return samples[(f"agentkv_kv_disk_{name}", tuple(sorted(labels.items())))]
+
+
 def completion(port: int, prompt: list[int]) -> tuple[int, list]:
     out = post(port, {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 5})
     choice = out["choices"][0]
@@ -102,17 +119,30 @@ def test_served_warm_restart_is_exact(qwen2_dir, tmp_path):  # noqa: F811
     first = Server(qwen2_dir, "--kv-cache-dir", str(tmp_path))
     try:
         assert completion(first.port, prompt) == (0, want)
+        before = scrape(first.port)
     finally:
         assert first.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
     assert "Application shutdown complete" in first.log  # the graceful path ran
     assert len(list(tmp_path.glob("kv-v1-*/*.kvb"))) >= 300 // 16  # SIGTERM wrote RAM back
+    files = sorted(tmp_path.glob("kv-v1-*/*.kvb"))
+    (files[0].parent / ".stale.1.tmp").write_bytes(b"what a writer killed mid-file leaves")
     second = Server(qwen2_dir, "--kv-cache-dir", str(tmp_path))
     try:
         cached, got = completion(second.port, prompt)
+        after = scrape(second.port)
     finally:
         second.stop()
     assert cached >= 0.9 * len(prompt)
     assert got == want  # logprobs as JSON floats: equal to the last bit
+    assert disk_metric(before, "hit_blocks_total") == 0 and disk_metric(before, "written_blocks_total") == 0
+    assert disk_metric(after, "hit_blocks_total") == cached // 16
+    assert disk_metric(after, "hit_tokens_total") == cached
+    assert disk_metric(after, "loads_total") == 1
+    kv_bytes = 2 * 2 * 16 * 2 * 16 * 4  # layers, K and V, block, kv heads, head dim, f32
+    assert cached // 16 * kv_bytes < disk_metric(after, "bytes_read_total") < cached // 16 * (kv_bytes + 4096)
+    assert disk_metric(after, "files") == len(files) and disk_metric(after, "read_only") == 0
+    assert disk_metric(after, "ignored_files_total", reason="stale_tmp") == 1
+    assert disk_metric(after, "ignored_files_total", reason="corrupt") == 0
 
 
 PROBE = textwrap.dedent("""
