@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -194,12 +195,15 @@ def run(args: argparse.Namespace) -> int:
     if args.prefix_len < 2 * BLOCK_SIZE:
         raise ValueError(f"--prefix-len {args.prefix_len} must be >= {2 * BLOCK_SIZE}")
     out = Path(args.out)
-    directory = Path(args.kv_cache_dir or tempfile.mkdtemp(prefix="agentkv-bench-disk-"))
-    if any(directory.glob("kv-v*/*.kvb")):
-        raise ValueError(f"--kv-cache-dir {directory} already holds block files; the cold arm needs an empty one")
+    if args.kv_cache_dir and any(Path(args.kv_cache_dir).glob("kv-v*/*.kvb")):
+        raise ValueError(f"--kv-cache-dir {args.kv_cache_dir} already holds block files; the cold arm needs none")
+    scratch = Path(tempfile.mkdtemp(prefix="agentkv-bench-disk-"))  # arm specs, slot files, default KV dir
     spec = {"model": args.model, "backend": args.backend, "weights": args.weights, "prefix_len": args.prefix_len}
-    spec["dir"] = str(directory)
-    arms = _arms(args, spec, out / "disk-work")
+    spec["dir"] = args.kv_cache_dir or str(scratch / "kv")
+    try:
+        arms = _arms(args, spec, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # hundreds of MB of KV: never left behind
     payload = envelope("disk", model=args.model, prefix_len=args.prefix_len, arms=arms)
     bad = problems(arms, args.prefix_len)
     md = [f"FAILED: {b}" for b in bad] if bad else _report(arms, spec)
