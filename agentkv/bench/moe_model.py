@@ -139,15 +139,18 @@ def _metadata(writer, shape: MoEShape) -> None:
 
 def write_vocab(writer, size: int) -> None:
     """A SentencePiece-style (`llama`) vocabulary of `size` pieces: <unk> <s> </s>, the 256
-    byte pieces, then filler pieces. Enough for token-id prompts on either engine."""
-    if size < 300:
-        raise ValueError(f"vocab size must be >= 300 for the byte pieces, got {size}")
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"\u2581t{i}" for i in range(size - len(tokens))]
-    types = [2, 3, 3] + [6] * 256 + [1] * (size - 259)  # unknown, control, byte, normal
+    byte pieces (only the newline's below 300 pieces, which llama.cpp requires), then filler
+    pieces. Enough for token-id prompts on either engine."""
+    byte_values = range(256) if size >= 300 else (10,)
+    if size < 3 + len(byte_values):
+        raise ValueError(f"vocab size must be >= 4, got {size}")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in byte_values]
+    fixed = len(tokens)
+    tokens += [f"\u2581t{i}" for i in range(size - fixed)]
+    types = [2, 3, 3] + [6] * len(byte_values) + [1] * (size - fixed)  # unknown, control, byte, normal
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(size - 259)])
+    writer.add_token_scores([0.0] * fixed + [-float(i) for i in range(size - fixed)])
     writer.add_token_types(types)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
