@@ -14,12 +14,21 @@
 // activation is fused.cpp's glu, and the weighted sum is elementwise in rank order, so a
 // token's bits depend only on its own row, never on which tokens share its batch or chunk.
 // The experts stay in the file's quant blocks: each is a view into the 3-D GGUF tensor.
+//
+// Decode (every active expert has <= 4 rows, quantized experts, the AVX-512 build): the gate
+// and up matmuls of all active experts are one parallel loop over all their output columns,
+// and so are the down matmuls, each column computed by avx512::decode_range exactly as
+// qmatmul_raw computes it for that problem (threads split columns only, so the same bits),
+// instead of three pool dispatches per expert.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "fused.h"
 #include "ops.h"
+#include "pool.h"
 #include "qmatmul.h"
+#include "qmatmul_impl.h"
 
 namespace agentkv {
 namespace ops {
@@ -29,6 +38,7 @@ namespace {
 struct ExpertBank {
     std::vector<at::Tensor> w;
     int64_t qtype = 0, rows = 0, k = 0, row_bytes = 0;
+    std::vector<const uint8_t*> blocks;  // w[e]'s bytes (quantized banks)
 
     // out[c, rows] = x[c, k] @ w[e].T
     void apply(int64_t e, const float* x, int64_t c, float* out) const {
@@ -65,8 +75,38 @@ ExpertBank bank(std::vector<at::Tensor> w, int64_t qtype, int64_t rows, int64_t 
                         t.numel());
         }
     }
-    return ExpertBank{std::move(w), qtype, rows, k, rb};
+    std::vector<const uint8_t*> blocks;
+    if (qtype != 0)
+        for (const at::Tensor& t : w) blocks.push_back(t.data_ptr<uint8_t>());
+    return ExpertBank{std::move(w), qtype, rows, k, rb, std::move(blocks)};
 }
+
+// A decode matmul's columns are worth a pool chunk from this many weight bytes (as qmatmul.cpp).
+constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
+
+// Columns [0, n) of every problem in `jobs` (each m <= 4, n columns, its own qtype), as one
+// parallel loop over all their columns; chunks are multiples of 4 columns and n is a multiple
+// of 32, so a chunk boundary never splits a register group.
+void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes) {
+    const int64_t total = n * static_cast<int64_t>(jobs.size());
+    const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / std::max<int64_t>(1, row_bytes));
+    parallel_chunks(
+        total, grain,
+        [&](int64_t b, int64_t e) {
+            while (b < e) {
+                const int64_t j = b / n, c0 = b % n, c1 = std::min(n, c0 + (e - b));
+                avx512::decode_range(jobs[j], qtypes[j], c0, c1);
+                b += c1 - c0;
+            }
+        },
+        4, 4);
+}
+
+// An expert some slot chose: its id, its first slot index in Groups::slots, its row count,
+// and its first row in the work buffers (rows are in expert order, as the slots are).
+struct Active {
+    int64_t e, first, c, row0;
+};
 
 // Slots grouped by expert: slots[start[e] .. start[e + 1]) chose expert e, ascending.
 struct Groups {
@@ -118,21 +158,62 @@ struct MoEExperts {
         auto out = at::empty({n, d}, x.options());
         if (n == 0) return out;
         const Groups groups = group_slots(chosen.data_ptr<int64_t>(), n * k, experts());
-        std::vector<float> slots_out(static_cast<size_t>(n * k * d)), rows, y, buf;
-        const float* xs = x.data_ptr<float>();
+        std::vector<Active> active;
+        int64_t rows = 0, widest = 0;
         for (int64_t e = 0; e < experts(); ++e) {
-            const int64_t b = groups.start[e], c = groups.start[e + 1] - b;
+            const int64_t c = groups.start[e + 1] - groups.start[e];
             if (c == 0) continue;
-            rows.resize(static_cast<size_t>(c * d));
-            y.resize(static_cast<size_t>(c * d));
-            for (int64_t i = 0; i < c; ++i)
-                std::memcpy(rows.data() + i * d, xs + (groups.slots[b + i] / k) * d, sizeof(float) * d);
-            expert(e, rows.data(), c, buf, y.data());
-            for (int64_t i = 0; i < c; ++i)
-                std::memcpy(slots_out.data() + groups.slots[b + i] * d, y.data() + i * d, sizeof(float) * d);
+            active.push_back({e, groups.start[e], c, rows});
+            rows += c;
+            widest = std::max(widest, c);
         }
+        // xr: each active expert's gathered rows, y: its outputs, both [rows, d] in expert order
+        std::vector<float> xr(static_cast<size_t>(rows * d)), y(xr.size());
+        const float* xs = x.data_ptr<float>();
+        for (int64_t i = 0; i < rows; ++i)
+            std::memcpy(xr.data() + i * d, xs + (groups.slots[i] / k) * d, sizeof(float) * d);
+        if (widest <= 4 && decodes_together()) {
+            decode_experts(active, xr.data(), y.data(), rows);
+        } else {
+            std::vector<float> buf;
+            for (const Active& a : active) expert(a.e, xr.data() + a.row0 * d, a.c, buf, y.data() + a.row0 * d);
+        }
+        std::vector<float> slots_out(static_cast<size_t>(n * k * d));
+        for (int64_t i = 0; i < rows; ++i)
+            std::memcpy(slots_out.data() + groups.slots[i] * d, y.data() + i * d, sizeof(float) * d);
         weighted_sum(slots_out.data(), probs.data_ptr<float>(), out.data_ptr<float>(), n, k, d);
         return out;
+    }
+
+    bool decodes_together() const {
+        return gate.qtype != 0 && up.qtype != 0 && down.qtype != 0 && fix_isa() == ISA_AVX512;
+    }
+
+    // Every active expert (<= 4 rows each) at once: gate|up as one parallel loop, glu, down as one.
+    void decode_experts(const std::vector<Active>& active, const float* xr, float* y, int64_t rows) const {
+        const int64_t f = gate.rows, d = gate.k;
+        std::vector<float> g(static_cast<size_t>(rows * f)), u(g.size()), gu(2 * g.size());
+        std::vector<Problem> jobs;
+        std::vector<int> qtypes;
+        for (const Active& a : active) {
+            jobs.push_back({xr + a.row0 * d, gate.blocks[a.e], g.data() + a.row0 * f, a.c, f, d, gate.row_bytes});
+            jobs.push_back({xr + a.row0 * d, up.blocks[a.e], u.data() + a.row0 * f, a.c, f, d, up.row_bytes});
+            qtypes.push_back(static_cast<int>(gate.qtype));
+            qtypes.push_back(static_cast<int>(up.qtype));
+        }
+        decode_all(jobs, qtypes, f, std::max(gate.row_bytes, up.row_bytes));
+        for (int64_t r = 0; r < rows; ++r) {
+            std::memcpy(gu.data() + r * 2 * f, g.data() + r * f, sizeof(float) * f);
+            std::memcpy(gu.data() + r * 2 * f + f, u.data() + r * f, sizeof(float) * f);
+        }
+        glu_raw(gu.data(), g.data(), rows, f, static_cast<int>(act));  // h [rows, f] over g
+        jobs.clear();
+        qtypes.clear();
+        for (const Active& a : active) {
+            jobs.push_back({g.data() + a.row0 * f, down.blocks[a.e], y + a.row0 * d, a.c, d, f, down.row_bytes});
+            qtypes.push_back(static_cast<int>(down.qtype));
+        }
+        decode_all(jobs, qtypes, d, down.row_bytes);
     }
 
     static void weighted_sum(const float* ys, const float* p, float* out, int64_t n, int64_t k, int64_t d) {
