@@ -129,7 +129,8 @@ def markdown(payload: dict) -> list[str]:
             rows.append([arm, "—", "—", "—", why(r)])
         else:
             of_ceiling = r["decode_tok_s"] / payload["decode_ceiling_tok_s"]
-            rows.append([arm, r["prefill_tok_s"], r["decode_tok_s"], of_ceiling, r.get("kernels", "")[:60]])
+            kernels = r.get("kernels", "").replace("|", "/")  # llama.cpp's system info line has pipes
+            rows.append([arm, r["prefill_tok_s"], r["decode_tok_s"], of_ceiling, kernels])
     lines += table(["engine", "prefill tok/s", "decode tok/s", "decode of ceiling", "kernels / status"], rows)
     vs = payload["ratios"].get("vs_llamacpp")
     if vs:
