@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from agentkv.bench.moe_model import write_vocab
 from agentkv.cli import main
 from agentkv.formats.resolve import open_model
 from agentkv.hal.registry import lookup
@@ -39,8 +40,9 @@ HF_PROJ = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 
 
-def write_moe_gguf(folder: Path, path: Path, arch: str, expert_qtype=None) -> Path:
-    """The folder's safetensors as a GGUF of `arch`; experts quantized to `expert_qtype`."""
+def write_moe_gguf(folder: Path, path: Path, arch: str, expert_qtype=None, vocab: bool = False) -> Path:
+    """The folder's safetensors as a GGUF of `arch`; experts quantized to `expert_qtype`;
+    `vocab` adds a token list (llama.cpp refuses a file without one)."""
     cfg = json.loads((folder / "config.json").read_text())
     tensors = load_file(str(folder / "model.safetensors"))
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
@@ -48,6 +50,8 @@ def write_moe_gguf(folder: Path, path: Path, arch: str, expert_qtype=None) -> Pa
     writer = gguf.GGUFWriter(str(path), arch)
     _write_hparams(writer, _Cfg(cfg))
     _write_moe_hparams(writer, cfg)
+    if vocab:
+        write_vocab(writer, cfg["vocab_size"])
     experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
     for hf_name, data in tensors.items():
         m = EXPERT.fullmatch(hf_name)

@@ -4,10 +4,11 @@ Batch invariance comes from the kernels: every matmul and attention row follows 
 accumulation order, and so do the fused glue ops (norms, residual adds, gated activations,
 rope and the K/V store: fused.cpp), which also spare ~40 small torch ops per layer and step.
 The model-facing fused ops (attention_inputs, the decoder block in one call) are in
-`block.py`; ops without a kernel are the portable `torch` backend's (hal/portable), whose
-class this extends. The kernels must run here: when they cannot (no C++ compiler, a CPU without
-AVX2/FMA/F16C, a failed build), constructing the backend raises BackendUnavailable naming why;
-it never runs the portable path in their place.
+`block.py`, the routed experts of an MoE layer as one call in `moe.py`; ops without a kernel
+are the portable `torch` backend's (hal/portable), whose class this extends. The kernels must
+run here: when they cannot (no C++ compiler, a CPU without AVX2/FMA/F16C, a failed build),
+constructing the backend raises BackendUnavailable naming why; it never runs the portable path
+in their place.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from agentkv.hal.base import AttnMeta, Capabilities, Identity, Layout, RopeSpec, Tensor, Weight, check_layout
 from agentkv.hal.cpu.block import CompiledBlocks
+from agentkv.hal.cpu.moe import CompiledExperts
 from agentkv.hal.kernels import SUPPORTED_QTYPES, build_id, load
 from agentkv.hal.portable.backend import F32, GLU_KINDS, TorchBackend, TorchKV, _stacked
 from agentkv.hal.portable.steps import kernel_meta
@@ -28,7 +30,7 @@ __all__ = ["F32", "CpuBackend"]
 LAYOUTS = frozenset({Layout.ROW_MAJOR_F32, Layout.GGUF_ROWS})
 
 
-class CpuBackend(CompiledBlocks, TorchBackend):
+class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
     """The portable torch backend with its hot ops replaced by the compiled kernels; quantized
     weights stay in the file's blocks (GGUF_ROWS) and the kernels read them as they are."""
 

@@ -295,4 +295,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("num_kv_heads"), py::arg("rope_dim"), py::arg("interleaved"), py::arg("eps"),
           py::arg("unit_offset") = false);
     agentkv::ops::bind_layer(m);
+    agentkv::ops::bind_moe(m);
 }

@@ -34,6 +34,7 @@ SOURCES = (
     "fused.cpp",
     "pool.cpp",
     "layer.cpp",
+    "moe.cpp",
 )
 HEADERS = ("simd.h", "quant.h", "qmatmul.h", "qmatmul_impl.h", "fused.h", "pool.h", "ops.h", "simd512.h")
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
@@ -69,6 +70,8 @@ def load() -> ModuleType:
                        cos, sin f32 [num_pos, rope_dim/2], positions, slots int64 [n],
                        k_cache, v_cache f32 [num_slots, kvh, hd] (written), h, kvh, rope_dim,
                        interleaved, eps, unit_offset) -> q f32 [n, h, hd]
+      moe_experts(gate, up, down: per-expert weights, qtypes [3], d, f, act) -> MoEExperts, whose
+        run(x f32 [n, d], chosen int64 [n, k], probs f32 [n, k]) -> f32 [n, d] (moe.cpp)
     Every output row's bits depend only on that row's inputs (batch-invariant). The ISA
     (isa, set_isa, fix_isa, isa_fixed, isa_supported) is fixed by the first kernel call."""
     global _cached

@@ -30,6 +30,8 @@ void check_indices_once(int site, std::initializer_list<at::Tensor> indices, std
 
 // Registers the DecoderBlock class (layer.cpp).
 void bind_layer(pybind11::module_& m);
+// Registers the MoEExperts class (moe.cpp).
+void bind_moe(pybind11::module_& m);
 
 }  // namespace ops
 }  // namespace agentkv

@@ -66,7 +66,12 @@ def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec) 
     out = probs[:, :1] * per_rank[:, 0]
     for j in range(1, k):
         out = out + probs[:, j : j + 1] * per_rank[:, j]
-    if weights.shared is not None:
-        shared, gate = shared_expert(backend, x, weights.shared, spec.act)
-        out = out + (shared.raw if gate is None else shared.raw / (1.0 + torch.exp(-gate.raw)))
-    return Tensor(out)
+    return add_shared(backend, x, weights, spec, out)
+
+
+def add_shared(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec, routed: torch.Tensor) -> Tensor:
+    """The routed sum `[n, d]` plus the shared expert's output, scaled by its sigmoid gate."""
+    if weights.shared is None:
+        return Tensor(routed)
+    shared, gate = shared_expert(backend, x, weights.shared, spec.act)
+    return Tensor(routed + (shared.raw if gate is None else shared.raw / (1.0 + torch.exp(-gate.raw))))
