@@ -108,8 +108,12 @@ def run(args: argparse.Namespace) -> int:
     base = {"backend": args.backend, "prompt_len": args.prompt_len, "decode_len": args.decode_len}
     base["repeats"] = args.repeats
     specs = {
-        arm: {**base, "model": str(path), "arm": "llamacpp" if arm.startswith("llamacpp") else arm}
-        | {"weights": "resident"}
+        arm: {
+            **base,
+            "model": str(path),
+            "arm": "llamacpp" if arm.startswith("llamacpp") else arm,
+            "weights": "resident",
+        }
         for arm, path in paths.items()
     }
     payload = envelope(
