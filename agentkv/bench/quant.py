@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="cProfile agentkv's prefill and decode steps, split by kernel",
     )
+    parser.add_argument(
+        "--w4a16",
+        action="store_true",
+        help="instead: the first model as a W4A16 g128 safetensors checkpoint vs Q4_0 (quant_w4a16)",
+    )
     parser.add_argument("--out", default="bench/out")
 
 
@@ -148,6 +153,10 @@ def markdown(payload: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.w4a16:
+        from agentkv.bench import quant_w4a16
+
+        return quant_w4a16.run(args)
     arms = [a for a in args.arms.split(",") if a]
     for bad in [a for a in arms if a not in ARMS]:
         raise ValueError(f"--arms: unknown arm {bad!r}; choose from {', '.join(ARMS)}")

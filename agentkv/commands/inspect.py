@@ -75,7 +75,8 @@ def summarize(source: ModelSource) -> dict[str, Any]:
         row["num_tensors"] += 1
         row["num_bytes"] += info.num_bytes
         row["num_params"] += int(np.prod(info.shape, dtype=np.int64))
-        row["cpu_weights"] = _cpu_residency(info.qtype)
+        held = {*filter(None, row.get("cpu_weights", "").split(", ")), _cpu_residency(info.qtype, info.shape)}
+        row["cpu_weights"] = ", ".join(sorted(held))  # a bf16 row: "f32, resident" (vectors, matrices)
     resolved = {**{f.name: getattr(hp, f.name) for f in dataclasses.fields(hp)}, **_family_summary(source)}
     hparams = {k: resolved.get(k) for k in KEY_HPARAMS}
     return {
@@ -117,13 +118,16 @@ def _family_summary(source: ModelSource) -> dict[str, Any]:
         return {}
 
 
-def _cpu_residency(qtype: int) -> str:
-    """How the torch CPU backend holds this format with --weights resident (the default)."""
-    from agentkv.hal.kernels.qtypes import SUPPORTED_QTYPES
+def _cpu_residency(qtype: int, shape: tuple[int, ...]) -> str:
+    """How the cpu backend holds this tensor with --weights resident (the default): in its own
+    blocks when a kernel reads them (matrices only), else widened to f32."""
+    from agentkv.hal.kernels.qtypes import QTYPE_BLOCK
 
-    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+    if qtype == GGMLQuantizationType.F32 or (qtype in (1, 30) and len(shape) != 2):  # f16/bf16 vectors
         return "f32"
-    return "resident" if qtype in SUPPORTED_QTYPES else "f32 (fallback)"  # I4G32/I8G32/F8G32: no kernel yet
+    if qtype in QTYPE_BLOCK and len(shape) == 2 and shape[1] % QTYPE_BLOCK[qtype][0] == 0:
+        return "resident"
+    return "f32 (fallback)"
 
 
 def _gguf_tokenizer(metadata: dict[str, Any]) -> dict[str, Any]:

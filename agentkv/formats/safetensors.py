@@ -115,6 +115,15 @@ def _file_entries(file: Path) -> dict[str, _Entry]:
     return {name: _entry(file, name, spec, data_start, size) for name, spec in header.items()}
 
 
+def _part_array(entry: _Entry) -> np.ndarray:
+    """A quantized module's part as its values: bf16 (a scale, usually) widened to float32,
+    exactly, since the unpackers read numbers and a bf16 memmap holds raw uint16 bits."""
+    arr = _array(entry)
+    if entry.dtype == "BF16":
+        return (arr.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return arr
+
+
 def _array(entry: _Entry) -> np.ndarray:
     """The tensor's bytes as a read-only memmap of its dtype (zeros for an empty tensor)."""
     dtype = DTYPES[entry.dtype][0]
@@ -221,7 +230,7 @@ class SafetensorsSource(ModelSource):
         entry = self._lookup(name)
         module = self._modules.get(entry.hf_name)
         if module is not None:
-            resident, shape = load_module(self.scheme, module, lambda part: _array(self._parts[part]))
+            resident, shape = load_module(self.scheme, module, lambda part: _part_array(self._parts[part]))
             return TensorInfo(name, shape, resident.qtype, resident.data)
         return TensorInfo(name, entry.shape, int(DTYPES[entry.dtype][1]), _array(entry))
 
@@ -236,7 +245,7 @@ class SafetensorsSource(ModelSource):
         module = self._modules.get(entry.hf_name)
         if module is None:
             return None
-        resident, _ = load_module(self.scheme, module, lambda part: _array(self._parts[part]))
+        resident, _ = load_module(self.scheme, module, lambda part: _part_array(self._parts[part]))
         return resident.fallback
 
     def _lookup(self, name: str) -> _Entry:

@@ -119,10 +119,15 @@ class Engine(SpeculativeEngine, EngineState):
         """Which tensors stayed quantized and which fell back to f32 (for the load log)."""
         from agentkv.formats.quants import QUANT_NAMES
 
-        src = {n: self.source.tensor(n).qtype for n in self.model.weight_formats}
+        infos = {n: self.source.tensor(n) for n in self.model.weight_formats}
+        src = {n: info.qtype for n, info in infos.items()}
         kept = sum(1 for n, q in self.model.weight_formats.items() if q == src[n] and q not in (0, 1))
-        fell = sorted(
-            {QUANT_NAMES.get(src[n], str(src[n])) for n, q in self.model.weight_formats.items() if q != src[n]}
+        fell = sorted(  # vectors (norms, biases) are f32 by design, whatever the file holds
+            {
+                QUANT_NAMES.get(src[n], str(src[n]))
+                for n, q in self.model.weight_formats.items()
+                if q != src[n] and len(infos[n].shape) > 1
+            }
         )
         return f"{kept} weights resident quantized" + (f", dequantized to f32: {', '.join(fell)}" if fell else "")
 

@@ -27,7 +27,7 @@ def witness_model(name: str, backend: Backend, reference: Backend, weights: str 
     ids = [int(x) for x in np.random.default_rng(0).integers(3, min(vocab, 20000), WITNESS_PROMPT_LEN)]
     ref = prompt_logits(load_model(source, reference, LoadOptions("f32")), ids)
     model = load_model(source, backend, LoadOptions(weights))
-    quantized = any(q not in (0, 1) for q in model.weight_formats.values())
+    quantized = any(q not in (0, 1, 30) for q in model.weight_formats.values())  # f32, f16, bf16: exact
     floor = COSINE_FLOOR_QUANT if quantized else COSINE_FLOOR_MODEL
     got = prompt_logits(model, ids)
     row = compare(f"model/{name}", f"{WITNESS_PROMPT_LEN} tokens, weights={weights}", ref, got, floor, True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agentkv.bench.quant_ckpt import w4a16_parts
 from agentkv.formats.quants.group32 import AgentQuantType
 from agentkv.formats.safetensors import SafetensorsSource
 from tests.formats import quant_ckpt_writer as qw
@@ -25,6 +26,15 @@ def _ct(fmt: str, weights: dict) -> dict:
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
         "ignore": ["lm_head"],
     }
+
+
+def _bf16_scaled_w4a16(w: np.ndarray) -> tuple[dict, np.ndarray]:
+    """W4A16 with bf16 scales, as llm-compressor writes a bf16 model's, by the bench's writer."""
+    import torch
+
+    parts, values = w4a16_parts(w, 32, "bfloat16")
+    to_torch = {"BF16": lambda v: torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)}
+    return {k: to_torch.get(dt, torch.from_numpy)(np.ascontiguousarray(v)) for k, (dt, v) in parts.items()}, values
 
 
 CASES = {
@@ -46,6 +56,10 @@ CASES = {
             "pack-quantized", {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 32}
         ),
         lambda n, w, r: qw.compressed_int_parts(w, 4, 32, False, False, r),
+    ),
+    "ct-w4a16-bf16-scales": (
+        _ct("pack-quantized", {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}),
+        lambda n, w, r: _bf16_scaled_w4a16(w),
     ),
     "ct-w8a16-channel": (
         _ct("pack-quantized", {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}),
@@ -92,3 +106,6 @@ def test_resident_formats_and_fallbacks_are_reported(tmp_path) -> None:
     source = SafetensorsSource(tmp_path / "ct-w4a16-asym")
     assert source.tensor("blk.1.ffn_down.weight").qtype == AgentQuantType.I4G32
     assert source.fallback_reason("blk.1.ffn_down.weight") is None
+    write_case(tmp_path, "ct-w4a16-bf16-scales")  # bf16 scales are f16-exact: Q4_0, read as values
+    source = SafetensorsSource(tmp_path / "ct-w4a16-bf16-scales")
+    assert source.tensor("blk.1.ffn_down.weight").qtype == 2

@@ -21,7 +21,7 @@ import torch
 from agentkv.hal.base import AttnMeta, Capabilities, Identity, Layout, RopeSpec, Tensor, Weight, check_layout
 from agentkv.hal.cpu.block import CompiledBlocks
 from agentkv.hal.cpu.moe import CompiledExperts
-from agentkv.hal.kernels import SUPPORTED_QTYPES, build_id, load
+from agentkv.hal.kernels import QTYPE_BLOCK, SUPPORTED_QTYPES, build_id, load
 from agentkv.hal.portable.backend import F32, GLU_KINDS, TorchBackend, TorchKV, _stacked
 from agentkv.hal.portable.steps import kernel_meta
 
@@ -58,7 +58,7 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         return Identity(self.name, str(self.device), self._kernels.fix_isa(), build_id())
 
     def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
-        if resident and len(shape) == 2 and qtype in SUPPORTED_QTYPES:
+        if resident and len(shape) == 2 and qtype in SUPPORTED_QTYPES and shape[1] % QTYPE_BLOCK[qtype][0] == 0:
             # The file's own blocks, kept as they are: [out, bytes_per_row] uint8. The
             # memory-mapped file itself is the weight (like llama.cpp's mmap): no copy, so the
             # process holds each weight byte once.
@@ -127,9 +127,10 @@ def _mapped_tensor(data: np.ndarray, rows: int) -> torch.Tensor:
     """A uint8 `[rows, bytes_per_row]` view of (read-only, memory-mapped) file data. torch
     warns that it cannot protect read-only memory; weights are never written, so the
     warning is silenced here and nowhere else."""
-    arr = np.asarray(data, dtype=np.uint8)
+    arr = np.asarray(data)
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
+    arr = arr.view(np.uint8)  # f16 / bf16 (uint16) element data: its bytes, never its values cast
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(arr.reshape(rows, -1))

@@ -28,7 +28,8 @@ void check_i32(const at::Tensor& t, const char* name, int64_t dim) {
 int64_t row_bytes_of(int64_t qtype, int64_t k) {
     int qk = 0, bytes = 0;
     TORCH_CHECK(qtype_info(static_cast<int>(qtype), qk, bytes), "unsupported qtype ", qtype,
-                " (supported: 0 F32, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)");
+                " (supported: 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K,"
+                " 30 BF16, 1004 I4G32, 1008 I8G32, 1016 F8G32)");
     TORCH_CHECK(k > 0 && k % qk == 0, "k=", k, " must be a positive multiple of ", qk, " for qtype ", qtype);
     return k / qk * bytes;
 }

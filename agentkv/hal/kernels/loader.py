@@ -36,7 +36,17 @@ SOURCES = (
     "layer.cpp",
     "moe.cpp",
 )
-HEADERS = ("simd.h", "quant.h", "qmatmul.h", "qmatmul_impl.h", "fused.h", "pool.h", "ops.h", "simd512.h")
+HEADERS = (
+    "simd.h",
+    "quant.h",
+    "qmatmul.h",
+    "qmatmul_impl.h",
+    "fused.h",
+    "pool.h",
+    "ops.h",
+    "simd512.h",
+    "formats512.h",
+)
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")
 LDFLAGS = ("-fopenmp",)

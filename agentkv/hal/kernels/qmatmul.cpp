@@ -207,6 +207,11 @@ static void dispatch(int qtype, Fn&& fn) {
         case Q4_K: fn(FmtQ4_K{}); break;
         case Q5_K: fn(FmtQ5_K{}); break;
         case Q6_K: fn(FmtQ6_K{}); break;
+        case F16: fn(FmtF16{}); break;
+        case BF16: fn(FmtBF16{}); break;
+        case I4G32: fn(FmtI4G32{}); break;
+        case I8G32: fn(FmtI8G32{}); break;
+        case F8G32: fn(FmtF8G32{}); break;
         default: throw std::invalid_argument("agentkv kernels: unsupported qtype " + std::to_string(qtype));
     }
 }
@@ -222,6 +227,11 @@ bool qtype_info(int qtype, int& block_weights, int& block_bytes) {
         case Q4_K: block_weights = FmtQ4_K::QK; block_bytes = FmtQ4_K::BYTES; return true;
         case Q5_K: block_weights = FmtQ5_K::QK; block_bytes = FmtQ5_K::BYTES; return true;
         case Q6_K: block_weights = FmtQ6_K::QK; block_bytes = FmtQ6_K::BYTES; return true;
+        case F16: block_weights = FmtF16::QK; block_bytes = FmtF16::BYTES; return true;
+        case BF16: block_weights = FmtBF16::QK; block_bytes = FmtBF16::BYTES; return true;
+        case I4G32: block_weights = FmtI4G32::QK; block_bytes = FmtI4G32::BYTES; return true;
+        case I8G32: block_weights = FmtI8G32::QK; block_bytes = FmtI8G32::BYTES; return true;
+        case F8G32: block_weights = FmtF8G32::QK; block_bytes = FmtF8G32::BYTES; return true;
         default: return false;
     }
 }

@@ -35,6 +35,7 @@ bool cpu_supports() {
 #define AGENTKV_ISA isa_avx512
 #include "quant.h"
 #include "simd512.h"
+#include "formats512.h"
 
 namespace agentkv {
 namespace avx512 {
@@ -350,6 +351,11 @@ static void dispatch(int qtype, Fn&& fn) {
         case Q4_K: fn(W4_K{}); break;
         case Q5_K: fn(Wide<FmtQ5_K>{}); break;
         case Q6_K: fn(W6_K{}); break;
+        case F16: fn(Wide<FmtF16>{}); break;
+        case BF16: fn(formats512::WBF16{}); break;
+        case I4G32: fn(formats512::WI4G32{}); break;
+        case I8G32: fn(formats512::WI8G32{}); break;
+        case F8G32: fn(Wide<FmtF8G32>{}); break;
         default: break;  // qmatmul_raw validated qtype (and no std:: code is built for AVX-512 here)
     }
 }

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-# qtype -> (weights per block, bytes per block); 0 is f32 (handled by matmul_f32).
+# qtype -> (weights per block, bytes per block); 0 is f32 (handled by matmul_f32). 1 F16 and
+# 30 BF16 ride the quant kernels as 32-weight blocks; 1004/1008/1016 are agentkv's own
+# group-32 blocks (agentkv.formats.quants.group32).
 QTYPE_BLOCK: dict[int, tuple[int, int]] = {
+    1: (32, 64),  # F16
     2: (32, 18),  # Q4_0
     3: (32, 20),  # Q4_1
     6: (32, 22),  # Q5_0
@@ -12,6 +15,10 @@ QTYPE_BLOCK: dict[int, tuple[int, int]] = {
     12: (256, 144),  # Q4_K
     13: (256, 176),  # Q5_K
     14: (256, 210),  # Q6_K
+    30: (32, 64),  # BF16
+    1004: (32, 24),  # I4G32
+    1008: (32, 40),  # I8G32
+    1016: (32, 36),  # F8G32
 }
 SUPPORTED_QTYPES = frozenset(QTYPE_BLOCK)
 

@@ -13,7 +13,10 @@
 namespace agentkv {
 inline namespace AGENTKV_ISA {
 
-enum QType : int { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum QType : int {
+    F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+    I4G32 = 1004, I8G32 = 1008, F8G32 = 1016  // agentkv's own group-32 blocks (formats/quants/group32.py)
+};
 
 struct FmtQ8_0 {
     static constexpr int QK = 32, BYTES = 34;
@@ -196,6 +199,76 @@ struct FmtF32 {
     static inline void decode(const uint8_t* b, int, __m256 out[4]) {
         const float* w = reinterpret_cast<const float*>(b);
         for (int i = 0; i < 4; ++i) out[i] = _mm256_loadu_ps(w + 8 * i);
+    }
+};
+
+// 16-bit float weights in 32-weight blocks (64 bytes): exact widening, so they equal
+// gguf-py's f16 -> f32 and bf16 -> f32 (bits << 16) and an f32 copy of the tensor.
+struct FmtF16 {
+    static constexpr int QK = 32, BYTES = 64;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        for (int i = 0; i < 4; ++i)
+            out[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * i)));
+    }
+};
+
+struct FmtBF16 {
+    static constexpr int QK = 32, BYTES = 64;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        for (int i = 0; i < 4; ++i) {
+            const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * i)));
+            out[i] = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+        }
+    }
+};
+
+// agentkv's group-32 blocks: scale f32, zero f32 (none for F8G32), then the codes. Weights
+// are (q - zero) * scale, as group32.py computes them: q - zero first (exact), then one
+// rounding by the product, never fused.
+static inline __m256 f32_at(const uint8_t* p) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_ps(v);
+}
+
+struct FmtI4G32 {
+    static constexpr int QK = 32, BYTES = 24;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m256 s = f32_at(b), z = f32_at(b + 4);
+        nibbles32(b + 8, out);  // Q4_0's nibble order
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_mul_ps(_mm256_sub_ps(out[i], z), s);
+    }
+};
+
+struct FmtI8G32 {
+    static constexpr int QK = 32, BYTES = 40;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m256 s = f32_at(b), z = f32_at(b + 4);
+        u8x32_to_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 8)), out);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_mul_ps(_mm256_sub_ps(out[i], z), s);
+    }
+};
+
+// 8 float8 e4m3fn codes -> f32, equal to group32.py's table: a normal code's exponent and
+// mantissa move into f32's fields with the bias raised by 120; exponent 0 is m * 2^-9
+// (exact); S.1111.111 is NaN. No f32 denormal is formed, so FTZ/DAZ cannot change a value.
+static inline __m256 e4m3x8(const uint8_t* p) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi32(0x7F));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+    const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+    const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(1.0f / 512.0f));
+    __m256 r = _mm256_blendv_ps(normal, subnormal, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+    const __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
+    r = _mm256_blendv_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), _mm256_castsi256_ps(nan));
+    return _mm256_or_ps(r, _mm256_castsi256_ps(sign));
+}
+
+struct FmtF8G32 {
+    static constexpr int QK = 32, BYTES = 36;
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m256 s = f32_at(b);
+        for (int i = 0; i < 4; ++i) out[i] = _mm256_mul_ps(e4m3x8(b + 4 + 8 * i), s);
     }
 };
 
