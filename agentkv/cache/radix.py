@@ -75,12 +75,26 @@ class SharedPrefix(NamedTuple):
     copies: list[tuple[BlockId, BlockId]]  # (src, dst) for backend.copy_blocks
 
 
+# Tokens compared per slice in common_prefix_len: long runs compare in C, and only the
+# slice holding the first difference is walked token by token.
+COMPARE_SLICE = 256
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """Length of the common prefix of `a` and `b[start:]`."""
+    """Length of the common prefix of `a` and `b[start:]`.
+
+    Compares COMPARE_SLICE tokens at a time as tuples (one C-level comparison each; a
+    tuple slice of a tuple is not copied), then token by token inside the slice that
+    differs, so a hit over a long prefix costs no Python work per token."""
     limit = min(len(a), len(b) - start)
     i = 0
-    while i < limit and a[i] == b[start + i]:
-        i += 1
+    while i < limit:
+        j = min(i + COMPARE_SLICE, limit)
+        if tuple(a[i:j]) != tuple(b[start + i : start + j]):
+            while a[i] == b[start + i]:
+                i += 1
+            return i
+        i = j
     return i
 
 
@@ -213,8 +227,16 @@ class RadixCache:
         leaf for the new suffix, increfing the blocks it lists. Nodes already present keep
         their own blocks, so a cached prefix is never listed twice.
         """
+        return self.insert_node(namespace, tokens, block_table)[0]
+
+    def insert_node(
+        self, namespace: Hashable, tokens: Sequence[int], block_table: Sequence[BlockId]
+    ) -> tuple[int, Node]:
+        """`insert`, also returning the deepest node holding `tokens` (what
+        `match(namespace, tokens).last_node` would find), so a caller that locks the
+        inserted path does not walk it a second time."""
         if not tokens:
-            return 0
+            return 0, self.root(namespace)
         num_needed = (len(tokens) - 1) // self.block_size + 1
         if len(block_table) < num_needed:
             raise ValueError(f"block_table has {len(block_table)} blocks, {len(tokens)} tokens need {num_needed}")
@@ -223,7 +245,7 @@ class RadixCache:
         self._touch(root, path)
         depth = sum(matched for _, matched in path)
         if depth == len(tokens):
-            return 0
+            return 0, path[-1][0]
         parent = root
         if path:
             node, matched = path[-1]
@@ -233,7 +255,7 @@ class RadixCache:
             self.pool.incref(block)
         leaf = Node(parent, depth, tuple(tokens[depth:]), blocks, next(self._ids), self._clock)
         parent.children[tokens[depth]] = leaf
-        return len(tokens) - depth
+        return len(tokens) - depth, leaf
 
     def _split(self, node: Node, num_upper: int) -> Node:
         """Split `node` after `num_upper` tokens; returns the new upper node.
