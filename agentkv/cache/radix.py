@@ -75,27 +75,18 @@ class SharedPrefix(NamedTuple):
     copies: list[tuple[BlockId, BlockId]]  # (src, dst) for backend.copy_blocks
 
 
-# Tokens compared per slice in common_prefix_len: long runs compare in C, and only the
-# slice holding the first difference is walked token by token.
-COMPARE_SLICE = 256
+COMPARE_SLICE = 256  # tokens compared at once, in C, by common_prefix_len
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """Length of the common prefix of `a` and `b[start:]`.
-
-    Compares COMPARE_SLICE tokens at a time as tuples (one C-level comparison each; a
-    tuple slice of a tuple is not copied), then token by token inside the slice that
-    differs, so a hit over a long prefix costs no Python work per token."""
-    limit = min(len(a), len(b) - start)
-    i = 0
-    while i < limit:
+    """Length of the common prefix of `a` and `b[start:]`: slices compared as tuples, then
+    token by token only inside the one that differs (no Python work per matched token)."""
+    limit = max(min(len(a), len(b) - start), 0)
+    for i in range(0, limit, COMPARE_SLICE):
         j = min(i + COMPARE_SLICE, limit)
         if tuple(a[i:j]) != tuple(b[start + i : start + j]):
-            while a[i] == b[start + i]:
-                i += 1
-            return i
-        i = j
-    return i
+            return next(k for k in range(i, j) if a[k] != b[start + k])
+    return limit
 
 
 class RadixCache:
@@ -229,12 +220,8 @@ class RadixCache:
         """
         return self.insert_node(namespace, tokens, block_table)[0]
 
-    def insert_node(
-        self, namespace: Hashable, tokens: Sequence[int], block_table: Sequence[BlockId]
-    ) -> tuple[int, Node]:
-        """`insert`, also returning the deepest node holding `tokens` (what
-        `match(namespace, tokens).last_node` would find), so a caller that locks the
-        inserted path does not walk it a second time."""
+    def insert_node(self, namespace: Hashable, tokens: Sequence[int], block_table: Sequence[BlockId]):
+        """`insert`, also returning the node `match(namespace, tokens).last_node` would find."""
         if not tokens:
             return 0, self.root(namespace)
         num_needed = (len(tokens) - 1) // self.block_size + 1

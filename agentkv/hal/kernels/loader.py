@@ -31,11 +31,22 @@ SOURCES = (
     "qmatmul512.cpp",
     "attention.cpp",
     "attention512.cpp",
+    "attention_ranges.cpp",
     "fused.cpp",
     "pool.cpp",
     "layer.cpp",
 )
-HEADERS = ("simd.h", "quant.h", "qmatmul.h", "qmatmul_impl.h", "fused.h", "pool.h", "ops.h", "simd512.h")
+HEADERS = (
+    "simd.h",
+    "quant.h",
+    "qmatmul.h",
+    "qmatmul_impl.h",
+    "attention_impl.h",
+    "fused.h",
+    "pool.h",
+    "ops.h",
+    "simd512.h",
+)
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")
 LDFLAGS = ("-fopenmp",)
