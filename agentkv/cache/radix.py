@@ -75,13 +75,18 @@ class SharedPrefix(NamedTuple):
     copies: list[tuple[BlockId, BlockId]]  # (src, dst) for backend.copy_blocks
 
 
+COMPARE_SLICE = 256  # tokens compared at once, in C, by common_prefix_len
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """Length of the common prefix of `a` and `b[start:]`."""
-    limit = min(len(a), len(b) - start)
-    i = 0
-    while i < limit and a[i] == b[start + i]:
-        i += 1
-    return i
+    """Length of the common prefix of `a` and `b[start:]`: slices compared as tuples, then
+    token by token only inside the one that differs (no Python work per matched token)."""
+    limit = max(min(len(a), len(b) - start), 0)
+    for i in range(0, limit, COMPARE_SLICE):
+        j = min(i + COMPARE_SLICE, limit)
+        if tuple(a[i:j]) != tuple(b[start + i : start + j]):
+            return next(k for k in range(i, j) if a[k] != b[start + k])
+    return limit
 
 
 class RadixCache:
@@ -213,8 +218,12 @@ class RadixCache:
         leaf for the new suffix, increfing the blocks it lists. Nodes already present keep
         their own blocks, so a cached prefix is never listed twice.
         """
+        return self.insert_node(namespace, tokens, block_table)[0]
+
+    def insert_node(self, namespace: Hashable, tokens: Sequence[int], block_table: Sequence[BlockId]):
+        """`insert`, also returning the node `match(namespace, tokens).last_node` would find."""
         if not tokens:
-            return 0
+            return 0, self.root(namespace)
         num_needed = (len(tokens) - 1) // self.block_size + 1
         if len(block_table) < num_needed:
             raise ValueError(f"block_table has {len(block_table)} blocks, {len(tokens)} tokens need {num_needed}")
@@ -223,7 +232,7 @@ class RadixCache:
         self._touch(root, path)
         depth = sum(matched for _, matched in path)
         if depth == len(tokens):
-            return 0
+            return 0, path[-1][0]
         parent = root
         if path:
             node, matched = path[-1]
@@ -233,7 +242,7 @@ class RadixCache:
             self.pool.incref(block)
         leaf = Node(parent, depth, tuple(tokens[depth:]), blocks, next(self._ids), self._clock)
         parent.children[tokens[depth]] = leaf
-        return len(tokens) - depth
+        return len(tokens) - depth, leaf
 
     def _split(self, node: Node, num_upper: int) -> Node:
         """Split `node` after `num_upper` tokens; returns the new upper node.

@@ -35,8 +35,8 @@ class ScheduledChunk(NamedTuple):
     def token_ids(self) -> list[int]:
         """The tokens this chunk computes (the draft included)."""
         if self.draft:
-            return [self.seq.all_ids[self.start], *self.draft]
-        return self.seq.all_ids[self.start : self.start + self.num_tokens]
+            return [*self.seq.ids(self.start, self.start + 1), *self.draft]
+        return self.seq.ids(self.start, self.start + self.num_tokens)
 
 
 class SchedulerOutput(NamedTuple):
@@ -202,7 +202,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
 
     def _release(self, seq: Sequence, insert: bool) -> None:
         if insert and self.cache is not None and seq.num_computed > 0:
-            self.cache.insert(seq.namespace, seq.all_ids[: seq.num_computed], seq.block_table)
+            self.cache.insert(seq.namespace, seq.ids(0, seq.num_computed), seq.block_table)
         self._unlock(seq)
         self.pool.free(seq.block_table)
         seq.block_table = []
@@ -242,7 +242,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
         for other in self.running:
             if other.namespace != seq.namespace or other.is_decoding:
                 continue
-            shared_len = common_prefix_len(seq.all_ids[:limit], other.all_ids)
+            shared_len = common_prefix_len(seq.ids(0, limit), other.all_ids)
             if shared_len > cached_len and other.num_computed < shared_len:
                 return True
         return False
@@ -363,10 +363,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
         the in-flight prefix is neither computed twice nor evicted under it."""
         if self.cache is None:
             return
-        computed = seq.all_ids[: seq.num_computed]
-        self.cache.insert(seq.namespace, computed, seq.block_table)
-        node = self.cache.match(seq.namespace, computed, record=False).last_node
-        assert node is not None
+        _, node = self.cache.insert_node(seq.namespace, seq.ids(0, seq.num_computed), seq.block_table)
         self.cache.lock(node)
         self._unlock(seq)
         self._locks[seq.seq_id] = node

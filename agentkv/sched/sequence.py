@@ -52,6 +52,17 @@ class Sequence:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def ids(self, start: int, end: int) -> list[int]:
+        """all_ids[start:end] (0 <= start <= end) without building all_ids: a decode step
+        reads one token of a long context, and a whole-context copy per step would cost
+        O(context) each time."""
+        num_prompt = len(self.prompt_ids)
+        if end <= num_prompt:
+            return self.prompt_ids[start:end]
+        if start >= num_prompt:
+            return self.output_ids[start - num_prompt : end - num_prompt]
+        return self.prompt_ids[start:] + self.output_ids[: end - num_prompt]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

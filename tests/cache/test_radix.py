@@ -226,3 +226,37 @@ def test_evict_drops_empty_unlocked_namespaces():
     check(pool, cache)
     assert set(cache._roots) == {"kept"}
     cache.unlock(kept)
+
+
+@pytest.mark.parametrize("diff_at", [0, 1, 255, 256, 257, 511, 700, None])
+def test_common_prefix_len_across_compare_slices(diff_at):
+    """The prefix length is exact wherever the first difference falls relative to the
+    slices compared at once, for a tuple against a list and with an offset into `b`."""
+    from agentkv.cache import common_prefix_len
+
+    a = tuple(range(5, 805))
+    b = [7, 7, 7, *a]
+    if diff_at is not None:
+        b[3 + diff_at] = -1
+    want = len(a) if diff_at is None else diff_at
+    assert common_prefix_len(a, b, 3) == want
+    assert common_prefix_len(list(a), tuple(b), 3) == want
+    assert common_prefix_len(a[:300], b, 3) == min(want, 300)
+    assert common_prefix_len(a, b[: 3 + 100], 3) == min(want, 100)
+    assert common_prefix_len(a, b, len(b) + 5) == 0
+
+
+def test_insert_node_returns_the_node_match_finds():
+    """insert_node's node is match(...).last_node: after a new leaf, after a split, and
+    when everything was cached already (one walk instead of insert + match)."""
+    pool, cache = make(32)
+    table = pool.allocate(3)
+    num_new, node = cache.insert_node(None, A, table)
+    assert num_new == 10 and node is cache.match(None, A).last_node
+    num_new, node = cache.insert_node(None, A[:6], table)
+    assert num_new == 0 and node is cache.match(None, A[:6]).last_node
+    other = [*A[:5], 99, 98]
+    num_new, node = cache.insert_node(None, other, [table[0], *pool.allocate(1)])
+    assert num_new == 2 and node is cache.match(None, other).last_node and node.start == 5
+    assert cache.insert_node(None, [], table) == (0, cache.root(None))
+    check(pool, cache)

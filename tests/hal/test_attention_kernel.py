@@ -104,3 +104,63 @@ def test_row_bits_do_not_depend_on_batch_or_threads(threads):
             assert torch.equal(batch, alone[torch.from_numpy(pick)]), pick
     finally:
         torch.set_num_threads(before)
+
+
+def _at_threads(threads, fn, *args):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        return fn(*args)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("h,kvh,hd,window", [(9, 3, 64, 0), (4, 1, 256, 0), (9, 3, 64, 700)])
+def test_long_row_bits_equal_across_threads_batches_and_chunks(h, kvh, hd, window):
+    """Rows over several key ranges (the kernel cuts keys every 256 positions): each row
+    decoded alone, where two threads split its ranges between them and merge after, gives
+    the bits of the same row inside a prefill chunk (tiles of rows walking the ranges
+    together) and inside a batch mixed with another sequence, on 1 and 2 threads.
+    Control: one ulp more in one query element changes that row's bits and no other's, so
+    the equality is not vacuous at these lengths."""
+    lens = [1100, 600]
+    k, v, tables = paged_cache(lens, kvh, hd, 16, seed=hd + h + window)
+    chunk = [(0, p) for p in range(1060, 1100)]  # the last 40 rows of a prefill
+    other = [(1, 599), (1, 300), (1, 40)]
+    rows = chunk + other
+    q = torch.randn(len(rows), h, hd, generator=torch.Generator().manual_seed(7))
+
+    def alone():
+        return torch.cat(
+            [run(q[i : i + 1].contiguous(), k, v, tables, rows[i : i + 1], 0.125, window) for i in range(len(rows))]
+        )
+
+    ref = _at_threads(1, alone)
+    assert torch.equal(_at_threads(2, alone), ref)
+    for threads in (1, 2):
+        prefill = _at_threads(threads, run, q[: len(chunk)].contiguous(), k, v, tables, chunk, 0.125, window)
+        assert torch.equal(prefill, ref[: len(chunk)]), threads
+        pick = np.random.default_rng(threads).permutation(len(rows))
+        shuffled = q[torch.from_numpy(pick)].contiguous()
+        mixed = _at_threads(threads, run, shuffled, k, v, tables, [rows[i] for i in pick], 0.125, window)
+        assert torch.equal(mixed, ref[torch.from_numpy(pick)]), threads
+    nudged = q.clone()
+    nudged[0, 0, 0] = float(np.nextafter(np.float32(q[0, 0, 0]), np.float32(np.inf)))
+    out = _at_threads(2, run, nudged[:1].contiguous(), k, v, tables, rows[:1], 0.125, window)
+    assert not torch.equal(out[0, 0], ref[0, 0])
+    assert torch.equal(out[0, 1:], ref[0, 1:])
+
+
+@pytest.mark.parametrize("window", [0, 300])
+def test_rows_over_many_ranges_match_float64_oracle(window):
+    """Rows of 2,000 keys (eight ranges, a partial last one; with a window, ranges cut at
+    absolute positions that do not start at the row's first key) against the oracle, alone
+    (split over threads) and as a prefill chunk (tiles)."""
+    k, v, tables = paged_cache([2000], 3, 64, 16, seed=21)
+    rows = [(0, 1999), (0, 1500), (0, 257), (0, 255), (0, 256)]
+    q = torch.randn(len(rows), 9, 64, generator=torch.Generator().manual_seed(8))
+    ref = reference(q, k, v, tables, rows, 0.125, window)
+    batch = run(q, k, v, tables, rows, 0.125, window).double().numpy()
+    assert np.abs(batch - ref).max() <= ATTN_TOL * v.abs().max().item()
+    single = _at_threads(2, run, q[:1].contiguous(), k, v, tables, rows[:1], 0.125, window)
+    assert np.abs(single.double().numpy() - ref[:1]).max() <= ATTN_TOL * v.abs().max().item()

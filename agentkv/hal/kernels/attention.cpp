@@ -1,29 +1,24 @@
-// Paged causal attention over an f32 KV cache, one (query row, kv head) group at a time.
+// Paged causal attention's AVX2 unit (one key range of one row's GQA heads) and the
+// once-per-site index check. The driver (tiles, ranges, threads, the merge) is in
+// attention_ranges.cpp; attention_impl.h says how keys are cut into ranges.
 //
-// Every (row, head) walks its own keys start..pos in the same fixed order whatever else is
-// in the call, so a decode row (n = 1) and the same row inside a chunked prefill give the
-// same bits. The order, per (row, head):
+// The order per (row, head, key range [r0, r1)), whatever else is in the call:
 //
-//   1. acc[j] = fma chain over hd in 8-lane chunks of q * K[start + j], chunk 0 first;
+//   1. acc[j] = fma chain over hd in 8-lane chunks of q * K[r0 + j], chunk 0 first;
 //      score[j] = sum4(acc[j]) * scale, where sum4 is the one lane tree of reduce4 below,
 //      ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)); then softcap * tanh(score / softcap) when
 //      softcap > 0;
-//   2. mx = max_j score[j] (exact, order-free);
-//   3. e[j] = exp8(score[j] - mx) for all j, 8 at a time (one exp code path, no scalar tail);
-//   4. sum = hsum8(8-lane accumulation of e over j in order, the last chunk masked);
-//   5. o = sum_j e[j] * V[start + j] accumulated in key order (one fma per lane), o / sum.
+//   2. m = max_j score[j] (exact, order-free);
+//   3. e[j] = exp8(score[j] - m) for all j, 8 at a time (one exp code path, no scalar tail);
+//   4. l = hsum8(8-lane accumulation of e over j in order, the last chunk masked);
+//   5. acc = sum_j e[j] * V[r0 + j] accumulated in key order (one fma per lane).
 //
 // Speed comes only from sharing loads, never from reordering one head's arithmetic: the
 // query heads of one kv head (a GQA group) are scored against each loaded K chunk and fed
 // from each loaded V chunk together; four keys' dot products finish in one transposed
-// reduction (reduce4) rather than a horizontal sum per key; keys past len are padded with
-// a copy of the last key's offset, so there is no tail path (padded scores are discarded).
-//
-// Key position p of sequence s lives in block block_tables[s][p / block_size] at offset
-// p % block_size:
-//
-//   keys      0 ........ start ............ pos      (start = pos - window + 1 if window)
-//                        |<---- attended ---->|
+// reduction (reduce4) rather than a horizontal sum per key; keys past len read offsets the
+// driver padded (later keys or copies of the last one), so there is no tail path (padded
+// scores are discarded).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -38,6 +33,7 @@
 #include "ops.h"
 #include "pool.h"
 #include "qmatmul.h"
+#include "attention_impl.h"
 #include "qmatmul_impl.h"
 #include "simd.h"
 
@@ -45,38 +41,8 @@ namespace agentkv {
 namespace {
 
 constexpr int KEYS_AT_ONCE = 4;   // keys per transposed reduction (reduce4)
-constexpr int HEADS_AT_ONCE = 3;  // query heads of one kv head processed together (GQA)
 constexpr int V_CHUNKS = 4;       // output chunks per head in registers per pass over V
 constexpr int PREFETCH_KEYS = 16; // how far ahead (in keys) K and V rows are prefetched
-
-// Per-thread scratch, reused across work units (and across calls: thread_local).
-struct Scratch {
-    std::vector<float> s;        // per head: scores, then exp weights; padded to a multiple of 8
-    std::vector<int64_t> where;  // element offset of key start + j in the caches, padded
-};
-
-// Grows each buffer to what this unit needs, each on its own: the AVX2 and AVX-512 units
-// need different ratios of the two, and one thread may run both in one process (tests
-// switch the ISA), so one buffer being large enough says nothing about the other.
-static void fit(Scratch& scratch, int64_t num_floats, int64_t num_offsets) {
-    if (static_cast<int64_t>(scratch.s.size()) < num_floats) scratch.s.resize(num_floats);
-    if (static_cast<int64_t>(scratch.where.size()) < num_offsets) scratch.where.resize(num_offsets);
-}
-
-// Offsets of keys start..start+len-1 for one kv head (a block-table walk without a division
-// per key), then `pad` copies of the last offset so 4-key steps and prefetches need no tail.
-static void key_offsets(const AttentionArgs& a, const int32_t* table, int64_t kv, int64_t start,
-                        int64_t len, int64_t pad, int64_t* where) {
-    int64_t b = start / a.block_size, off = start % a.block_size;
-    for (int64_t j = 0; j < len; ++j) {
-        where[j] = ((static_cast<int64_t>(table[b]) * a.block_size + off) * a.kvh + kv) * a.hd;
-        if (++off == a.block_size) {
-            off = 0;
-            ++b;
-        }
-    }
-    std::fill(where + len, where + len + pad, where[len - 1]);
-}
 
 // Loads chunk c (8 lanes) of a head vector, masking lanes past hd.
 static inline __m256 load_chunk(const float* v, int64_t c, int64_t full, __m256i tail) {
@@ -170,8 +136,9 @@ static void weighted_values_any(const AttentionArgs& a, const float* const* e, c
     }
 }
 
-// Softmax weights in place over s[0 .. len) (padded to a multiple of 8); returns their sum.
-static float softmax_weights(float* s, int64_t len) {
+// Softmax weights in place over s[0 .. len) (padded to a multiple of 8); returns their sum
+// and stores the max they are relative to in *max_out.
+static float softmax_weights(float* s, int64_t len, float* max_out) {
     const int64_t padded = (len + 7) / 8 * 8;
     __m256 mxv = _mm256_set1_ps(s[0]);
     int64_t j = 0;
@@ -181,6 +148,7 @@ static float softmax_weights(float* s, int64_t len) {
     float mx = lanes[0];
     for (int i = 1; i < 8; ++i) mx = std::max(mx, lanes[i]);
     for (; j < len; ++j) mx = std::max(mx, s[j]);
+    *max_out = mx;
     for (j = len; j < padded; ++j) s[j] = mx;  // lanes computed but never summed
     mxv = _mm256_set1_ps(mx);
     __m256 sumv = _mm256_setzero_ps();
@@ -195,53 +163,18 @@ static float softmax_weights(float* s, int64_t len) {
 
 // CHUNKS: hd / 8 when fixed at compile time (hd = 64: 8, fully unrolled), 0 for any hd.
 template <int NH, int CHUNKS>
-static void attend_run(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len,
-                       float* const* s, float* const* o) {
-    scores<NH, CHUNKS>(a, q, where, len, s);
-    float sum[NH];
-    for (int hh = 0; hh < NH; ++hh) sum[hh] = softmax_weights(s[hh], len);
-    weighted_values_any<NH, CHUNKS>(a, s, where, len, sum, o);
-}
-
-// Keys one row attends: [start, start + len).
-static inline int64_t attended_len(const AttentionArgs& a, int64_t row) {
-    const int64_t pos = a.row_pos[row];
-    return a.window > 0 ? std::min<int64_t>(pos + 1, a.window) : pos + 1;
-}
-
-// Query heads h0 .. h0+nh-1 of one row, all reading kv head `kv` (nh <= HEADS_AT_ONCE).
-static void attend_heads(const AttentionArgs& a, int64_t row, int64_t kv, int64_t h0, int nh, Scratch& scratch) {
-    const int64_t len = attended_len(a, row), start = a.row_pos[row] + 1 - len;
+static void range_run(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len, float* s,
+                      float* m, float* l, float* const* acc) {
     const int64_t padded = (len + 7) / 8 * 8;
-    fit(scratch, HEADS_AT_ONCE * padded, padded + PREFETCH_KEYS);
-    int64_t* where = scratch.where.data();
-    key_offsets(a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq, kv, start, len,
-                padded + PREFETCH_KEYS - len, where);
-    const float* q[HEADS_AT_ONCE];
-    float* s[HEADS_AT_ONCE];
-    float* o[HEADS_AT_ONCE];
-    for (int hh = 0; hh < nh; ++hh) {
-        q[hh] = a.q + (row * a.h + h0 + hh) * a.hd;
-        s[hh] = scratch.s.data() + hh * padded;
-        o[hh] = a.out + (row * a.h + h0 + hh) * a.hd;
+    float* sh[NH];
+    float ones[NH];  // acc / 1 is acc exactly: the merge divides once, by the merged sum
+    for (int hh = 0; hh < NH; ++hh) {
+        sh[hh] = s + hh * padded;
+        ones[hh] = 1.0f;
     }
-    const bool hd64 = a.hd == 64;
-    switch (nh) {
-        case 3: hd64 ? attend_run<3, 8>(a, q, where, len, s, o) : attend_run<3, 0>(a, q, where, len, s, o); break;
-        case 2: hd64 ? attend_run<2, 8>(a, q, where, len, s, o) : attend_run<2, 0>(a, q, where, len, s, o); break;
-        default: hd64 ? attend_run<1, 8>(a, q, where, len, s, o) : attend_run<1, 0>(a, q, where, len, s, o); break;
-    }
-}
-
-// The AVX-512 build's unit: the same key walk, the kernel from attention512.cpp.
-static void attend_heads_avx512(const AttentionArgs& a, int64_t row, int64_t kv, int64_t h0, int nh,
-                                Scratch& scratch) {
-    const int64_t len = attended_len(a, row), start = a.row_pos[row] + 1 - len;
-    const int64_t offsets = avx512::attention_scratch_offsets(len);
-    fit(scratch, avx512::attention_scratch_floats(len), offsets);
-    key_offsets(a, a.block_tables + a.row_seq[row] * a.max_blocks_per_seq, kv, start, len, offsets - len,
-                scratch.where.data());
-    avx512::attend_heads(a, row, h0, nh, len, scratch.where.data(), scratch.s.data());
+    scores<NH, CHUNKS>(a, q, where, len, sh);
+    for (int hh = 0; hh < NH; ++hh) l[hh] = softmax_weights(sh[hh], len, m + hh);
+    weighted_values_any<NH, CHUNKS>(a, sh, where, len, ones, acc);
 }
 
 // The index values one site last checked, as bytes (a copy: a numpy-backed tensor can
@@ -292,37 +225,18 @@ void check_indices_once(int site, std::initializer_list<at::Tensor> indices, std
 
 }  // namespace ops
 
-// Work unit: (row, kv head, a run of up to HEADS_AT_ONCE (AVX-512: 4) of its query heads,
-// runs of equal size: 4 heads go 2 + 2, not 3 + 1, on AVX2). Units are handed out longest-first in small
-// chunks, so threads stay balanced when rows differ in length (a prefill) or a thread is
-// descheduled. Which thread runs a unit never matters: a head's fma chains and reductions
-// depend on nothing outside its own row.
-void paged_attention_raw(const AttentionArgs& a) {
-    const bool wide = fix_isa() == ISA_AVX512;
-    const int64_t at_once = wide ? avx512::HEADS_AT_ONCE : HEADS_AT_ONCE;
-    const int64_t group = a.h / a.kvh;
-    // Fewer units than threads (a decode row of a model with one kv head): split the GQA
-    // group so every thread has one; a head's bits never depend on its run.
-    const int64_t threads = std::max(1, at::get_num_threads());
-    const int64_t split = a.n * a.kvh < threads ? std::min(group, (threads + a.n * a.kvh - 1) / (a.n * a.kvh)) : 1;
-    const int64_t runs = std::max((group + at_once - 1) / at_once, split);
-    const int64_t per_run = (group + runs - 1) / runs;
-    const int64_t units = a.n * a.kvh * runs;
-    std::vector<int64_t> order(a.n);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t x, int64_t y) { return attended_len(a, x) > attended_len(a, y); });
-    // Units in that order, in small chunks claimed by whichever thread is free.
-    parallel_chunks(units, 1, [&](int64_t b, int64_t e) {
-        thread_local Scratch scratch;
-        for (int64_t i = b; i < e; ++i) {
-            const int64_t row = order[i / (a.kvh * runs)], kv = (i / runs) % a.kvh, r = i % runs;
-            const int64_t h0 = kv * group + r * per_run;
-            const int nh = static_cast<int>(std::min<int64_t>(per_run, group - r * per_run));
-            if (wide) attend_heads_avx512(a, row, kv, h0, nh, scratch);
-            else attend_heads(a, row, kv, h0, nh, scratch);
-        }
-    }, 16);
+namespace avx2 {
+
+void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,
+                  float* m, float* l, float* const* acc) {
+    const bool hd64 = a.hd == 64;
+    switch (nh) {
+        case 3: hd64 ? range_run<3, 8>(a, q, where, len, s, m, l, acc) : range_run<3, 0>(a, q, where, len, s, m, l, acc); break;
+        case 2: hd64 ? range_run<2, 8>(a, q, where, len, s, m, l, acc) : range_run<2, 0>(a, q, where, len, s, m, l, acc); break;
+        default: hd64 ? range_run<1, 8>(a, q, where, len, s, m, l, acc) : range_run<1, 0>(a, q, where, len, s, m, l, acc); break;
+    }
 }
+
+}  // namespace avx2
 
 }  // namespace agentkv

@@ -1,15 +1,15 @@
-// AVX-512 build of paged attention: attention.cpp's algorithm with 16 lanes and up to four
-// query heads per pass (a whole Gemma-3 GQA group shares each K and V load).
+// AVX-512 build of paged attention's unit: attention.cpp's range partial with 16 lanes and
+// up to four query heads per pass (a whole Gemma-3 GQA group shares each K and V load).
 //
-// The order per (row, head), which no other row or head can change:
-//   1. acc[j] = fma chain over hd in 16-lane chunks of q * K[start + j], chunk 0 first (a
-//      masked last chunk when hd is not a multiple of 16); score[j] = sum16(acc[j]) * scale,
-//      sum16 = the low and high 8 lanes added, then reduce4's lane tree; softcap if asked;
-//   2. mx = max_j score[j];
-//   3. e[j] = exp16(score[j] - mx), 16 at a time;
-//   4. sum = hsum16 of the 16-lane accumulation of e over j in order (last chunk masked);
-//   5. o = sum_j e[j] * V[start + j] in key order, 16 lanes per chunk, then o / sum.
-// Only the unit's work lives here; the driver in attention.cpp hands out units and scratch
+// The order per (row, head, key range), which no other row, head or range can change:
+//   1. acc[j] = fma chain over hd in 16-lane chunks of q * K[j], chunk 0 first (a masked last
+//      chunk when hd is not a multiple of 16); score[j] = sum16(acc[j]) * scale, sum16 = the
+//      low and high 8 lanes added, then reduce4's lane tree; softcap if asked;
+//   2. m = max_j score[j];
+//   3. e[j] = exp16(score[j] - m), 16 at a time;
+//   4. l = hsum16 of the 16-lane accumulation of e over j in order (last chunk masked);
+//   5. acc = sum_j e[j] * V[j] in key order, 16 lanes per chunk (divided by 1: stored as is).
+// The ranges of a row are merged in attention_ranges.cpp. Only the unit's work lives here
 // (so nothing from the standard library is instantiated under the AVX-512 target).
 #include <immintrin.h>
 
@@ -18,16 +18,7 @@
 
 #include "qmatmul_impl.h"
 
-namespace agentkv {
-namespace avx512 {
-int64_t attention_scratch_floats(int64_t len) {
-    return HEADS_AT_ONCE * ((len + 15) / 16 * 16);
-}
-int64_t attention_scratch_offsets(int64_t len) {
-    return (len + 15) / 16 * 16 + PREFETCH_KEYS;
-}
-}  // namespace avx512
-}  // namespace agentkv
+#include "attention_impl.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
@@ -145,13 +136,15 @@ static void weighted_values_any(const AttentionArgs& a, const float* const* e, c
     }
 }
 
-// Softmax weights in place over s[0 .. len) (padded to a multiple of 16); returns their sum.
-static float softmax_weights(float* s, int64_t len) {
+// Softmax weights in place over s[0 .. len) (padded to a multiple of 16); returns their sum
+// and stores the max they are relative to in *max_out.
+static float softmax_weights(float* s, int64_t len, float* max_out) {
     const int64_t padded = (len + 15) / 16 * 16;
     __m512 mxv = _mm512_set1_ps(s[0]);
     for (int64_t j = 0; j < padded; j += 16)
         mxv = _mm512_max_ps(mxv, _mm512_mask_loadu_ps(mxv, first_lanes(len - j), s + j));
     const float mx = _mm512_reduce_max_ps(mxv);  // max is exact: any order gives the same value
+    *max_out = mx;
     const __m512 m = _mm512_set1_ps(mx);
     __m512 sumv = _mm512_setzero_ps();
     for (int64_t j = 0; j < padded; j += 16) {
@@ -164,43 +157,40 @@ static float softmax_weights(float* s, int64_t len) {
 }
 
 template <int NH, int CHUNKS>
-static void attend_run(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len,
-                       float* const* s, float* const* o) {
-    scores<NH, CHUNKS>(a, q, where, len, s);
-    float sum[NH];
-    for (int hh = 0; hh < NH; ++hh) sum[hh] = softmax_weights(s[hh], len);
-    weighted_values_any<NH, CHUNKS>(a, s, where, len, sum, o);
+static void range_run(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len, float* s,
+                      float* m, float* l, float* const* acc) {
+    const int64_t padded = (len + 15) / 16 * 16;
+    float* sh[NH];
+    float ones[NH];  // acc / 1 is acc exactly: the merge divides once, by the merged sum
+    for (int hh = 0; hh < NH; ++hh) {
+        sh[hh] = s + hh * padded;
+        ones[hh] = 1.0f;
+    }
+    scores<NH, CHUNKS>(a, q, where, len, sh);
+    for (int hh = 0; hh < NH; ++hh) l[hh] = softmax_weights(sh[hh], len, m + hh);
+    weighted_values_any<NH, CHUNKS>(a, sh, where, len, ones, acc);
 }
 
 template <int CHUNKS>
-static void attend_nh(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
-                      float* const* s, float* const* o) {
+static void range_nh(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
+                     float* s, float* m, float* l, float* const* acc) {
     switch (nh) {
-        case 4: attend_run<4, CHUNKS>(a, q, where, len, s, o); break;
-        case 3: attend_run<3, CHUNKS>(a, q, where, len, s, o); break;
-        case 2: attend_run<2, CHUNKS>(a, q, where, len, s, o); break;
-        default: attend_run<1, CHUNKS>(a, q, where, len, s, o); break;
+        case 4: range_run<4, CHUNKS>(a, q, where, len, s, m, l, acc); break;
+        case 3: range_run<3, CHUNKS>(a, q, where, len, s, m, l, acc); break;
+        case 2: range_run<2, CHUNKS>(a, q, where, len, s, m, l, acc); break;
+        default: range_run<1, CHUNKS>(a, q, where, len, s, m, l, acc); break;
     }
 }
 
 }  // namespace
 
-void attend_heads(const AttentionArgs& a, int64_t row, int64_t h0, int nh, int64_t len,
-                  const int64_t* where, float* s_scratch) {
-    const int64_t padded = (len + 15) / 16 * 16;
-    const float* q[HEADS_AT_ONCE];
-    float* s[HEADS_AT_ONCE];
-    float* o[HEADS_AT_ONCE];
-    for (int hh = 0; hh < nh; ++hh) {
-        q[hh] = a.q + (row * a.h + h0 + hh) * a.hd;
-        s[hh] = s_scratch + hh * padded;
-        o[hh] = a.out + (row * a.h + h0 + hh) * a.hd;
-    }
+void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
+                  float* s, float* m, float* l, float* const* acc) {
     switch (a.hd) {  // head sizes of real models, fully unrolled
-        case 64: attend_nh<4>(a, nh, q, where, len, s, o); break;
-        case 128: attend_nh<8>(a, nh, q, where, len, s, o); break;
-        case 256: attend_nh<16>(a, nh, q, where, len, s, o); break;
-        default: attend_nh<0>(a, nh, q, where, len, s, o); break;
+        case 64: range_nh<4>(a, nh, q, where, len, s, m, l, acc); break;
+        case 128: range_nh<8>(a, nh, q, where, len, s, m, l, acc); break;
+        case 256: range_nh<16>(a, nh, q, where, len, s, m, l, acc); break;
+        default: range_nh<0>(a, nh, q, where, len, s, m, l, acc); break;
     }
 }
 

@@ -32,15 +32,10 @@ int64_t panel_cols(int64_t k);
 // (panel_cols(k) * k floats), then register tiles sweep it.
 void prefill_panel(const Problem& p, int qtype, int64_t c0, int64_t cols, float* scratch);
 
-// Attention (attention512.cpp): query heads h0 .. h0+nh-1 (nh <= HEADS_AT_ONCE, one kv head)
-// of one row over its `len` keys at element offsets `where` (attention_scratch_offsets(len)
-// entries, the tail padded with the last offset); `s` holds attention_scratch_floats(len).
+// Attention (attention512.cpp; its unit is declared in attention_impl.h): query heads per
+// unit (one kv head) and how far ahead K and V rows are prefetched.
 constexpr int HEADS_AT_ONCE = 4;
 constexpr int PREFETCH_KEYS = 16;
-int64_t attention_scratch_floats(int64_t len);
-int64_t attention_scratch_offsets(int64_t len);
-void attend_heads(const AttentionArgs& a, int64_t row, int64_t h0, int nh, int64_t len, const int64_t* where,
-                  float* s);
 }  // namespace avx512
 
 }  // namespace agentkv

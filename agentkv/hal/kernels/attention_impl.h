@@ -1,0 +1,46 @@
+// What paged attention's driver (attention_ranges.cpp: tiles, ranges, threads, the merge)
+// shares with the per-ISA units (attention.cpp for AVX2, attention512.cpp for AVX-512).
+#pragma once
+
+#include <cstdint>
+
+#include "qmatmul.h"
+
+namespace agentkv {
+
+// Keys are cut into ranges at absolute key indices that are multiples of KEY_RANGE:
+//
+//   keys   0 ..... 255 | 256 ..... 511 | 512 .. pos        (KEY_RANGE = 256)
+//   row    start=0 ... ranges 0, 1, 2 (the last one partial), merged 0, 1, 2 in that order
+//
+// Where a range boundary falls depends only on the row's own start and position, never on
+// the batch, the tile or the thread count, so a decode row split over threads and the same
+// row inside a chunked prefill run the same arithmetic. A row of <= KEY_RANGE keys (one
+// range) keeps the single-pass bits: the merge of one range is the identity.
+constexpr int64_t KEY_RANGE = 256;
+// where[] entries past a range's last key that a unit may read (4-key steps rounded up to 16
+// lanes, then PREFETCH_KEYS ahead): real later keys or copies of the last offset.
+constexpr int64_t RANGE_PAD = 48;
+// Scratch floats a unit needs for its scores: up to 4 heads of a range padded to 16.
+constexpr int64_t RANGE_SCRATCH_FLOATS = 4 * (KEY_RANGE + 16);
+
+// One unit: query heads q[0 .. nh) (nh <= the ISA's HEADS_AT_ONCE, one kv head) over `len`
+// (1 .. KEY_RANGE) keys at element offsets `where` (RANGE_PAD readable entries past len).
+// Writes, per head hh: m[hh] = the max score, l[hh] = sum_j exp(score_j - m[hh]) and
+// acc[hh][0 .. hd) = sum_j exp(score_j - m[hh]) * V[j], keys in order (not divided).
+// `s` is RANGE_SCRATCH_FLOATS of scratch.
+using RangeUnit = void (*)(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
+                           float* s, float* m, float* l, float* const* acc);
+
+namespace avx2 {
+constexpr int HEADS_AT_ONCE = 3;
+void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,
+                  float* m, float* l, float* const* acc);
+}  // namespace avx2
+
+namespace avx512 {
+void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,
+                  float* m, float* l, float* const* acc);
+}  // namespace avx512
+
+}  // namespace agentkv

@@ -1,0 +1,241 @@
+// Paged attention's driver: cuts each row's keys into fixed ranges (attention_impl.h), runs
+// the ISA's unit on each (row, kv head, head run, range) and merges a row's ranges in
+// ascending order. Two ways to hand out the work, with the same arithmetic per row:
+//
+//   tiles   (prefill, wide batches): up to ROW_TILE consecutive rows of one sequence walk
+//           the ranges together, so each range's K and V (KEY_RANGE keys) is loaded into
+//           the cache once for all of them, not once per row; each row merges as it goes.
+//   split   (a few long rows, e.g. one decode row): every (unit, range) is its own task, so
+//           one row uses every thread; the partials are then merged in range order.
+//
+// The merge of ranges 0..R-1 of one (row, head), state (M, L, O[hd]) starting as range 0's
+// own (m, l, acc); for each later range, in order:
+//   M' = max(M, m);  a = exp(M - M'), b = exp(m - M');  L = L*a + l*b;  O = O*a + acc*b
+// then out = O / L. Neither the tile, the thread that ran a range nor the mode changes a
+// row's ranges, their order or this arithmetic: the bits depend on the row alone.
+//
+// Key position p of sequence s lives in block block_tables[s][p / block_size] at offset
+// p % block_size:
+//
+//   keys      0 ........ start ............ pos      (start = pos - window + 1 if window)
+//                        |<---- attended ---->|
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "attention_impl.h"
+#include "pool.h"
+#include "qmatmul.h"
+#include "qmatmul_impl.h"
+
+namespace agentkv {
+namespace {
+
+constexpr int64_t ROW_TILE = 16;  // rows of one sequence sharing each loaded key range
+constexpr int MAX_HEADS = 4;      // the widest ISA's heads per unit
+
+struct Tile {
+    int64_t row0, rows, max_len;  // rows row0 .. row0+rows-1, all of one sequence
+};
+
+// How the call is cut: the unit, the head runs of each kv head.
+struct Plan {
+    const AttentionArgs& a;
+    RangeUnit unit;
+    int64_t group, runs, per_run;
+    int64_t h0(int64_t kv, int64_t r) const { return kv * group + r * per_run; }
+    int nh(int64_t r) const { return static_cast<int>(std::min<int64_t>(per_run, group - r * per_run)); }
+};
+
+// Per-thread scratch, reused across tasks (and calls: thread_local).
+struct Scratch {
+    std::vector<float> s = std::vector<float>(RANGE_SCRATCH_FLOATS);
+    std::vector<float> state, acc;
+    std::vector<int64_t> where;
+};
+
+static inline int64_t attended_len(const AttentionArgs& a, int64_t row) {
+    const int64_t pos = a.row_pos[row];
+    return a.window > 0 ? std::min<int64_t>(pos + 1, a.window) : pos + 1;
+}
+
+static inline int64_t row_start(const AttentionArgs& a, int64_t row) {
+    return a.row_pos[row] + 1 - attended_len(a, row);
+}
+
+// Offsets of keys first .. first+count-1 of one kv head (a block-table walk without a
+// division per key), then RANGE_PAD copies of the last offset.
+static void key_offsets(const AttentionArgs& a, int64_t row, int64_t kv, int64_t first, int64_t count,
+                        std::vector<int64_t>& where) {
+    if (static_cast<int64_t>(where.size()) < count + RANGE_PAD) where.resize(count + RANGE_PAD);
+    const int32_t* table = a.block_tables + a.row_seq[row] * a.max_blocks_per_seq;
+    int64_t b = first / a.block_size, off = first % a.block_size;
+    for (int64_t j = 0; j < count; ++j) {
+        where[j] = ((static_cast<int64_t>(table[b]) * a.block_size + off) * a.kvh + kv) * a.hd;
+        if (++off == a.block_size) {
+            off = 0;
+            ++b;
+        }
+    }
+    std::fill(where.begin() + count, where.begin() + count + RANGE_PAD, where[count - 1]);
+}
+
+// Merges one range's partial into a (row, head) state [M, L, O[hd]] (see the top).
+static void merge(float* state, float m, float l, const float* acc, int64_t hd, bool first) {
+    float* o = state + 2;
+    if (first) {
+        state[0] = m;
+        state[1] = l;
+        std::copy(acc, acc + hd, o);
+        return;
+    }
+    const float mx = std::max(state[0], m);
+    const float wa = std::exp(state[0] - mx), wb = std::exp(m - mx);
+    state[0] = mx;
+    state[1] = state[1] * wa + l * wb;
+    for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * wa + acc[d] * wb;
+}
+
+static void finish(const float* state, int64_t hd, float* out) {
+    for (int64_t d = 0; d < hd; ++d) out[d] = state[2 + d] / state[1];
+}
+
+// The unit over keys [r0, r1) of `row`, heads of run r of kv head kv; `where` holds their
+// offsets (and RANGE_PAD more). Writes m, l [nh] and acc [nh, hd].
+static void run_range(const Plan& p, int64_t row, int64_t kv, int64_t r, const int64_t* where, int64_t len,
+                      Scratch& sc, float* m, float* l, float* acc) {
+    const AttentionArgs& a = p.a;
+    const int nh = p.nh(r);
+    const float* q[MAX_HEADS];
+    float* accs[MAX_HEADS];
+    for (int hh = 0; hh < nh; ++hh) {
+        q[hh] = a.q + (row * a.h + p.h0(kv, r) + hh) * a.hd;
+        accs[hh] = acc + hh * a.hd;
+    }
+    p.unit(a, nh, q, where, len, sc.s.data(), m, l, accs);
+}
+
+// Tiles mode: the rows of `t` walk kv head kv's ranges together, merging as they go.
+static void run_tile(const Plan& p, const Tile& t, int64_t kv, int64_t r, Scratch& sc) {
+    const AttentionArgs& a = p.a;
+    const int nh = p.nh(r);
+    const int64_t stride = a.hd + 2;
+    int64_t lo = row_start(a, t.row0), hi = 0;
+    for (int64_t i = 0; i < t.rows; ++i) {
+        lo = std::min(lo, row_start(a, t.row0 + i));
+        hi = std::max<int64_t>(hi, a.row_pos[t.row0 + i] + 1);
+    }
+    key_offsets(a, t.row0, kv, lo, hi - lo, sc.where);
+    sc.state.resize(t.rows * nh * stride);
+    sc.acc.resize(nh * a.hd);
+    float m[MAX_HEADS], l[MAX_HEADS];
+    for (int64_t k = lo / KEY_RANGE; k * KEY_RANGE < hi; ++k) {
+        for (int64_t i = 0; i < t.rows; ++i) {
+            const int64_t row = t.row0 + i, start = row_start(a, row);
+            const int64_t r0 = std::max(k * KEY_RANGE, start), r1 = std::min<int64_t>((k + 1) * KEY_RANGE, a.row_pos[row] + 1);
+            if (r0 >= r1) continue;
+            run_range(p, row, kv, r, sc.where.data() + (r0 - lo), r1 - r0, sc, m, l, sc.acc.data());
+            for (int hh = 0; hh < nh; ++hh)
+                merge(sc.state.data() + (i * nh + hh) * stride, m[hh], l[hh], sc.acc.data() + hh * a.hd, a.hd, r0 == start);
+        }
+    }
+    for (int64_t i = 0; i < t.rows; ++i)
+        for (int hh = 0; hh < nh; ++hh)
+            finish(sc.state.data() + (i * nh + hh) * stride, a.hd, a.out + ((t.row0 + i) * a.h + p.h0(kv, r) + hh) * a.hd);
+}
+
+// Consecutive rows of one sequence, at most ROW_TILE each, longest first (threads stay
+// balanced when rows differ in length or a thread is descheduled).
+static std::vector<Tile> make_tiles(const AttentionArgs& a) {
+    std::vector<Tile> tiles;
+    for (int64_t row = 0; row < a.n; ++row) {
+        Tile* last = tiles.empty() ? nullptr : &tiles.back();
+        if (last != nullptr && last->rows < ROW_TILE && a.row_seq[last->row0] == a.row_seq[row]) {
+            ++last->rows;
+            last->max_len = std::max(last->max_len, attended_len(a, row));
+        } else {
+            tiles.push_back({row, 1, attended_len(a, row)});
+        }
+    }
+    std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& x, const Tile& y) { return x.max_len > y.max_len; });
+    return tiles;
+}
+
+static int64_t first_range(const AttentionArgs& a, int64_t row) { return row_start(a, row) / KEY_RANGE; }
+static int64_t num_ranges(const AttentionArgs& a, int64_t row) {
+    return a.row_pos[row] / KEY_RANGE - first_range(a, row) + 1;
+}
+
+// Split mode: every (row, kv, run, range) a task writing its partial [m, l, acc] (nh * (hd + 2)
+// floats), then every (row, kv, run) merges its partials in range order.
+static void run_split(const Plan& p) {
+    const AttentionArgs& a = p.a;
+    const int64_t units = a.n * a.kvh * p.runs, stride = MAX_HEADS * (a.hd + 2);
+    std::vector<int64_t> first_task(units + 1, 0);
+    for (int64_t u = 0; u < units; ++u) first_task[u + 1] = first_task[u] + num_ranges(a, u / (a.kvh * p.runs));
+    std::vector<float> parts(first_task[units] * stride);
+    std::vector<int64_t> task_unit(first_task[units]);
+    for (int64_t u = 0; u < units; ++u) std::fill(task_unit.begin() + first_task[u], task_unit.begin() + first_task[u + 1], u);
+    parallel_chunks(first_task[units], 1, [&](int64_t b, int64_t e) {
+        thread_local Scratch sc;
+        for (int64_t i = b; i < e; ++i) {
+            const int64_t u = task_unit[i], row = u / (a.kvh * p.runs), kv = (u / p.runs) % a.kvh, r = u % p.runs;
+            const int64_t k = first_range(a, row) + (i - first_task[u]), start = row_start(a, row);
+            const int64_t r0 = std::max(k * KEY_RANGE, start), r1 = std::min<int64_t>((k + 1) * KEY_RANGE, a.row_pos[row] + 1);
+            key_offsets(a, row, kv, r0, r1 - r0, sc.where);
+            float* part = parts.data() + i * stride;
+            run_range(p, row, kv, r, sc.where.data(), r1 - r0, sc, part, part + MAX_HEADS, part + 2 * MAX_HEADS);
+        }
+    }, 16);
+    parallel_chunks(units, 1, [&](int64_t b, int64_t e) {
+        thread_local Scratch sc;
+        for (int64_t u = b; u < e; ++u) {
+            const int64_t row = u / (a.kvh * p.runs), kv = (u / p.runs) % a.kvh, r = u % p.runs;
+            const int nh = p.nh(r);
+            sc.state.resize(a.hd + 2);
+            for (int hh = 0; hh < nh; ++hh) {
+                for (int64_t i = first_task[u]; i < first_task[u + 1]; ++i) {
+                    const float* part = parts.data() + i * stride;
+                    merge(sc.state.data(), part[hh], part[MAX_HEADS + hh], part + 2 * MAX_HEADS + hh * a.hd, a.hd,
+                          i == first_task[u]);
+                }
+                finish(sc.state.data(), a.hd, a.out + (row * a.h + p.h0(kv, r) + hh) * a.hd);
+            }
+        }
+    });
+}
+
+}  // namespace
+
+// Work units: (tile or row, kv head, a run of up to the ISA's heads of its GQA group, runs of
+// equal size: 4 heads go 2 + 2, not 3 + 1, on AVX2). Few units and long rows: split mode.
+void paged_attention_raw(const AttentionArgs& a) {
+    const bool wide = fix_isa() == ISA_AVX512;
+    const int64_t at_once = wide ? avx512::HEADS_AT_ONCE : avx2::HEADS_AT_ONCE;
+    const int64_t group = a.h / a.kvh, threads = std::max(1, at::get_num_threads());
+    const RangeUnit unit = wide ? avx512::attend_range : avx2::attend_range;
+    const std::vector<Tile> tiles = make_tiles(a);
+    int64_t runs = (group + at_once - 1) / at_once;
+    const int64_t units = static_cast<int64_t>(tiles.size()) * a.kvh * runs;
+    bool long_rows = false;
+    for (int64_t row = 0; row < a.n && !long_rows; ++row) long_rows = num_ranges(a, row) > 1;
+    if (units < 2 * threads && long_rows && threads > 1) {
+        run_split(Plan{a, unit, group, runs, (group + runs - 1) / runs});
+        return;
+    }
+    // Fewer units than threads (short decode rows of a model with one kv head): split the
+    // GQA group so every thread has one; a head's bits never depend on its run.
+    const int64_t rows_kv = static_cast<int64_t>(tiles.size()) * a.kvh;
+    if (rows_kv < threads) runs = std::max(runs, std::min(group, (threads + rows_kv - 1) / rows_kv));
+    const Plan p{a, unit, group, runs, (group + runs - 1) / runs};
+    parallel_chunks(rows_kv * runs, 1, [&](int64_t b, int64_t e) {
+        thread_local Scratch sc;
+        for (int64_t i = b; i < e; ++i) run_tile(p, tiles[i / (a.kvh * runs)], (i / runs) % a.kvh, i % runs, sc);
+    }, 16);
+}
+
+}  // namespace agentkv
