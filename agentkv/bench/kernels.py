@@ -173,8 +173,6 @@ def bench_steps(timer: Timer, seconds: float, rows: list[int], context_len: int 
     from agentkv.runtime.engine import Engine
     from agentkv.runtime.runner import Chunk
 
-    if any(m < 1 for m in rows):
-        raise ValueError(f"--step-rows {rows}: every count must be >= 1")
     engine = Engine(engine_config("smollm2", enable_prefix_cache=False))
     runner = engine.runner
     ids = prompt_ids(engine.model.vocab_size, context_len + max(rows))
@@ -193,13 +191,19 @@ def steps_lines(steps: list[dict]) -> list[str]:
     return ["- SmolLM2 engine step, ms by rows: " + ", ".join(f"{r['rows']}: {r['step_ms']:.1f}" for r in steps)]
 
 
+def check_args(args: argparse.Namespace) -> None:
+    if args.threads < 1 or args.seconds <= 0:
+        raise ValueError(f"--threads {args.threads} must be >= 1 and --seconds {args.seconds} > 0")
+    if any(m < 1 for m in args.step_rows):
+        raise ValueError(f"--step-rows {args.step_rows}: every count must be >= 1")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from agentkv.hal.kernels import load, unavailable_reason
 
-    if args.threads < 1 or args.seconds <= 0:
-        raise ValueError(f"--threads {args.threads} must be >= 1 and --seconds {args.seconds} > 0")
+    check_args(args)
     torch.set_num_threads(args.threads)
     if (K := load()) is None:
         raise ValueError(f"agentkv CPU kernels unavailable here: {unavailable_reason()}")
