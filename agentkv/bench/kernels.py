@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=0.3, help="timing budget per measurement")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--m", type=int, nargs="+", default=[1, 512], help="rows per call (default 1 512)")
+    parser.add_argument(
+        "--step-rows",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time one SmolLM2 engine step of this many rows (all logits read), e.g. 1 2 4 8",
+    )
     parser.add_argument("--out", default="bench/out")
 
 
@@ -158,21 +165,52 @@ def bench_attention(K, timer: Timer, seconds: float) -> dict:
     }
 
 
+def bench_steps(timer: Timer, seconds: float, rows: list[int], context_len: int = 256) -> list[dict]:
+    """ms per engine step of `m` rows after `context_len` cached tokens, every row's logits read:
+    the cost of a speculative verification of m - 1 drafted tokens (m = 1: plain decode)."""
+    from agentkv.bench.common import prompt_ids
+    from agentkv.runtime.config import engine_config
+    from agentkv.runtime.engine import Engine
+    from agentkv.runtime.runner import Chunk
+
+    engine = Engine(engine_config("smollm2", enable_prefix_cache=False))
+    runner = engine.runner
+    ids = prompt_ids(engine.model.vocab_size, context_len + max(rows))
+    table_ = list(range((len(ids) + runner.block_size - 1) // runner.block_size))
+    runner.run([Chunk(ids[:context_len], 0, table_, None)])
+    out = []
+    for m in rows:
+        chunk = Chunk(ids[context_len : context_len + m], context_len, table_, "all")
+        out.append({"rows": m, "step_ms": 1e3 * timer(lambda c=chunk: runner.run([c]), seconds)})
+    return out
+
+
+def steps_lines(steps: list[dict]) -> list[str]:
+    if not steps:
+        return []
+    return ["- SmolLM2 engine step, ms by rows: " + ", ".join(f"{r['rows']}: {r['step_ms']:.1f}" for r in steps)]
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.threads < 1 or args.seconds <= 0:
+        raise ValueError(f"--threads {args.threads} must be >= 1 and --seconds {args.seconds} > 0")
+    if any(m < 1 for m in args.step_rows):
+        raise ValueError(f"--step-rows {args.step_rows}: every count must be >= 1")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from agentkv.hal.kernels import load, unavailable_reason
 
-    if args.threads < 1 or args.seconds <= 0:
-        raise ValueError(f"--threads {args.threads} must be >= 1 and --seconds {args.seconds} > 0")
+    check_args(args)
     torch.set_num_threads(args.threads)
-    K = load()
-    if K is None:
+    if (K := load()) is None:
         raise ValueError(f"agentkv CPU kernels unavailable here: {unavailable_reason()}")
-    weights, source = load_weights()
-    timer = Timer(args.clock)
+    weights, source, timer = *load_weights(), Timer(args.clock)
     shapes = bench_shapes(K, weights, timer, args.seconds, args.m)
     sweep, attn = bench_sweep(K, weights, timer, args.seconds * 3), bench_attention(K, timer, args.seconds)
+    steps = bench_steps(timer, args.seconds * 3, args.step_rows) if args.step_rows else []
     payload = envelope(
         "kernels",
         threads=args.threads,
@@ -182,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         shapes=shapes,
         sweep=sweep,
         attention=attn,
+        steps=steps,
     )
     out = Path(args.out)
     md = [f"{source}; {args.threads} threads; {args.clock} clock; kernels {K.isa()}", ""]
@@ -211,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
         f"{attn['prefill_sdpa_ms']:.2f} ms; decode {attn['decode_ours_us']:.0f} us vs "
         f"{attn['decode_sdpa_us']:.0f} us"
     )
+    md += steps_lines(steps)
     groups = {f"m={m}": {r["shape"].split()[0]: r["speedup"] for r in shapes if r["m"] == m} for m in args.m}
     png = bar_plot(out / "kernels.png", "compiled qmatmul speedup over torch f32 F.linear", groups, "×")
     md.append(f"\n![kernels]({png.name})" if png else "")

@@ -33,12 +33,20 @@ def skipped(reason: str) -> dict[str, str]:
     return {"skipped": reason}
 
 
-def load_llamacpp(model_path: str, n_ctx: int, n_batch: int = 512):
-    """A llama-cpp-python Llama on the GGUF at `model_path`, THREADS threads, quiet."""
+def load_llamacpp(model_path: str, n_ctx: int, n_batch: int = 512, logits_all: bool = False):
+    """A llama-cpp-python Llama on the GGUF at `model_path`, THREADS threads, quiet.
+    `logits_all`: keep every position's logits, which a draft model (prompt lookup) needs:
+    without it llama.cpp aborts the process (GGML_ASSERT(logits != nullptr))."""
     from llama_cpp import Llama
 
     return Llama(
-        model_path=model_path, n_threads=THREADS, n_threads_batch=THREADS, n_ctx=n_ctx, n_batch=n_batch, verbose=False
+        model_path=model_path,
+        n_threads=THREADS,
+        n_threads_batch=THREADS,
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        logits_all=logits_all,
+        verbose=False,
     )
 
 

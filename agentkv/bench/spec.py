@@ -126,7 +126,7 @@ def run_llamacpp(args, workloads: dict[str, tuple[str, ...]], prompts: dict[str,
     path = str(resolve_model_path(args.model))
     out = {}
     for arm, draft in (("llamacpp", None), ("llamacpp-lookup", args.num_speculative_tokens)):
-        llm = load_llamacpp(path, n_ctx=4096)
+        llm = load_llamacpp(path, n_ctx=4096, logits_all=draft is not None)
         if draft:
             llm.draft_model = LlamaPromptLookupDecoding(num_pred_tokens=draft)
         out[arm] = {}

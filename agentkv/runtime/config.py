@@ -73,8 +73,10 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     served_model_name: str | None = None  # None = `model`
     speculative: str | None = None  # drafter of speculative decoding: "ngram", "suffix"; None = off
-    # Most tokens drafted per request per step. 3: the compiled CPU kernels compute up to 4
-    # rows for little more than one (SmolLM2: 1 row 24 ms, 4 rows 32 ms, 5 rows 48 ms).
+    # Most tokens drafted per request per step. 3: a SmolLM2 step of 1 + k rows costs, per
+    # core, 1 row 15.9 ms, 2 rows 17.7, 4 rows 24.1, 5 rows 31.5, 8 rows 47.3 (`agentkv bench
+    # kernels --threads 1 --clock cpu --step-rows 1 2 4 5 8`): past 4 rows the step is
+    # compute-bound and grows linearly, so a longer draft gains nothing even when accepted.
     num_speculative_tokens: int = 3
     # Requests that may wait for a running slot (beyond max_num_seqs); None = no bound.
     max_queued_requests: int | None = None

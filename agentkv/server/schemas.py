@@ -182,6 +182,8 @@ class SamplingFields(Request):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # SGLang's name: true = never draft for this request (same tokens, no speculation).
+    disable_speculative_decoding: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -123,6 +123,8 @@ def sampling_params(
             kw[name] = value
     if req.seed is not None:
         kw["seed"] = req.seed + seed_offset
+    if req.disable_speculative_decoding:
+        kw["speculative"] = False
     try:
         return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs, **kw)
     except ValueError as exc:

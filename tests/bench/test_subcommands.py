@@ -142,6 +142,7 @@ def test_timeout_is_skipped_and_a_finished_arm_returns(tmp_path):
         (["agents", "--workload", "nope"], "'nope'"),
         (["agents", "--set", "tool-loop.turns=x"], "tool-loop.turns=x"),
         (["kernels", "--seconds", "0"], "--seconds 0"),
+        (["kernels", "--step-rows", "4", "0"], "--step-rows [4, 0]"),
     ],
 )
 def test_bad_flags_name_the_value(argv, bad, capsys):

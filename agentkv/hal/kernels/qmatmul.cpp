@@ -7,9 +7,11 @@
 // bits never depend on m, on which rows ride along, on the thread count (threads split
 // columns only) or on tile edges:
 //
-//   decode  (m <= 4): G columns at a time, each weight block decoded once in registers
-//                     and applied to all m rows; reads every weight byte once per call.
-//   prefill (m > 4) : a panel of PANEL columns is decoded into a per-thread f32 scratch
+//   decode  (m <= DECODE_MAX_ROWS): rows in groups of <= 8; G columns at a time, each
+//                     weight block decoded in registers and applied to the group's rows;
+//                     the groups take turns on a COL_BLOCK of columns, so every weight
+//                     byte comes from DRAM once per call.
+//   prefill (larger m): a panel of PANEL columns is decoded into a per-thread f32 scratch
 //                     (L2-resident), then R x C register tiles sweep it for every row.
 #include "qmatmul.h"
 
@@ -17,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -29,6 +32,14 @@
 namespace agentkv {
 namespace {
 
+// The decode/prefill crossover per build, in rows, measured on SmolLM2's shapes (`agentkv
+// bench kernels --threads 1 --clock cpu --m 1 2 4 5 8 12 16 24 32 48 64`): up to it,
+// decoding each weight block in registers once per row group of 8 beats decoding a panel
+// into scratch and sweeping it (AVX-512: about even at 64 rows, the decode path 25-30%
+// faster at 32; AVX2: faster at every m to 48, its panel path being weaker).
+constexpr int64_t DECODE_MAX_ROWS_AVX2 = 32, DECODE_MAX_ROWS_AVX512 = 48;
+constexpr int GROUP_ROWS = 8;      // rows one decode_cols call holds in registers
+constexpr int64_t COL_BLOCK = 24;  // columns a row group sweeps before the next group (L1)
 constexpr int PANEL = 24;  // columns decoded per scratch panel (a multiple of TILE_C)
 constexpr int TILE_R = 4, TILE_C = 3;
 // A decode GEMV only goes parallel past this many weight bytes per chunk: below it, handing
@@ -61,7 +72,7 @@ static void decode_cols(const Problem& p, int64_t c0) {
             for (int g = 0; g < G; ++g) {
                 __m256 wv[4];
                 F::decode(rows[g] + sb * F::BYTES, sub, wv);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int r = 0; r < M; ++r)
 #pragma GCC unroll 4
                     for (int i = 0; i < 4; ++i)
@@ -81,19 +92,53 @@ static float* panel_scratch(int64_t floats) {
     return buffer.data();
 }
 
+// One row group (m <= GROUP_ROWS) over columns [c0, c1): G columns at a time, so the
+// M x G accumulators plus one column's decoded weights fit the 16 ymm registers.
 template <class F, int M, int G>
-static void decode_path(const Problem& p) {
-    const int64_t groups = p.n / G;
-    const int64_t grain = std::max<int64_t>(1, MIN_TASK_BYTES / (G * p.row_bytes));
-    parallel_chunks(groups + 1, grain, [&](int64_t b, int64_t e) {
-        for (int64_t gi = b; gi < e; ++gi) {
-            if (gi < groups) {
-                decode_cols<F, M, G>(p, gi * G);
-            } else {
-                for (int64_t c = groups * G; c < p.n; ++c) decode_cols<F, M, 1>(p, c);
-            }
+static void decode_cols_range(const Problem& p, int64_t c0, int64_t c1) {
+    int64_t c = c0;
+    for (; c + G <= c1; c += G) decode_cols<F, M, G>(p, c);
+    for (; c < c1; ++c) decode_cols<F, M, 1>(p, c);
+}
+
+template <class F>
+static void decode_group(const Problem& p, int64_t c0, int64_t c1) {
+    switch (p.m) {
+        case 1: decode_cols_range<F, 1, 4>(p, c0, c1); break;
+        case 2: decode_cols_range<F, 2, 4>(p, c0, c1); break;
+        case 3: decode_cols_range<F, 3, 2>(p, c0, c1); break;
+        case 4: decode_cols_range<F, 4, 2>(p, c0, c1); break;
+        case 5: decode_cols_range<F, 5, 2>(p, c0, c1); break;
+        case 6: decode_cols_range<F, 6, 1>(p, c0, c1); break;
+        case 7: decode_cols_range<F, 7, 1>(p, c0, c1); break;
+        default: decode_cols_range<F, 8, 1>(p, c0, c1); break;
+    }
+}
+
+// All m rows over columns [c0, c1): rows in balanced groups of <= GROUP_ROWS (9 -> 5 + 4),
+// every group sweeping the same COL_BLOCK columns in turn, so a block's weights are read
+// from DRAM once and re-decoded from L1 for the next group. An output's fma sequence is
+// decode_cols' whatever its group, its block or its G.
+template <class F>
+static void decode_rows(const Problem& p, int64_t c0, int64_t c1) {
+    const int64_t groups = (p.m + GROUP_ROWS - 1) / GROUP_ROWS;
+    for (int64_t cb = c0; cb < c1; cb += COL_BLOCK) {
+        const int64_t ce = std::min(cb + COL_BLOCK, c1);
+        int64_t r0 = 0;
+        for (int64_t gi = 0; gi < groups; ++gi) {
+            const int64_t left = groups - gi, rows = (p.m - r0 + left - 1) / left;
+            const Problem group{p.x + r0 * p.k, p.w, p.out + r0 * p.n, rows, p.n, p.k, p.row_bytes};
+            decode_group<F>(group, cb, ce);
+            r0 += rows;
         }
-    });
+    }
+}
+
+// Threads split columns in chunks of a multiple of COL_BLOCK's divisors' lcm (12), so a
+// chunk rarely ends in single-column tails.
+static void decode_columns(const Problem& p, const std::function<void(int64_t, int64_t)>& body) {
+    const int64_t grain = std::max<int64_t>(12, MIN_TASK_BYTES / p.row_bytes);
+    parallel_chunks(p.n, grain, body, 4, 12);
 }
 
 // R x C register tile over rows r0.. and scratch columns (already decoded, stride k).
@@ -156,9 +201,8 @@ static void prefill_path(const Problem& p) {
 // The AVX-512 build's driver: the same split (columns for decode, panels for prefill),
 // threads deciding only which columns a kernel call owns.
 static void run_avx512(const Problem& p, int qtype) {
-    if (p.m <= 4) {
-        const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / p.row_bytes);
-        parallel_chunks(p.n, grain, [&](int64_t b, int64_t e) { avx512::decode_range(p, qtype, b, e); }, 4, 4);
+    if (p.m <= DECODE_MAX_ROWS_AVX512) {
+        decode_columns(p, [&](int64_t b, int64_t e) { avx512::decode_range(p, qtype, b, e); });
         return;
     }
     const int64_t panel = avx512::panel_cols(p.k);
@@ -171,13 +215,11 @@ static void run_avx512(const Problem& p, int qtype) {
 
 template <class F>
 static void run(const Problem& p) {
-    switch (p.m) {
-        case 1: decode_path<F, 1, 4>(p); break;
-        case 2: decode_path<F, 2, 4>(p); break;
-        case 3: decode_path<F, 3, 2>(p); break;
-        case 4: decode_path<F, 4, 2>(p); break;
-        default: prefill_path<F>(p); break;
+    if (p.m <= DECODE_MAX_ROWS_AVX2) {
+        decode_columns(p, [&](int64_t b, int64_t e) { decode_rows<F>(p, b, e); });
+        return;
     }
+    prefill_path<F>(p);
 }
 
 template <class F>

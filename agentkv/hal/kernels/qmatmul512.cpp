@@ -46,6 +46,8 @@ constexpr int64_t PANEL_BYTES = 192 * 1024;  // decoded f32 panel kept in L2
 constexpr int64_t MAX_PANEL = 96;
 constexpr int64_t LONG_K = 1024, K_BLOCK = 512;  // k blocking for rows longer than LONG_K
 constexpr int64_t PREFETCH_BYTES = 8192;
+constexpr int GROUP_ROWS = 8;      // rows one decode_cols call holds in registers
+constexpr int64_t COL_BLOCK = 24;  // columns a row group sweeps before the next group (L1)
 
 // out[0 .. C) = the sums of acc[0 .. C), C <= 4, through simd512.h's reduce4 (the one
 // horizontal sum of this build: decode, prefill and tail columns alike).
@@ -212,7 +214,7 @@ struct WF32 {
     }
 };
 
-// ---------------------------------------------------------------- decode (m <= 4)
+// ---------------------------------------------------------------- decode (small m)
 
 template <class F, int M, int G>
 static void decode_cols(const Problem& p, int64_t c0) {
@@ -235,7 +237,7 @@ static void decode_cols(const Problem& p, int64_t c0) {
             for (int g = 0; g < G; ++g) {
                 __m512 wv[2 * F::UNIT];
                 F::decode(rows[g] + sb * F::BYTES, u, ctx[g], wv);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int r = 0; r < M; ++r)
 #pragma GCC unroll 4
                     for (int i = 0; i < 2 * F::UNIT; ++i)
@@ -253,13 +255,36 @@ static void decode_cols_range(const Problem& p, int64_t c0, int64_t c1) {
     for (; c < c1; ++c) decode_cols<F, M, 1>(p, c);
 }
 
+// One row group (m <= GROUP_ROWS) over columns [c0, c1): G columns at a time, so the
+// M x G accumulators plus one column's decoded weights fit the 32 zmm registers.
 template <class F>
-static void decode_t(const Problem& p, int64_t c0, int64_t c1) {
+static void decode_group(const Problem& p, int64_t c0, int64_t c1) {
     switch (p.m) {
         case 1: decode_cols_range<F, 1, 4>(p, c0, c1); break;
         case 2: decode_cols_range<F, 2, 4>(p, c0, c1); break;
         case 3: decode_cols_range<F, 3, 2>(p, c0, c1); break;
-        default: decode_cols_range<F, 4, 2>(p, c0, c1); break;
+        case 4: decode_cols_range<F, 4, 2>(p, c0, c1); break;
+        case 5: decode_cols_range<F, 5, 3>(p, c0, c1); break;
+        case 6: decode_cols_range<F, 6, 3>(p, c0, c1); break;
+        case 7: decode_cols_range<F, 7, 2>(p, c0, c1); break;
+        default: decode_cols_range<F, 8, 2>(p, c0, c1); break;
+    }
+}
+
+// All m rows over [c0, c1) in balanced row groups (9 -> 5 + 4) taking turns on COL_BLOCK
+// columns (weights from DRAM once, from L1 after): qmatmul.cpp's decode_rows, 16 lanes.
+template <class F>
+static void decode_t(const Problem& p, int64_t c0, int64_t c1) {
+    const int64_t groups = (p.m + GROUP_ROWS - 1) / GROUP_ROWS;
+    for (int64_t cb = c0; cb < c1; cb += COL_BLOCK) {
+        const int64_t ce = cb + COL_BLOCK < c1 ? cb + COL_BLOCK : c1;
+        int64_t r0 = 0;
+        for (int64_t gi = 0; gi < groups; ++gi) {
+            const int64_t left = groups - gi, rows = (p.m - r0 + left - 1) / left;
+            const Problem group{p.x + r0 * p.k, p.w, p.out + r0 * p.n, rows, p.n, p.k, p.row_bytes};
+            decode_group<F>(group, cb, ce);
+            r0 += rows;
+        }
     }
 }
 

@@ -24,7 +24,8 @@ struct Problem {
 // why one process uses one ISA for everything (see active_isa in qmatmul.cpp).
 namespace avx512 {
 bool cpu_supports();
-// Columns [c0, c1) of out for m <= 4 rows, each weight block decoded once in registers.
+// Columns [c0, c1) of out for all m rows, each weight block decoded in registers once per
+// group of <= 8 rows (the driver sends small m here, see DECODE_MAX_ROWS in qmatmul.cpp).
 void decode_range(const Problem& p, int qtype, int64_t c0, int64_t c1);
 // Columns per prefill panel for this k (a multiple of the register tile's width).
 int64_t panel_cols(int64_t k);
