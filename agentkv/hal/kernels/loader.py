@@ -151,6 +151,14 @@ def build_id() -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def _forget_build(build_dir: Path) -> None:
+    """New sources build from nothing: ninja's own staleness check once kept an object file
+    (and so a stale .so) after a header changed, which would put old bits behind a new build id."""
+    for pattern in ("*.o", "*.so", "build.ninja", ".ninja_deps", ".ninja_log"):
+        for path in build_dir.glob(pattern):
+            path.unlink(missing_ok=True)
+
+
 def _load_uncached() -> ModuleType:
     reason = unavailable_reason()
     if reason is not None:
@@ -163,6 +171,7 @@ def _load_uncached() -> ModuleType:
     fresh = not stamp.exists()
     if fresh:
         print(f"compiling agentkv CPU kernels (once, ~{COMPILE_SECONDS_HINT} s)...", file=sys.stderr, flush=True)
+        _forget_build(build_dir)
     started = time.perf_counter()
     try:
         module = cpp_extension.load(
