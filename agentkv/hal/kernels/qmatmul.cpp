@@ -92,15 +92,9 @@ static float* panel_scratch(int64_t floats) {
     return buffer.data();
 }
 
-// One row group (m <= GROUP_ROWS) over columns [c0, c1): G columns at a time, so the
-// M x G accumulators plus one column's decoded weights fit the 16 ymm registers.
-template <class F, int M, int G>
-static void decode_cols_range(const Problem& p, int64_t c0, int64_t c1) {
-    int64_t c = c0;
-    for (; c + G <= c1; c += G) decode_cols<F, M, G>(p, c);
-    for (; c < c1; ++c) decode_cols<F, M, 1>(p, c);
-}
+#include "row_groups.h"
 
+// One row group: M x G accumulators plus one column's decoded weights fit the 16 ymm registers.
 template <class F>
 static void decode_group(const Problem& p, int64_t c0, int64_t c1) {
     switch (p.m) {
@@ -112,25 +106,6 @@ static void decode_group(const Problem& p, int64_t c0, int64_t c1) {
         case 6: decode_cols_range<F, 6, 1>(p, c0, c1); break;
         case 7: decode_cols_range<F, 7, 1>(p, c0, c1); break;
         default: decode_cols_range<F, 8, 1>(p, c0, c1); break;
-    }
-}
-
-// All m rows over columns [c0, c1): rows in balanced groups of <= GROUP_ROWS (9 -> 5 + 4),
-// every group sweeping the same COL_BLOCK columns in turn, so a block's weights are read
-// from DRAM once and re-decoded from L1 for the next group. An output's fma sequence is
-// decode_cols' whatever its group, its block or its G.
-template <class F>
-static void decode_rows(const Problem& p, int64_t c0, int64_t c1) {
-    const int64_t groups = (p.m + GROUP_ROWS - 1) / GROUP_ROWS;
-    for (int64_t cb = c0; cb < c1; cb += COL_BLOCK) {
-        const int64_t ce = std::min(cb + COL_BLOCK, c1);
-        int64_t r0 = 0;
-        for (int64_t gi = 0; gi < groups; ++gi) {
-            const int64_t left = groups - gi, rows = (p.m - r0 + left - 1) / left;
-            const Problem group{p.x + r0 * p.k, p.w, p.out + r0 * p.n, rows, p.n, p.k, p.row_bytes};
-            decode_group<F>(group, cb, ce);
-            r0 += rows;
-        }
     }
 }
 

@@ -248,15 +248,9 @@ static void decode_cols(const Problem& p, int64_t c0) {
     for (int r = 0; r < M; ++r) store_sums<G>(acc[r], p.out + r * p.n + c0);
 }
 
-template <class F, int M, int G>
-static void decode_cols_range(const Problem& p, int64_t c0, int64_t c1) {
-    int64_t c = c0;
-    for (; c + G <= c1; c += G) decode_cols<F, M, G>(p, c);
-    for (; c < c1; ++c) decode_cols<F, M, 1>(p, c);
-}
+#include "row_groups.h"
 
-// One row group (m <= GROUP_ROWS) over columns [c0, c1): G columns at a time, so the
-// M x G accumulators plus one column's decoded weights fit the 32 zmm registers.
+// One row group: M x G accumulators plus one column's decoded weights fit the 32 zmm registers.
 template <class F>
 static void decode_group(const Problem& p, int64_t c0, int64_t c1) {
     switch (p.m) {
@@ -268,23 +262,6 @@ static void decode_group(const Problem& p, int64_t c0, int64_t c1) {
         case 6: decode_cols_range<F, 6, 3>(p, c0, c1); break;
         case 7: decode_cols_range<F, 7, 2>(p, c0, c1); break;
         default: decode_cols_range<F, 8, 2>(p, c0, c1); break;
-    }
-}
-
-// All m rows over [c0, c1) in balanced row groups (9 -> 5 + 4) taking turns on COL_BLOCK
-// columns (weights from DRAM once, from L1 after): qmatmul.cpp's decode_rows, 16 lanes.
-template <class F>
-static void decode_t(const Problem& p, int64_t c0, int64_t c1) {
-    const int64_t groups = (p.m + GROUP_ROWS - 1) / GROUP_ROWS;
-    for (int64_t cb = c0; cb < c1; cb += COL_BLOCK) {
-        const int64_t ce = cb + COL_BLOCK < c1 ? cb + COL_BLOCK : c1;
-        int64_t r0 = 0;
-        for (int64_t gi = 0; gi < groups; ++gi) {
-            const int64_t left = groups - gi, rows = (p.m - r0 + left - 1) / left;
-            const Problem group{p.x + r0 * p.k, p.w, p.out + r0 * p.n, rows, p.n, p.k, p.row_bytes};
-            decode_group<F>(group, cb, ce);
-            r0 += rows;
-        }
     }
 }
 
@@ -388,7 +365,7 @@ static void dispatch(int qtype, Fn&& fn) {
 }  // namespace
 
 void decode_range(const Problem& p, int qtype, int64_t c0, int64_t c1) {
-    dispatch(qtype, [&](auto fmt) { decode_t<decltype(fmt)>(p, c0, c1); });
+    dispatch(qtype, [&](auto fmt) { decode_rows<decltype(fmt)>(p, c0, c1); });
 }
 
 int64_t panel_cols(int64_t k) {
