@@ -160,6 +160,40 @@ def _forget_build(build_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def _build(build_dir: Path, cpp_extension: ModuleType) -> ModuleType:
+    """Build (when the sources are new) and load the library. One process at a time per build
+    folder: a second one waits, then finds the stamp and only loads."""
+    import fcntl
+
+    stamp = build_dir / f"built-{_source_digest()}"
+    with open(build_dir / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fresh = not stamp.exists()
+        if fresh:
+            print(f"compiling agentkv CPU kernels (once, ~{COMPILE_SECONDS_HINT} s)...", file=sys.stderr, flush=True)
+            _forget_build(build_dir)
+        started = time.perf_counter()
+        try:
+            module = cpp_extension.load(
+                name=NAME,
+                sources=[str(_HERE / s) for s in SOURCES],
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS),
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+        except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as exc:
+            output = getattr(exc, "output", None)  # a failed compiler probe keeps its words here
+            detail = f"{exc} {output.decode(errors='replace') if isinstance(output, bytes) else output or ''}"
+            raise BackendUnavailable(
+                f"backend 'cpu' cannot run here: the kernel build failed: {detail.strip()}"
+            ) from exc
+        if fresh:
+            stamp.touch()
+            log.info("compiled agentkv CPU kernels in %.1f s", time.perf_counter() - started)
+    return module
+
+
 def _load_uncached() -> ModuleType:
     reason = unavailable_reason()
     if reason is not None:
@@ -168,28 +202,7 @@ def _load_uncached() -> ModuleType:
 
     build_dir = build_directory()
     build_dir.mkdir(parents=True, exist_ok=True)
-    stamp = build_dir / f"built-{_source_digest()}"
-    fresh = not stamp.exists()
-    if fresh:
-        print(f"compiling agentkv CPU kernels (once, ~{COMPILE_SECONDS_HINT} s)...", file=sys.stderr, flush=True)
-        _forget_build(build_dir)
-    started = time.perf_counter()
-    try:
-        module = cpp_extension.load(
-            name=NAME,
-            sources=[str(_HERE / s) for s in SOURCES],
-            extra_cflags=list(CFLAGS),
-            extra_ldflags=list(LDFLAGS),
-            build_directory=str(build_dir),
-            verbose=False,
-        )
-    except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as exc:
-        output = getattr(exc, "output", None)  # a failed compiler probe keeps its words here
-        detail = f"{exc} {output.decode(errors='replace') if isinstance(output, bytes) else output or ''}"
-        raise BackendUnavailable(f"backend 'cpu' cannot run here: the kernel build failed: {detail.strip()}") from exc
-    if fresh:
-        stamp.touch()
-        log.info("compiled agentkv CPU kernels in %.1f s", time.perf_counter() - started)
+    module = _build(build_dir, cpp_extension)
     isa = os.environ.get(ISA_ENV)
     if isa:
         try:
