@@ -28,6 +28,16 @@ def autoawq_packing():
         pytest.skip(f"AutoAWQ oracle unavailable: {exc}")
 
 
+@pytest.fixture(scope="module")
+def gptqmodel_linear():
+    from tests.formats.quant_oracles import gptqmodel_dequant as load
+
+    try:
+        return load()
+    except RuntimeError as exc:
+        pytest.skip(f"gptqmodel oracle unavailable: {exc}")
+
+
 def _w(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((OUT, IN)).astype(np.float32)
 
@@ -153,6 +163,74 @@ def test_gptq_unpacks_to_the_writers_codes(bits, group_size, sym, v2, desc_act) 
 def test_gptq_v1_stores_zero_minus_one() -> None:
     parts, _ = qw.gptq_parts(_w(), 4, 32, True, False, False, None)
     assert np.all(unpack_slots(parts["qzeros"], 4) == 7)  # symmetric zero 8, stored as 8 - 1
+
+
+def _gptqmodel_dequant(cls, parts, bits, v2, scales=None, qweight=None) -> np.ndarray:
+    """gptqmodel's dequantize_weight on a module holding `parts` (v1 zeros converted as it loads them)."""
+    m = cls()
+    m.bits, m.pack_factor, m.maxq, m.pack_dtype_bits = bits, 32 // bits, 2**bits - 1, 32
+    m.dequant_dtype = torch.int16 if bits == 8 else torch.int8
+    m.planar, m.enable_wf_unsqueeze = False, True
+    m.in_features = parts["g_idx"].shape[0]
+    for name, value in [("qweight", qweight), ("qzeros", None), ("scales", scales), ("g_idx", None)]:
+        m.register_buffer(name, torch.from_numpy(parts[name] if value is None else value).clone())
+    if not v2:
+        cls.convert_v1_to_v2(m, bits)
+    return m.dequantize_weight().numpy()  # [in, out]
+
+
+GPTQ_ORACLE_CASES = [
+    (4, 32, True, False, False),
+    (4, 32, False, False, False),
+    (4, 64, False, True, False),
+    (8, 32, True, False, False),
+    (8, 32, False, True, False),
+    (4, -1, False, False, False),
+    (4, 32, False, False, True),
+    (4, 32, True, True, True),
+    (8, 64, False, False, True),
+    (8, 32, True, True, True),
+]
+
+
+@pytest.mark.parametrize(("bits", "group_size", "sym", "v2", "desc_act"), GPTQ_ORACLE_CASES)
+def test_gptq_equals_gptqmodel(gptqmodel_linear, bits, group_size, sym, v2, desc_act) -> None:
+    parts, values = qw.gptq_parts(_w(), bits, group_size, sym, v2, desc_act, np.random.default_rng(4))
+    if desc_act:
+        assert np.any(np.diff(parts["g_idx"]) < 0)  # act-order: g_idx really is non-monotonic
+    ours = unpack_gptq(
+        "m",
+        parts["qweight"],
+        parts["qzeros"],
+        parts["scales"],
+        parts["g_idx"],
+        bits,
+        None if group_size == -1 else group_size,
+        not v2,
+    )
+    ones = np.ones(parts["scales"].shape, np.float32)
+    # their unpacked codes (scales 1, zeros 0) and zeros (codes 0), through their own unpack path
+    codes = _gptqmodel_dequant(gptqmodel_linear, {**parts, "qzeros": np.zeros_like(parts["qzeros"])}, bits, True, ones)
+    zeros = _gptqmodel_dequant(gptqmodel_linear, parts, bits, v2, ones, np.zeros_like(parts["qweight"]))
+    assert np.array_equal(codes.T, ours.q.astype(np.float32))
+    assert np.array_equal(-zeros.T, ours.zero[:, ours.group])
+    theirs = _gptqmodel_dequant(gptqmodel_linear, parts, bits, v2)
+    # gptqmodel computes in the f16 of the scales: our exact f32 product rounds to its value
+    assert theirs.dtype == np.float16 and np.array_equal(ours.dequantize().T.astype(np.float16), theirs)
+    assert np.array_equal(ours.dequantize(), values)
+
+
+def test_gptqmodel_oracle_rejects_a_zero_point_off_by_one(gptqmodel_linear) -> None:
+    parts, _ = qw.gptq_parts(_w(), 4, 32, False, True, True, np.random.default_rng(4))
+    ours = unpack_gptq("m", parts["qweight"], parts["qzeros"], parts["scales"], parts["g_idx"], 4, 32, False)
+    theirs = _gptqmodel_dequant(gptqmodel_linear, parts, 4, True)
+    assert np.array_equal(ours.dequantize().T.astype(np.float16), theirs)
+    # the v2 checkpoint read as v1 (our zero one too high), and the v1 "+1" left off: both must differ
+    wrong = unpack_gptq("m", parts["qweight"], parts["qzeros"], parts["scales"], parts["g_idx"], 4, 32, True)
+    assert not np.array_equal(wrong.dequantize().T.astype(np.float16), theirs)
+    assert not np.array_equal(
+        ours.dequantize().T.astype(np.float16), _gptqmodel_dequant(gptqmodel_linear, parts, 4, False)
+    )
 
 
 def test_awq_equals_autoawq(autoawq_packing) -> None:
