@@ -18,6 +18,15 @@ from typing import Any
 PACKAGES = ("agentkv", "torch", "numpy", "gguf", "transformers", "llama_cpp_python", "matplotlib")
 
 
+CACHE_ENV = "AGENTKV_BENCH_CACHE"
+
+
+def cache_dir() -> Path:
+    """Where benchmarks keep the models they generate (never committed): $AGENTKV_BENCH_CACHE,
+    else ~/.cache/agentkv/bench."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "agentkv" / "bench")
+
+
 def log(msg: str) -> None:
     """A timestamped progress line on stderr (stdout carries the report)."""
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from agentkv.bench.isolate import failed, run_isolated
 from agentkv.bench.peers import THREADS, missing, skipped
+from agentkv.commands.cluster import ClusterError, wait_healthy
 
 LLAMA_VERSION = "0.3.36"
 SLOT_FILE = "agent-prefix.bin"
@@ -90,19 +91,16 @@ class _Server:
             self.port = s.getsockname()[1]
         cmd = [str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", str(THREADS)]
         cmd += ["-tb", str(THREADS), "-c", str(n_ctx), "-np", "1", "--slot-save-path", str(slots)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(self.proc.stderr.read().decode()[-2000:]) from None
-                time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"llama-server not healthy after {timeout_s:.0f} s")
+        # Its log goes to a file beside the slots: an undrained pipe would stall the server
+        # once its per-request logging filled the pipe's buffer.
+        self.log_path = slots / f"llama-server-{self.port}.log"
+        with open(self.log_path, "wb") as log_file:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True)
+        try:
+            wait_healthy(f"http://127.0.0.1:{self.port}", self.proc, time.monotonic() + timeout_s, what="llama-server")
+        except ClusterError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}: {self.log_path.read_text(errors='replace')[-2000:]}") from None
 
     def post(self, path: str, body: dict) -> dict:
         req = urllib.request.Request(
@@ -122,6 +120,8 @@ class _Server:
         return time.perf_counter() - t0, out
 
     def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=60)

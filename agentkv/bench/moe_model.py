@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from agentkv.bench.common import cache_dir
+
 QTYPES = ("Q8_0", "Q4_0")
-CACHE_ENV = "AGENTKV_BENCH_CACHE"
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,6 @@ class MoEShape:
         total = self.layers * (per_layer_dense + self.experts * expert) + 2 * embed + self.d
         active = self.layers * (per_layer_dense + self.top_k * expert) + embed + self.d
         return {"total": total, "experts": self.layers * self.experts * expert, "active_per_token": active}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "agentkv" / "bench")
 
 
 def synthetic_moe(shape: MoEShape, qtype: str, seed: int = 0, folder: Path | None = None) -> Path:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from agentkv.bench import peers
-from agentkv.bench.common import bar_plot, envelope, log, print_paths, table, write_outputs
+from agentkv.bench.common import bar_plot, cache_dir, envelope, log, print_paths, table, write_outputs
 from agentkv.bench.isolate import failed, why
 
 SPEED_VS_Q4_0, MEMORY_TARGET = 0.9, 1.1
@@ -23,12 +23,12 @@ GROUP = 128
 SPEEDS = ("prefill_tok_s", "decode_tok_s")
 
 
-def checkpoints(out: Path, model: str) -> dict[str, Path]:
-    """arm -> the model path it runs; written once under out/ckpt."""
+def checkpoints(model: str) -> dict[str, Path]:
+    """arm -> the model path it runs; written once into the benchmarks' cache folder."""
     from agentkv.bench.quant_ckpt import write_q4_0_gguf, write_w4a16
     from agentkv.formats.resolve import resolve_model_path
 
-    src, folder = resolve_model_path(model), out / "ckpt"
+    src, folder = resolve_model_path(model), cache_dir() / "w4a16"
     folder.mkdir(parents=True, exist_ok=True)
     paths = {"agentkv-q4_0": folder / f"{model}-q4_0.gguf"}
     if not paths["agentkv-q4_0"].exists():
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from agentkv.bench.forward import run_arms
 
     out, model = Path(args.out), args.models.split(",")[0]
-    paths = checkpoints(out, model)
+    paths = checkpoints(model)
     base = {"backend": args.backend, "prompt_len": args.prompt_len, "decode_len": args.decode_len}
     base["repeats"] = args.repeats
     specs = {

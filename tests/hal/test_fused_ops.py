@@ -281,56 +281,16 @@ def test_bad_shapes_name_the_value():
     for be in (T, R):  # the kernel's check (RuntimeError) or the composed default's (ValueError)
         with pytest.raises((RuntimeError, ValueError), match="qkv has 100 columns, expected .* 512"):
             attention_inputs(be, qkv[:, :100], positions, slots, h, kvh, hd, rope)
-    kv_k = torch.zeros(320, kvh, hd)
-    cos = torch.zeros(4096, 32)
-    args = (
-        None,
-        None,
-        cos,
-        cos,
-        torch.tensor([0, 1, 4096]),
-        torch.tensor([0, 1, 2]),
-        kv_k,
-        kv_k.clone(),
-        h,
-        kvh,
-        64,
-        False,
-        1e-6,
-    )
+    kv_k, cos = torch.zeros(320, kvh, hd), torch.zeros(4096, 32)
+    x = torch.from_numpy(qkv.astype(np.float32))
+
+    def raw_inputs(positions: list[int], slots: list[int], rope_dim: int) -> None:
+        args = (None, None, cos, cos, torch.tensor(positions), torch.tensor(slots), kv_k, kv_k.clone())
+        K.attention_inputs(x, *args, h, kvh, rope_dim, False, 1e-6)
+
     with pytest.raises(RuntimeError, match=r"positions\[2\]=4096 out of range \[0, num_pos=4096\)"):
-        K.attention_inputs(torch.from_numpy(qkv.astype(np.float32)), *args)
-    args = (
-        None,
-        None,
-        cos,
-        cos,
-        torch.tensor([0, 1, 2]),
-        torch.tensor([0, -1, 2]),
-        kv_k,
-        kv_k.clone(),
-        h,
-        kvh,
-        64,
-        False,
-        1e-6,
-    )
+        raw_inputs([0, 1, 4096], [0, 1, 2], 64)
     with pytest.raises(RuntimeError, match=r"slots\[1\]=-1 out of range"):
-        K.attention_inputs(torch.from_numpy(qkv.astype(np.float32)), *args)
-    args = (
-        None,
-        None,
-        cos,
-        cos,
-        torch.tensor([0, 1, 2]),
-        torch.tensor([0, 1, 2]),
-        kv_k,
-        kv_k.clone(),
-        h,
-        kvh,
-        66,
-        False,
-        1e-6,
-    )
+        raw_inputs([0, 1, 2], [0, -1, 2], 64)
     with pytest.raises(RuntimeError, match="rope_dim=66 must be even and in"):
-        K.attention_inputs(torch.from_numpy(qkv.astype(np.float32)), *args)
+        raw_inputs([0, 1, 2], [0, 1, 2], 66)
