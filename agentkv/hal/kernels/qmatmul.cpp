@@ -59,12 +59,16 @@ static inline void decode_unit(const uint8_t* row, int64_t u, __m256 wv[4]) {
 template <class F, int M, int G>
 static void decode_cols(const Problem& p, int64_t c0) {
     __m256 acc[M][G];
+#pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
     const uint8_t* rows[G];
+#pragma GCC unroll 8
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
     const int64_t units = p.k / 32;
     for (int64_t sb = 0; sb < units / (F::QK / 32); ++sb) {
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g) prefetch_block(rows[g] + sb * F::BYTES + PREFETCH_BYTES, F::BYTES);
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
@@ -81,7 +85,9 @@ static void decode_cols(const Problem& p, int64_t c0) {
             }
         }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum8(acc[r][g]);
 }
 
@@ -120,17 +126,24 @@ static void decode_columns(const Problem& p, const std::function<void(int64_t, i
 template <int R, int C>
 static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, float* out, int64_t ldo) {
     __m256 acc[R][C];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
     for (int64_t j = 0; j < k; j += 8) {
         __m256 wv[C];
+#pragma GCC unroll 8
         for (int c = 0; c < C; ++c) wv[c] = _mm256_loadu_ps(wp + c * k + j);
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
             const __m256 xv = _mm256_loadu_ps(x + r * ldx + j);
+#pragma GCC unroll 8
             for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
         }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
         for (int c = 0; c < C; ++c) out[r * ldo + c] = hsum8(acc[r][c]);
 }
 

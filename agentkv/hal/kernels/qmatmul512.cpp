@@ -50,12 +50,14 @@ constexpr int GROUP_ROWS = 8;      // rows one decode_cols call holds in registe
 constexpr int64_t COL_BLOCK = 24;  // columns a row group sweeps before the next group (L1)
 
 // out[0 .. C) = the sums of acc[0 .. C), C <= 4, through simd512.h's reduce4 (the one
-// horizontal sum of this build: decode, prefill and tail columns alike).
+// horizontal sum of this build: decode, prefill and tail columns alike). The accumulators
+// come by value: a pointer into the caller's acc array made GCC store every accumulator to
+// the stack on every k step (the array escaped), which cost as much as the fmas themselves.
 template <int C>
-static inline void store_sums(const __m512* acc, float* out) {
+static inline void store_sums(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* out) {
     static_assert(C >= 1 && C <= 4, "store_sums reduces at most four accumulators");
     const __m512 z = _mm512_setzero_ps();
-    const __m128 s = reduce4(acc[0], C > 1 ? acc[1] : z, C > 2 ? acc[2] : z, C > 3 ? acc[3] : z);
+    const __m128 s = reduce4(a0, C > 1 ? a1 : z, C > 2 ? a2 : z, C > 3 ? a3 : z);
     if (C == 4) {
         _mm_storeu_ps(out, s);
         return;
@@ -64,6 +66,10 @@ static inline void store_sums(const __m512* acc, float* out) {
     _mm_store_ps(lanes, s);
     for (int c = 0; c < C; ++c) out[c] = lanes[c];
 }
+
+// store_sums of acc[0 .. C), read element by element (no pointer into acc escapes).
+#define STORE_SUMS(C, acc, out) \
+    store_sums<C>((acc)[0], (acc)[(C) > 1 ? 1 : 0], (acc)[(C) > 2 ? 2 : 0], (acc)[(C) > 3 ? 3 : 0], (out))
 
 static inline __m128i load16(const uint8_t* p) {
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -219,7 +225,9 @@ struct WF32 {
 template <class F, int M, int G>
 static void decode_cols(const Problem& p, int64_t c0) {
     __m512 acc[M][G];
+#pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
         for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
     const uint8_t* rows[G];
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
@@ -245,7 +253,8 @@ static void decode_cols(const Problem& p, int64_t c0) {
             }
         }
     }
-    for (int r = 0; r < M; ++r) store_sums<G>(acc[r], p.out + r * p.n + c0);
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) STORE_SUMS(G, acc[r], p.out + r * p.n + c0);
 }
 
 #include "row_groups.h"
@@ -275,20 +284,28 @@ template <int R, int C>
 static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, int64_t j0, int64_t j1,
                  __m512* saved, float* out, int64_t ldo) {
     __m512 acc[R][C];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
         for (int c = 0; c < C; ++c) acc[r][c] = j0 == 0 ? _mm512_setzero_ps() : saved[r * C + c];
     for (int64_t j = j0; j < j1; j += 16) {
         __m512 wv[C];
+#pragma GCC unroll 8
         for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(wp + c * k + j);
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
             const __m512 xv = _mm512_loadu_ps(x + r * ldx + j);
+#pragma GCC unroll 8
             for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
         }
     }
     if (j1 == k) {
-        for (int r = 0; r < R; ++r) store_sums<C>(acc[r], out + r * ldo);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) STORE_SUMS(C, acc[r], out + r * ldo);
     } else {
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
             for (int c = 0; c < C; ++c) saved[r * C + c] = acc[r][c];
     }
 }
