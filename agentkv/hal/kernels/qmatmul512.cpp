@@ -50,14 +50,12 @@ constexpr int GROUP_ROWS = 8;      // rows one decode_cols call holds in registe
 constexpr int64_t COL_BLOCK = 24;  // columns a row group sweeps before the next group (L1)
 
 // out[0 .. C) = the sums of acc[0 .. C), C <= 4, through simd512.h's reduce4 (the one
-// horizontal sum of this build: decode, prefill and tail columns alike). The accumulators
-// come by value: a pointer into the caller's acc array made GCC store every accumulator to
-// the stack on every k step (the array escaped), which cost as much as the fmas themselves.
+// horizontal sum of this build: decode, prefill and tail columns alike).
 template <int C>
-static inline void store_sums(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float* out) {
+static inline void store_sums(const __m512* acc, float* out) {
     static_assert(C >= 1 && C <= 4, "store_sums reduces at most four accumulators");
     const __m512 z = _mm512_setzero_ps();
-    const __m128 s = reduce4(a0, C > 1 ? a1 : z, C > 2 ? a2 : z, C > 3 ? a3 : z);
+    const __m128 s = reduce4(acc[0], C > 1 ? acc[1] : z, C > 2 ? acc[2] : z, C > 3 ? acc[3] : z);
     if (C == 4) {
         _mm_storeu_ps(out, s);
         return;
@@ -66,10 +64,6 @@ static inline void store_sums(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float*
     _mm_store_ps(lanes, s);
     for (int c = 0; c < C; ++c) out[c] = lanes[c];
 }
-
-// store_sums of acc[0 .. C), read element by element (no pointer into acc escapes).
-#define STORE_SUMS(C, acc, out) \
-    store_sums<C>((acc)[0], (acc)[(C) > 1 ? 1 : 0], (acc)[(C) > 2 ? 2 : 0], (acc)[(C) > 3 ? 3 : 0], (out))
 
 static inline __m128i load16(const uint8_t* p) {
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -254,7 +248,7 @@ static void decode_cols(const Problem& p, int64_t c0) {
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < M; ++r) STORE_SUMS(G, acc[r], p.out + r * p.n + c0);
+    for (int r = 0; r < M; ++r) store_sums<G>(acc[r], p.out + r * p.n + c0);
 }
 
 #include "row_groups.h"
@@ -301,7 +295,7 @@ static void tile(const float* x, int64_t ldx, const float* wp, int64_t k, int64_
     }
     if (j1 == k) {
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) STORE_SUMS(C, acc[r], out + r * ldo);
+        for (int r = 0; r < R; ++r) store_sums<C>(acc[r], out + r * ldo);
     } else {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
