@@ -1,16 +1,18 @@
-"""`agentkv bench spec`: speculative decoding on two workloads in one run.
-
-  copy-heavy  agent turns whose answer repeats or edits a tool result (a file, a JSON record)
-  open-ended  turns the context cannot predict (stories, explanations)
+"""`agentkv bench spec`: speculative decoding on three workloads in one run
+(agentkv/bench/spec_workloads.py): copy-heavy turns that repeat or edit a tool result
+(`tool-copy`), a coding session whose answers repeat or edit the agent's own previous answer
+(`revise`), and open-ended turns.
 
 Each turn runs alone (single-stream decode) through the model's chat template, greedy, on
 one engine per arm: speculation off, `ngram`, `suffix`. Decode tokens/s are timed from after
 the prefill step to the end of the turn. Acceptance rate = accepted / drafted tokens; mean
-accepted length = tokens emitted per verification step (accepted + 1). Exits 1 when any arm's
-tokens differ from the plain arm's: speculation must never change an answer.
+accepted length = tokens emitted per verification step (accepted + 1); `predictable` = the
+share of answer tokens prompt lookup could have drafted. Exits 1 when any arm's tokens differ
+from the plain arm's: speculation must never change an answer.
 
-The peer arm is llama-cpp-python's `LlamaPromptLookupDecoding` on the same GGUF, with and
-without the draft model; skipped with its reason when llama_cpp is not installed."""
+The peer arm is llama-cpp-python's `LlamaPromptLookupDecoding` on the same GGUF and the same
+prompt tokens (the plain arm's sessions), with and without the draft model; skipped with its
+reason when llama_cpp is not installed."""
 
 from __future__ import annotations
 
@@ -22,42 +24,20 @@ from pathlib import Path
 from agentkv.bench.common import bar_plot, envelope, log, print_paths, table, write_outputs
 from agentkv.bench.engine import add_engine_flags, engine_config
 from agentkv.bench.peers import load_llamacpp, missing, skipped
+from agentkv.bench.spec_workloads import WORKLOADS, limit_turns, predictable
 
 ARMS = (None, "ngram", "suffix")
-FILE = (
-    "import json\nfrom pathlib import Path\n\n\ndef load_config(path):\n"
-    '    """Read the JSON config at path and check its version."""\n'
-    "    data = json.loads(Path(path).read_text())\n    if data.get('version') != 2:\n"
-    "        raise ValueError(f'unsupported config version: {data.get(\"version\")}')\n"
-    "    return data\n\n\ndef save_config(path, data):\n"
-    "    Path(path).write_text(json.dumps(data, indent=2))\n"
-)
-RECORD = '{"id": 4821, "name": "disk-usage", "status": "ok", "hosts": ["web-1", "web-2", "db-1"], "used_gb": 412}'
-COPY_TURNS = (
-    f"Tool result (read_file config.py):\n{FILE}\nRepeat the file exactly, with no comment.",
-    f"Tool result (read_file config.py):\n{FILE}\nRewrite the file with load_config renamed to read_config.",
-    f'Tool result (get_check):\n{RECORD}\nReturn the same JSON record with status set to "failed".',
-    f"Tool result (read_file config.py):\n{FILE}\nShow the file again with version 2 changed to 3.",
-)
-OPEN_TURNS = (
-    "Write a short story about a robot who learns to paint.",
-    "Explain why the sky is blue to a ten-year-old.",
-    "Give three ideas for a weekend trip near the mountains.",
-    "Describe your ideal breakfast in a few sentences.",
-)
+TARGETS = {"copy-heavy": 2.0, "open-ended": 0.95}  # decode speed with speculation / without
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per turn (default 128)")
-    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft length limit (default 3)")
+    parser.add_argument(
+        "--num-speculative-tokens", type=int, default=None, help="draft length limit (default: the engine's)"
+    )
     parser.add_argument("--turns", type=int, default=4, help="turns per workload (at most 4)")
     parser.add_argument("--out", default="bench/out")
-
-
-def _prompt(engine, text: str) -> list[int]:
-    rendered = engine.chat_template.render([{"role": "user", "content": text}], add_generation_prompt=True)
-    return engine.tokenizer.encode(rendered, add_special_tokens=False)
 
 
 def _turn(engine, rid: str, ids: list[int], max_tokens: int) -> tuple[list[int], float]:
@@ -75,33 +55,42 @@ def _turn(engine, rid: str, ids: list[int], max_tokens: int) -> tuple[list[int],
     return final.token_ids, time.perf_counter() - t0
 
 
-def run_arm(args, speculative: str | None, workloads: dict[str, tuple[str, ...]]) -> dict:
+def _session(engine, name: str, turns: tuple[str, ...], max_tokens: int) -> list[tuple[list[int], list[int], float]]:
+    """One session's turns in order: (prompt ids, answer ids, decode seconds) per turn."""
+    history, out = [], []
+    for i, text in enumerate(turns):
+        history.append({"role": "user", "content": text})
+        rendered = engine.chat_template.render(history, add_generation_prompt=True)
+        ids = engine.tokenizer.encode(rendered, add_special_tokens=False)
+        answer, seconds = _turn(engine, f"{name}-{len(out)}-{i}", ids, max_tokens)
+        out.append((ids, answer, seconds))
+        history.append({"role": "assistant", "content": engine.tokenizer.decode(answer, skip_special_tokens=True)})
+    return out
+
+
+def run_arm(args, speculative: str | None, workloads: dict) -> dict:
     """One engine with `speculative`; per workload: tokens, decode tok/s, acceptance."""
     from agentkv.runtime.config import with_overrides
     from agentkv.runtime.engine import Engine
 
-    config = with_overrides(
-        engine_config(args, num_blocks=2048),
-        speculative=speculative,
-        num_speculative_tokens=args.num_speculative_tokens,
-    )
-    engine = Engine(config)
-    _turn(engine, "warmup", _prompt(engine, "Say hi."), 4)
+    config = engine_config(args, num_blocks=2048)
+    engine = Engine(with_overrides(config, speculative=speculative, num_speculative_tokens=args.num_speculative_tokens))
+    _turn(engine, "warmup", engine.tokenizer.encode("Say hi."), 4)
     result = {}
-    for name, turns in workloads.items():
+    for name, sessions in workloads.items():
         before = engine.stats()
-        outputs, seconds = [], 0.0
-        for i, text in enumerate(turns):
-            ids, s = _turn(engine, f"{name}-{i}", _prompt(engine, text), args.max_tokens)
-            outputs.append(ids)
-            seconds += s
+        turns = [
+            t for i, session in enumerate(sessions) for t in _session(engine, f"{name}{i}", session, args.max_tokens)
+        ]
         after = engine.stats()
         drafted = after.spec_drafted_tokens - before.spec_drafted_tokens
         accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
         steps = after.spec_verify_steps - before.spec_verify_steps
-        num_decoded = sum(len(o) - 1 for o in outputs)
+        num_decoded = sum(len(answer) - 1 for _, answer, _ in turns)
+        seconds = sum(s for *_, s in turns)
         result[name] = {
-            "outputs": outputs,
+            "prompts": [ids for ids, _, _ in turns],
+            "outputs": [answer for _, answer, _ in turns],
             "decode_tokens": num_decoded,
             "decode_s": seconds,
             "decode_tok_s": num_decoded / seconds,
@@ -109,12 +98,13 @@ def run_arm(args, speculative: str | None, workloads: dict[str, tuple[str, ...]]
             "accepted": accepted,
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_accepted_len": (accepted + steps) / steps if steps else None,
+            "predictable": sum(predictable(i, a) for i, a, _ in turns) / sum(len(a) for _, a, _ in turns),
         }
         log(f"{speculative or 'off'} {name}: {result[name]['decode_tok_s']:.1f} tok/s, accepted {accepted}/{drafted}")
     return result
 
 
-def run_llamacpp(args, workloads: dict[str, tuple[str, ...]], prompts: dict[str, list[list[int]]]) -> dict:
+def run_llamacpp(args, prompts: dict[str, list[list[int]]]) -> dict:
     """llama.cpp decode tok/s on the same prompts, plain and with prompt-lookup drafts."""
     reason = missing("llamacpp")
     if reason:
@@ -130,7 +120,7 @@ def run_llamacpp(args, workloads: dict[str, tuple[str, ...]], prompts: dict[str,
         if draft:
             llm.draft_model = LlamaPromptLookupDecoding(num_pred_tokens=draft)
         out[arm] = {}
-        for name in workloads:
+        for name in prompts:
             num, seconds = 0, 0.0
             for ids in prompts[name]:
                 llm.reset()
@@ -146,51 +136,67 @@ def run_llamacpp(args, workloads: dict[str, tuple[str, ...]], prompts: dict[str,
 def _rows(arms: dict, workloads) -> list[list]:
     rows = []
     for name in workloads:
-        base = arms["off"][name]["decode_tok_s"]
-        for arm, res in arms.items():
-            r = res[name]
+        base = arms["off"][name]
+        for arm, r in ((arm, res[name]) for arm, res in arms.items()):
+            same = r["outputs"] == base["outputs"]
+            ratio = r["decode_tok_s"] / base["decode_tok_s"]
             rows.append(
                 [
                     name,
                     arm,
                     r["decode_tokens"],
                     r["decode_tok_s"],
-                    r["decode_tok_s"] / base,
+                    ratio,
                     r["acceptance_rate"],
                     r["mean_accepted_len"],
-                    r["outputs"] == arms["off"][name]["outputs"],
+                    r["predictable"],
+                    same,
                 ]
             )
     return rows
 
 
+def _target(name: str) -> float:
+    return TARGETS["open-ended" if name == "open-ended" else "copy-heavy"]
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    workloads = {"copy-heavy": COPY_TURNS[: args.turns], "open-ended": OPEN_TURNS[: args.turns]}
-    arms = {arm or "off": run_arm(args, arm, workloads) for arm in ARMS}
-    from agentkv.runtime.engine import Engine
+    if args.num_speculative_tokens is None:  # the engine's default, named in the report
+        from agentkv.runtime.config import EngineConfig
 
-    probe = Engine(engine_config(args, num_blocks=64))
-    prompts = {n: [_prompt(probe, t) for t in turns] for n, turns in workloads.items()}
-    peer = run_llamacpp(args, workloads, prompts)
+        args.num_speculative_tokens = EngineConfig.__dataclass_fields__["num_speculative_tokens"].default
+    workloads = {name: limit_turns(sessions, args.turns) for name, sessions in WORKLOADS.items()}
+    arms = {arm or "off": run_arm(args, arm, workloads) for arm in ARMS}
+    peer = run_llamacpp(args, {name: r["prompts"] for name, r in arms["off"].items()})
     rows = _rows(arms, workloads)
     exact = all(r[-1] for r in rows)
     for res in arms.values():
         for r in res.values():
-            r.pop("outputs")
+            r.pop("outputs"), r.pop("prompts")
     payload = envelope(
         "spec",
         model=args.model,
         max_tokens=args.max_tokens,
         num_speculative_tokens=args.num_speculative_tokens,
+        targets={name: _target(name) for name in workloads},
         arms=arms,
         llamacpp=peer,
         exact=exact,
     )
-    md = table(
-        ["workload", "arm", "decode tok", "decode tok/s", "vs off", "acceptance", "mean accepted len", "same tokens"],
-        rows,
-    ) + [""]
+    head = [
+        "workload",
+        "arm",
+        "decode tok",
+        "decode tok/s",
+        "vs off",
+        "acceptance",
+        "mean accepted len",
+        "predictable",
+        "same tokens",
+    ]
+    md = table(head, rows) + [""]
+    md += [f"- target {name}: >= {_target(name):.2f} x off" for name in workloads]
     if "skipped" in peer:
         md.append(f"- llama.cpp prompt lookup: skipped ({peer['skipped']})")
     else:

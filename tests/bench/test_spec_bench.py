@@ -17,8 +17,9 @@ def test_spec_tiny(tmp_path):
     assert payload["benchmark"] == "spec" and payload["exact"] is True
     assert set(payload["arms"]) == {"off", "ngram", "suffix"}
     for arm in payload["arms"].values():
-        assert set(arm) == {"copy-heavy", "open-ended"}
+        assert set(arm) == {"tool-copy", "revise", "open-ended"}
+        assert all(0 <= r["predictable"] <= 1 for r in arm.values())
         assert all(r["decode_tokens"] > 0 and r["decode_tok_s"] > 0 for r in arm.values())
-    assert payload["arms"]["ngram"]["copy-heavy"]["accepted"] > 0
+    assert payload["arms"]["ngram"]["tool-copy"]["accepted"] > 0
     if peers.missing("llamacpp"):
         assert set(payload["llamacpp"]) == {"skipped"}
