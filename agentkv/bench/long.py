@@ -27,10 +27,11 @@ from typing import Any
 
 from agentkv.bench import long_client as http
 from agentkv.bench import long_prompts
-from agentkv.bench.common import bar_plot, envelope, log, print_paths, table, write_outputs
+from agentkv.bench.common import envelope, log
 from agentkv.bench.engine import BENCH_KNOBS
-from agentkv.bench.isolate import failed, why
+from agentkv.bench.isolate import failed
 from agentkv.bench.long_prompts import Prompts, Sizes
+from agentkv.bench.long_report import report
 from agentkv.bench.long_servers import PeerServer, agentkv_server, peer_missing
 from agentkv.bench.peers import THREADS, llamacpp_build, skipped
 
@@ -174,6 +175,10 @@ def run_arm(arm: str, model: str, figures: list[str], p: Prompts, args: argparse
         server.stop()
 
 
+def met(value: float | None, target: float | None) -> bool | None:
+    return None if value is None or not target else value >= target
+
+
 def ratio(num: float | None, den: float | None) -> float | None:
     return None if not num or not den else num / den
 
@@ -200,6 +205,7 @@ def derive(model: str, results: dict[str, dict], bw_gbs: float) -> dict[str, Any
         arm: {
             "decode": ratio(r.get("decode", {}).get("decode_tok_s"), ceiling),
             "streams_aggregate": ratio(r.get("streams", {}).get("aggregate_tok_s"), ceiling),
+            "decode_met": met(ratio(r.get("decode", {}).get("decode_tok_s"), ceiling), CEILING_TARGET),
         }
         for arm, r in ok.items()
     }
@@ -213,65 +219,11 @@ def derive(model: str, results: dict[str, dict], bw_gbs: float) -> dict[str, Any
             f: {
                 "agentkv_over_peer": v,
                 "target": targets[f],
-                "met": None if v is None or not targets[f] else v >= targets[f],
+                "met": met(v, targets[f]),
             }
             for f, v in figs.items()
         },
     }
-
-
-def _cell(result: dict, figure: str, key: str) -> Any:
-    if failed(result):
-        return why(result)[:60]
-    return result.get(figure, {}).get(key)
-
-
-def markdown(payload: dict) -> list[str]:
-    bw, load = payload["bandwidth"], payload["load_average"]
-    md = [
-        f"memory bandwidth {bw['best_gbs']:.1f} GB/s (best of before and after); load average before "
-        f"{load['before'][0]:.2f}, after {load['after'][0]:.2f}; {THREADS} threads per server; "
-        f"llama.cpp: {payload['llamacpp_build'].get('system_info', why(payload['llamacpp_build']))}",
-        "",
-    ]
-    keys = {"replay": "wall_s", "ttft": "ttft_s", "decode": "decode_tok_s", "streams": "aggregate_tok_s"}
-    units = {"replay": "wall s", "ttft": "s", "decode": "tok/s", "streams": "aggregate tok/s"}
-    rows = []
-    for model, block in payload["models"].items():
-        res, d = block["results"], block["derived"]
-        for figure in block["figures"]:
-            r = d["ratios"][figure]
-            row = [model, f"{figure} ({units[figure]})"]
-            row += [_cell(res.get(a, skipped("not run")), figure, keys[figure]) for a in ARMS]
-            row += [r["agentkv_over_peer"], r["target"], r["met"]]
-            rows.append(row)
-    md += table(["model", "figure", "agentkv", "llama_cpp.server", "agentkv ÷ peer ×", "target ×", "met"], rows)
-    md += ["", "decode as a fraction of the ceiling (weight bytes per token ÷ bandwidth):", ""]
-    rows = []
-    for model, block in payload["models"].items():
-        d = block["derived"]
-        for arm, f in d["of_ceiling"].items():
-            streams = block["results"][arm].get("streams", {})
-            rows.append(
-                [
-                    model,
-                    arm,
-                    d["decode_ceiling_tok_s"],
-                    f["decode"],
-                    f["streams_aggregate"],
-                    streams.get("max_concurrent"),
-                ]
-            )
-    md += table(
-        ["model", "arm", "ceiling tok/s", "decode of ceiling", "streams aggregate of ceiling", "streams overlapped"],
-        rows,
-    )
-    md += [
-        "",
-        f"targets: replay ≥ 8×, TTFT ≥ 3×, decode ≥ 2× SmolLM2 / ≥ 1.5× Gemma-3, "
-        f"decode ≥ {CEILING_TARGET:.0%} of the ceiling",
-    ]
-    return md
 
 
 def run(args: argparse.Namespace) -> int:
@@ -308,18 +260,3 @@ def run(args: argparse.Namespace) -> int:
     report(payload, Path(args.out))
     errors = [(m, a) for m, b in models.items() for a, r in b["results"].items() if "error" in r]
     return 1 if errors else 0
-
-
-def report(payload: dict, out: Path) -> None:
-    md = markdown(payload)
-    groups = {
-        model: {f: r["agentkv_over_peer"] for f, r in b["derived"]["ratios"].items()}
-        for model, b in payload["models"].items()
-    }
-    png = bar_plot(
-        out / "long.png", "agentkv ÷ llama_cpp.server (same GGUF, same run; higher = agentkv faster)", groups, "×"
-    )
-    if png:
-        md.append(f"\n![long]({png.name})")
-    paths = write_outputs(out, "long", payload, md)
-    print_paths({**paths, **({"png": png} if png else {})})

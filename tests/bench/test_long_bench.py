@@ -48,6 +48,7 @@ def test_long_bench_both_servers_tiny(tmp_path):
     assert ours["replay"]["completion_tokens"] == AGENTS * TURNS * ANSWER
     assert ours["replay"]["cached_tokens"] >= AGENTS * (TURNS - 1) * (PREFIX // 16 * 16)
     assert (ours["ttft"]["prompt_tokens"], ours["ttft"]["cached_tokens"]) == (TTFT_LEN, 0)
+    assert peer["ttft"]["prompt_tokens"] == TTFT_LEN  # the same prompt length in its tokenizer
     assert ours["decode"]["tokens"] == DECODE_LEN and ours["streams"]["tokens"] == STREAMS * DECODE_LEN
     assert ours["streams"]["max_concurrent"] == STREAMS  # batched, not one after another
     derived = block["derived"]
