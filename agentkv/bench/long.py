@@ -7,7 +7,8 @@ it (long_servers.py), one short warm-up request, the figures asked, stop it.
 
     replay   the tool loop (workloads.tool_loop): A agents x T turns over a P-token shared
              prefix, a turn's agents at once; wall time           target agentkv >= 8x lower
-    ttft     a fresh L-token prompt (no cache hit): time to first token          >= 3x lower
+    ttft     a fresh L-token prompt (no cache hit): time to first token          >= 3x lower;
+             its prefill tokens/s and the decode tokens/s of the next tokens at that depth
     decode   one stream, D tokens after a short prompt: tokens/s  >= 2x SmolLM2, 1.5x Gemma-3
     streams  N streams at once: aggregate tokens/s (and whether the server overlapped them)
 
@@ -63,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("answer", 32, "replay: answer tokens per turn"),
         ("tool", 128, "replay: tool result per later turn, tokens"),
         ("ttft-len", 8000, "ttft: fresh prompt, tokens"),
+        ("depth-len", 32, "ttft: tokens decoded after it (decode speed at that depth)"),
         ("decode-len", 128, "decode and streams: tokens per stream"),
         ("short-len", 32, "decode and streams: prompt tokens"),
         ("streams", 16, "streams: concurrent streams"),
@@ -86,6 +88,7 @@ def sizes(args: argparse.Namespace) -> Sizes:
         args.answer,
         args.tool,
         args.ttft_len,
+        args.depth_len,
         args.decode_len,
         args.short_len,
         args.streams,
@@ -134,7 +137,7 @@ async def measure(base: str, model: str, figures: list[str], p: Prompts, s: Size
         if figure == "replay":
             out[figure] = await http.replay(base, model, p.segments, s.answer)
         elif figure == "ttft":
-            out[figure] = await http.ttft(base, model, p.ttft)
+            out[figure] = await http.ttft(base, model, p.ttft, s.depth_len)
         elif figure == "decode":
             out[figure] = await http.decode(base, model, p.decode, s.decode_len)
         else:
@@ -151,25 +154,26 @@ def brief(result: dict) -> str:
 def run_arm(arm: str, model: str, figures: list[str], p: Prompts, args: argparse.Namespace) -> dict[str, Any]:
     """Start `arm`'s server for `model`, measure, stop it. A peer that cannot run here is
     skipped; a server that fails is an error (its log named), never a pass."""
+    import httpx
+
     from agentkv.formats.resolve import resolve_model_path
 
-    out = Path(args.out)
+    log_path = Path(args.out) / f"long-{model}-{arm}.log"
     if arm == "llamacpp":
         if not args.peer_streams:
             figures = [f for f in figures if f != "streams"]
         reason = peer_missing()
         if reason:
             return skipped(reason)
-        server = PeerServer(str(resolve_model_path(model)), p.max_context, out / f"long-{model}-llamacpp.log")
-        facts = {"command": server.command[1:]}
+        server = PeerServer(str(resolve_model_path(model)), p.max_context, log_path)
     else:
-        server = agentkv_server(model, serve_flags(args), p.max_context, out / f"long-{model}-agentkv.log")
-        facts = {"command": server.command[1:]}
+        server = agentkv_server(model, serve_flags(args), p.max_context, log_path)
+    facts: dict[str, Any] = {"command": server.command[1:]}
     log(f"{model}: {arm}: starting its server ...")
     try:
         facts["start_s"] = server.start()
         return {**facts, **asyncio.run(measure(server.base, model, figures, p, sizes(args)))}
-    except (RuntimeError, OSError, ValueError) as exc:
+    except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
         return {**facts, "error": f"{type(exc).__name__}: {exc}", "log": str(server.log_path)}
     finally:
         server.stop()

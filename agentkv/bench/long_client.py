@@ -128,17 +128,24 @@ async def replay(base: str, model: str, segments: list[list[str]], answer_len: i
     }
 
 
-async def ttft(base: str, model: str, prompt: str) -> dict[str, Any]:
-    """Seconds to the first token of `prompt` (one token asked; the caller makes it unique),
-    and its length in the server's tokens: from the usage, else (llama_cpp.server, whose
+async def ttft(base: str, model: str, prompt: str, depth_len: int) -> dict[str, Any]:
+    """Seconds to the first token of `prompt` (the caller makes it unique), the prefill
+    tokens/s that makes, and the decode tokens/s of the `depth_len` tokens asked at that
+    depth. Its length in the server's tokens: from the usage, else (llama_cpp.server, whose
     stream has none) from its /extras/tokenize/count, asked after the timed request."""
     async with client(base) as http:
-        s = await complete(http, body(model, prompt, 1))
+        s = await complete(http, body(model, prompt, depth_len))
         prompt_tokens = s.prompt_tokens
         if prompt_tokens is None:
             resp = await http.post("/extras/tokenize/count", json={"input": prompt})
             prompt_tokens = resp.json().get("count") if resp.status_code == 200 else None
-    return {"ttft_s": s.ttft_s, "prompt_tokens": prompt_tokens, "cached_tokens": s.cached_tokens}
+    return {
+        "ttft_s": s.ttft_s,
+        "prefill_tok_s": prompt_tokens / s.ttft_s if prompt_tokens else None,
+        "decode_at_depth_tok_s": s.decode_tok_s,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": s.cached_tokens,
+    }
 
 
 async def decode(base: str, model: str, prompt: str, decode_len: int) -> dict[str, Any]:

@@ -23,6 +23,7 @@ class Sizes(NamedTuple):
     answer: int
     tool: int
     ttft_len: int
+    depth_len: int  # tokens decoded after the TTFT prompt (decode speed at that depth)
     decode_len: int
     short_len: int  # the prompt before a decode and each of the concurrent streams
     streams: int
@@ -70,7 +71,7 @@ def build(model: str, figures: list[str], s: Sizes) -> Prompts:
     segments, context = tool_loop_text(tokenizer, s) if "replay" in figures else ([], 0)
     lens = [context, s.short_len + s.decode_len]
     if "ttft" in figures:
-        lens.append(s.ttft_len + 1)
+        lens.append(s.ttft_len + s.depth_len + 1)
     return Prompts(
         warm_up=words(chat, 16, WARM_UP_SEED),
         segments=segments,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentkv.bench.common import print_paths, table, write_outputs
+from agentkv.bench.common import fmt, print_paths, table, write_outputs
 from agentkv.bench.isolate import failed, why
 from agentkv.bench.peers import THREADS, skipped
 
@@ -77,8 +77,13 @@ def notes(models: dict[str, Any]) -> list[str]:
     for model, block in models.items():
         res = {a: r for a, r in block["results"].items() if not failed(r)}
         if all("ttft" in r for r in res.values()) and res:
-            lens = ", ".join(f"{a} {r['ttft']['prompt_tokens']}" for a, r in res.items())
-            out.append(f"- {model}: the TTFT prompt in each server's tokens: {lens}")
+            for arm, r in res.items():
+                t = r["ttft"]
+                out.append(
+                    f"- {model}: {arm}: TTFT prompt of {t['prompt_tokens']} tokens (its own count), prefill "
+                    f"{fmt(t['prefill_tok_s'], '.0f')} tok/s, then decode {fmt(t['decode_at_depth_tok_s'], '.1f')} "
+                    "tok/s at that depth"
+                )
         replay = res.get("agentkv", {}).get("replay")
         if replay and replay["prompt_tokens"]:
             out.append(

@@ -19,7 +19,7 @@ AGENTS, TURNS, PREFIX, ANSWER, TTFT_LEN, DECODE_LEN, STREAMS = 2, 2, 256, 8, 64,
 TINY = [
     "--models", "smollm2", "--context-models", "smollm2",
     "--agents", str(AGENTS), "--turns", str(TURNS), "--prefix", str(PREFIX), "--answer", str(ANSWER),
-    "--user", "24", "--tool", "32", "--ttft-len", str(TTFT_LEN), "--decode-len", str(DECODE_LEN),
+    "--user", "24", "--tool", "32", "--ttft-len", str(TTFT_LEN), "--depth-len", "4", "--decode-len", str(DECODE_LEN),
     "--short-len", "16", "--streams", str(STREAMS),
 ]  # fmt: skip
 
@@ -49,6 +49,7 @@ def test_long_bench_both_servers_tiny(tmp_path):
     assert ours["replay"]["cached_tokens"] >= AGENTS * (TURNS - 1) * (PREFIX // 16 * 16)
     assert (ours["ttft"]["prompt_tokens"], ours["ttft"]["cached_tokens"]) == (TTFT_LEN, 0)
     assert peer["ttft"]["prompt_tokens"] == TTFT_LEN  # the same prompt length in its tokenizer
+    assert ours["ttft"]["prefill_tok_s"] > 0 and peer["ttft"]["decode_at_depth_tok_s"] > 0
     assert ours["decode"]["tokens"] == DECODE_LEN and ours["streams"]["tokens"] == STREAMS * DECODE_LEN
     assert ours["streams"]["max_concurrent"] == STREAMS  # batched, not one after another
     derived = block["derived"]
@@ -72,12 +73,12 @@ def test_prompts_have_the_token_counts_asked():
     text = words(chat, 100, 1)
     assert len(tokenizer.encode(text, add_special_tokens=False)) == 100
     assert words(chat, 100, 2) != text  # each seed its own prompt
-    s = Sizes(2, 2, 128, 24, 8, 32, 300, 8, 16, 3)
+    s = Sizes(2, 2, 128, 24, 8, 32, 300, 4, 8, 16, 3)
     p = build("smollm2", ["replay", "ttft", "streams"], s)
     first = tokenizer.encode(p.segments[0][0], add_special_tokens=False)
     assert len(first) == 128 + 24  # the system prompt and the first agent's task
     assert len(p.streams) == 3 and len(set(p.streams)) == 3 and p.decode not in p.streams
-    assert p.max_context >= 300 + 1
+    assert p.max_context >= 300 + 4 + 1
 
 
 def _stream(first: float, done: float) -> Stream:
