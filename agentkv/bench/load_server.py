@@ -54,8 +54,15 @@ def free_port() -> int:
 class ServerProcess:
     """`agentkv serve MODEL FLAGS` on 127.0.0.1:`port`; `start()` waits for /health 200."""
 
-    def __init__(self, model: str, flags: list[str], port: int | None = None, log_path: str | None = None) -> None:
-        self.model, self.flags = model, flags
+    def __init__(
+        self,
+        model: str,
+        flags: list[str],
+        port: int | None = None,
+        log_path: str | None = None,
+        env: dict | None = None,
+    ) -> None:
+        self.model, self.flags, self.env = model, flags, env  # env None: this process's
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or os.devnull
@@ -84,7 +91,7 @@ class ServerProcess:
 
         t0 = time.perf_counter()
         with open(self.log_path, "ab") as log_file:
-            self.proc = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT, env=self.env)
         while time.perf_counter() - t0 < timeout_s:
             if self.proc.poll() is not None:
                 raise RuntimeError(

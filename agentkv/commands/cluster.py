@@ -196,13 +196,14 @@ def router_command(spec: ClusterSpec) -> list[str]:
     ]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, deadline: float, *, what: str) -> None:
-    """Poll `url`/health until 200; raise ClusterError if `proc` exits or time runs out."""
+def wait_healthy(url: str, proc: subprocess.Popen, deadline: float, *, what: str, path: str = "/health") -> None:
+    """Poll `url` + `path` until 200 (`path`: a server without /health names another GET);
+    raise ClusterError if `proc` exits or time runs out."""
     while True:
         if proc.poll() is not None:
             raise ClusterError(f"{what} at {url} exited with code {proc.returncode} before it was healthy")
         with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            with urllib.request.urlopen(url + path, timeout=2) as resp:
                 if resp.status == 200:
                     return
         if time.monotonic() > deadline:

@@ -1,0 +1,135 @@
+"""The output of `agentkv bench long`: the Markdown tables (each figure of each server, the
+ratio against its target, the decode fractions of the bandwidth ceiling), the notes the tables
+do not carry, and the PNG of the ratios against their targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agentkv.bench.common import fmt, print_paths, table, write_outputs
+from agentkv.bench.isolate import failed, why
+from agentkv.bench.peers import THREADS, skipped
+
+COLUMN = {"agentkv": "agentkv", "llamacpp": "llama_cpp.server"}
+
+
+def _cell(result: dict, figure: str, key: str) -> Any:
+    if failed(result):
+        return why(result)[:60]
+    return result.get(figure, {}).get(key)
+
+
+def markdown(payload: dict) -> list[str]:
+    bw, load = payload["bandwidth"], payload["load_average"]
+    md = [
+        f"memory bandwidth {bw['best_gbs']:.1f} GB/s (best of before and after); load average before "
+        f"{load['before'][0]:.2f}, after {load['after'][0]:.2f}; {THREADS} threads per server; "
+        f"llama.cpp: {payload['llamacpp_build'].get('system_info', why(payload['llamacpp_build']))}",
+        "",
+    ]
+    keys = {"replay": "wall_s", "ttft": "ttft_s", "decode": "decode_tok_s", "streams": "aggregate_tok_s"}
+    units = {"replay": "wall s", "ttft": "s", "decode": "tok/s", "streams": "aggregate tok/s"}
+    rows = []
+    for model, block in payload["models"].items():
+        res, d = block["results"], block["derived"]
+        for figure in block["figures"]:
+            r = d["ratios"][figure]
+            row = [model, f"{figure} ({units[figure]})"]
+            row += [_cell(res.get(a, skipped("not run")), figure, keys[figure]) for a in COLUMN]
+            row += [r["agentkv_over_peer"], r["target"], r["met"]]
+            rows.append(row)
+    md += table(["model", "figure", *COLUMN.values(), "agentkv ÷ peer ×", "target ×", "met"], rows)
+    md += ["", "decode as a fraction of the ceiling (weight bytes per token ÷ bandwidth):", ""]
+    rows = []
+    for model, block in payload["models"].items():
+        d = block["derived"]
+        for arm, f in d["of_ceiling"].items():
+            streams = block["results"][arm].get("streams", {})
+            rows.append(
+                [
+                    model,
+                    arm,
+                    d["decode_ceiling_tok_s"],
+                    f["decode"],
+                    f["decode_met"],
+                    f["streams_aggregate"],
+                    streams.get("max_concurrent"),
+                ]
+            )
+    md += table(
+        ["model", "arm", "ceiling tok/s", "decode of ceiling", "met", "streams aggregate of ceiling", "overlapped"],
+        rows,
+    )
+    md += ["", *notes(payload["models"])]
+    md += [
+        "",
+        f"targets: replay ≥ 8×, TTFT ≥ 3×, decode ≥ 2× SmolLM2 / ≥ 1.5× Gemma-3, "
+        f"decode ≥ {payload['targets']['of_ceiling']:.0%} of the ceiling",
+    ]
+    return md
+
+
+def notes(models: dict[str, Any]) -> list[str]:
+    """What the tables do not say: prompt lengths as each server counted them, agentkv's
+    reuse in the replay, short answers, and whether the peer overlapped its streams."""
+    out = []
+    for model, block in models.items():
+        res = {a: r for a, r in block["results"].items() if not failed(r)}
+        if all("ttft" in r for r in res.values()) and res:
+            for arm, r in res.items():
+                t = r["ttft"]
+                out.append(
+                    f"- {model}: {arm}: TTFT prompt of {t['prompt_tokens']} tokens (its own count), prefill "
+                    f"{fmt(t['prefill_tok_s'], '.0f')} tok/s, then decode {fmt(t['decode_at_depth_tok_s'], '.1f')} "
+                    "tok/s at that depth"
+                )
+        replay = res.get("agentkv", {}).get("replay")
+        if replay and replay["prompt_tokens"]:
+            out.append(
+                f"- {model}: agentkv's replay reused {replay['cached_tokens']} of {replay['prompt_tokens']} "
+                "prompt tokens"
+            )
+        for arm, r in res.items():
+            if r.get("replay", {}).get("short_answers"):
+                out.append(f"- {model}: {arm} stopped {r['replay']['short_answers']} replay answers early (EOS)")
+            if r.get("streams", {}).get("max_concurrent") == 1 and r["streams"]["streams"] > 1:
+                out.append(f"- {model}: {arm} served its {r['streams']['streams']} streams one after another")
+    return out
+
+
+def plot(path: Path, models: dict[str, Any]) -> Path | None:
+    """One panel per model: agentkv ÷ peer per figure, its target a red tick; None if no
+    figure has a ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from agentkv.bench.common import save_figure
+
+    panels = {m: {f: r for f, r in b["derived"]["ratios"].items() if r["agentkv_over_peer"]} for m, b in models.items()}
+    panels = {m: bars for m, bars in panels.items() if bars}
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
+    for ax, (model, bars) in zip(axes[0], panels.items()):
+        names = list(bars)
+        ax.bar(names, [bars[f]["agentkv_over_peer"] for f in names], color="tab:blue")
+        for x, f in enumerate(names):
+            if bars[f]["target"]:
+                ax.hlines(bars[f]["target"], x - 0.4, x + 0.4, colors="tab:red", label="target" if x == 0 else None)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set(title=model, ylabel="agentkv ÷ llama_cpp.server (×)")
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle("same GGUF, same run, over HTTP; higher = agentkv faster; red = target", fontsize=8)
+    return save_figure(fig, path)
+
+
+def report(payload: dict, out: Path) -> None:
+    md = markdown(payload)
+    png = plot(out / "long.png", payload["models"])
+    if png:
+        md.append(f"\n![long]({png.name})")
+    paths = write_outputs(out, "long", payload, md)
+    print_paths({**paths, **({"png": png} if png else {})})
