@@ -73,11 +73,11 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     served_model_name: str | None = None  # None = `model`
     speculative: str | None = None  # drafter of speculative decoding: "ngram", "suffix"; None = off
-    # Most tokens drafted per request per step. 3: a SmolLM2 step of 1 + k rows costs, per
-    # core, 1 row 15.9 ms, 2 rows 17.7, 4 rows 24.1, 5 rows 31.5, 8 rows 47.3 (`agentkv bench
-    # kernels --threads 1 --clock cpu --step-rows 1 2 4 5 8`): past 4 rows the step is
-    # compute-bound and grows linearly, so a longer draft gains nothing even when accepted.
-    num_speculative_tokens: int = 3
+    # Most tokens drafted per request per step. 6: a SmolLM2 step of 1 + k rows costs little
+    # more than one row up to 4 rows and about 1.8x one row at 8 (docs/benchmarks.md, "Small-batch
+    # matmul"), and `agentkv bench spec` decodes fastest at 6-8 on turns that copy; the draft
+    # length adapts down per request where drafts fail (sched/draft/base.py: DraftLength).
+    num_speculative_tokens: int = 6
     # Requests that may wait for a running slot (beyond max_num_seqs); None = no bound.
     max_queued_requests: int | None = None
 
