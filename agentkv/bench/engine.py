@@ -7,11 +7,11 @@ import argparse
 
 # The knobs a benchmark may set from its command line; the KV size and the prefix cache are
 # the benchmark's own choices (each arm sets them), so they are not flags here.
-BENCH_KNOBS = ("backend", "weights")
+BENCH_KNOBS = ("backend", "weights", "kv_cache_dtype")
 
 
 def add_engine_flags(parser: argparse.ArgumentParser, weights: str = "resident") -> None:
-    """--model, and the config tree's --backend and --weights flags (mutates `parser`)."""
+    """--model, and the config tree's --backend, --weights and --kv-cache-dtype flags (mutates `parser`)."""
     from agentkv.commands.config_flags import add_engine_arguments
 
     parser.add_argument("--model", default="smollm2", help="model name or GGUF path (default smollm2)")

@@ -74,7 +74,7 @@ class Engine(SpeculativeEngine, EngineState):
         self.config = config
         t0 = time.perf_counter()
         self.source = open_model(config.model)
-        self.backend = lookup(config.backend)
+        self.backend = lookup(config.backend).set_kv_dtype(config.cache.dtype)
         log.info("%s", describe(self.backend.identity))
         self.model = load_model(self.source, self.backend, LoadOptions(weights=config.weights))
         self.tokenizer = load_tokenizer(self.source)
