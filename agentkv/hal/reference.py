@@ -182,8 +182,9 @@ class ReferenceBackend(Backend):
     def kv_store(self, kv: RefKV, layer: int, k: Tensor, v: Tensor, slot_mapping) -> None:
         slots = np.asarray(slot_mapping, dtype=np.int64)
         bs = kv.spec.block_size
-        kv.k[layer, slots // bs, slots % bs] = k.raw  # numpy's cast: f16 rounds to nearest even
-        kv.v[layer, slots // bs, slots % bs] = v.raw
+        with np.errstate(over="ignore"):  # numpy's cast to f16: nearest even, past 65504 -> inf
+            kv.k[layer, slots // bs, slots % bs] = k.raw
+            kv.v[layer, slots // bs, slots % bs] = v.raw
 
     def copy_blocks(self, kv: RefKV, pairs) -> None:
         for src, dst in pairs:
@@ -215,8 +216,9 @@ class ReferenceBackend(Backend):
         for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables):
             blocks = np.asarray(table, dtype=np.int64)
             # f32 either way: an f16 store's values widened exactly, then the f32 arithmetic
-            keys = kv.k[layer, blocks].reshape(-1, kvh, hd)[:ctx].astype(np.float32).transpose(1, 2, 0)  # [kvh, hd, ctx]
-            vals = kv.v[layer, blocks].reshape(-1, kvh, hd)[:ctx].astype(np.float32).transpose(1, 0, 2)  # [kvh, ctx, hd]
+            keys = kv.k[layer, blocks].reshape(-1, kvh, hd)[:ctx].astype(np.float32)
+            vals = kv.v[layer, blocks].reshape(-1, kvh, hd)[:ctx].astype(np.float32)
+            keys, vals = keys.transpose(1, 2, 0), vals.transpose(1, 0, 2)  # [kvh, hd, ctx], [kvh, ctx, hd]
             for r in range(start, start + qlen):
                 pos = int(meta.positions[r])
                 lo = max(0, pos + 1 - window) if window else 0
