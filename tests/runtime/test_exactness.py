@@ -172,6 +172,11 @@ def test_exact_reuse_smollm2_f16_kv():
     assert check_contract("smollm2", "cpu", 49152, 40, seed=3, kv_dtype="f16") == []
 
 
+@pytest.mark.slow
+def test_exact_reuse_gemma3_f16_kv():  # head_dim 256 and one kv head: the AVX-512 unit at 4 heads
+    assert check_contract("gemma3-270m", "cpu", 262144, 40, seed=3, kv_dtype="f16") == []
+
+
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
 def test_control_non_invariant_backend_is_caught_by_every_variant_family(qwen2_dir, kv_dtype):
     broken = check_contract(qwen2_dir, SplitKBackend.name, 256, 45, seed=1, kv_dtype=kv_dtype)
