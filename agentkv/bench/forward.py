@@ -22,7 +22,7 @@ from agentkv.bench.common import (
     time_decode,
     write_outputs,
 )
-from agentkv.bench.engine import add_engine_flags, build_engine
+from agentkv.bench.engine import ENGINE_KNOBS, add_engine_flags, build_engine
 from agentkv.bench.isolate import failed, run_isolated, why
 
 ARMS = ("agentkv", "transformers", "llamacpp")
@@ -30,7 +30,7 @@ SPEEDS = ("prefill_tok_s", "decode_tok_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_flags(parser, weights="resident")
+    add_engine_flags(parser, weights="resident", knobs=ENGINE_KNOBS)
     add_speed_flags(parser)
     parser.add_argument(
         "--peers", default="transformers,llamacpp", help="comma list of transformers, llamacpp (default both)"
@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         "model": args.model,
         "backend": args.backend,
         "weights": args.weights,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "prompt_len": args.prompt_len,
         "decode_len": args.decode_len,
         "repeats": args.repeats,

@@ -165,6 +165,22 @@ def bench_attention(K, timer: Timer, seconds: float) -> dict:
     }
 
 
+def bench_long_decode(K, timer: Timer, seconds: float, n: int = 8192) -> dict:
+    """One SmolLM2 decode row at position n - 1 over a paged K/V store of f32 and of f16 (the
+    same values): what the f16 KV cache saves where attention is bandwidth-bound."""
+    import torch
+
+    h, kvh, hd, bs = 9, 3, 64, 16
+    kc, vc = torch.randn(n // bs, bs, kvh, hd).half(), torch.randn(n // bs, bs, kvh, hd).half()
+    table_ = torch.arange(n // bs, dtype=torch.int32)[None]
+    q1, seq, pos = torch.randn(1, h, hd), torch.zeros(1, dtype=torch.int32), torch.full((1,), n - 1, dtype=torch.int32)
+    out = {"context": n}
+    for name, (k, v) in {"f32": (kc.float(), vc.float()), "f16": (kc, vc)}.items():
+        run = lambda k=k, v=v: K.paged_attention(q1, k, v, table_, seq, pos, hd**-0.5)  # noqa: E731
+        out[f"decode_{name}_us"] = 1e6 * timer(run, seconds)
+    return out
+
+
 def bench_steps(timer: Timer, seconds: float, rows: list[int], context_len: int = 256) -> list[dict]:
     """ms per engine step of `m` rows after `context_len` cached tokens, every row's logits read:
     the cost of a speculative verification of m - 1 drafted tokens (m = 1: plain decode)."""
@@ -183,6 +199,17 @@ def bench_steps(timer: Timer, seconds: float, rows: list[int], context_len: int 
         chunk = Chunk(ids[context_len : context_len + m], context_len, table_, "all")
         out.append({"rows": m, "step_ms": 1e3 * timer(lambda c=chunk: runner.run([c]), seconds)})
     return out
+
+
+def attention_lines(attn: dict) -> list[str]:
+    long = attn["long_decode"]
+    return [
+        f"- attention: prefill 512 rows {attn['prefill_ours_ms']:.2f} ms vs SDPA "
+        f"{attn['prefill_sdpa_ms']:.2f} ms; decode {attn['decode_ours_us']:.0f} us vs "
+        f"{attn['decode_sdpa_us']:.0f} us",
+        f"- attention decode at {long['context']} tokens: f32 KV {long['decode_f32_us']:.0f} us, "
+        f"f16 KV {long['decode_f16_us']:.0f} us",
+    ]
 
 
 def steps_lines(steps: list[dict]) -> list[str]:
@@ -211,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     shapes = bench_shapes(K, weights, timer, args.seconds, args.m)
     sweep, attn = bench_sweep(K, weights, timer, args.seconds * 3), bench_attention(K, timer, args.seconds)
     steps = bench_steps(timer, args.seconds * 3, args.step_rows) if args.step_rows else []
+    attn["long_decode"] = bench_long_decode(K, timer, args.seconds)
     payload = envelope(
         "kernels",
         threads=args.threads,
@@ -245,11 +273,7 @@ def run(args: argparse.Namespace) -> int:
         f"- whole-model sweep, m=1, {sweep['matrices']} matrices: ours {sweep['ours_ms']:.1f} ms "
         f"({sweep['ours_tok_s']:.0f} tok/s linear-only ceiling), torch f32 {sweep['torch_ms']:.1f} ms"
     )
-    md.append(
-        f"- attention: prefill 512 rows {attn['prefill_ours_ms']:.2f} ms vs SDPA "
-        f"{attn['prefill_sdpa_ms']:.2f} ms; decode {attn['decode_ours_us']:.0f} us vs "
-        f"{attn['decode_sdpa_us']:.0f} us"
-    )
+    md += attention_lines(attn)
     md += steps_lines(steps)
     groups = {f"m={m}": {r["shape"].split()[0]: r["speedup"] for r in shapes if r["m"] == m} for m in args.m}
     png = bar_plot(out / "kernels.png", "compiled qmatmul speedup over torch f32 F.linear", groups, "×")

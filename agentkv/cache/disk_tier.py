@@ -46,6 +46,7 @@ from agentkv.cache.radix import Node, RadixCache
 
 log = logging.getLogger(__name__)
 MAX_PENDING_BYTES = 256 << 20  # queued and not yet written; past it an offer is dropped
+ELEMENT_BYTES = {"f32": 4, "f16": 2}  # KV element type (the backend's kv_dtype) -> bytes a block file holds per element
 _STOP = object()
 IGNORED_REASONS = (*IGNORE_REASONS, "stale_tmp", "unreadable")  # DiskStats.ignored's reasons
 
@@ -79,7 +80,9 @@ class DiskTier:
         self.block_size = fingerprint.block_size
         num_layers, kvh, hd = fingerprint.kv_shape
         self.shape = (num_layers, 2, self.block_size, kvh, hd)
-        self.block_bytes = 4 * num_layers * 2 * self.block_size * kvh * hd
+        if fingerprint.kv_dtype not in ELEMENT_BYTES:
+            raise ValueError(f"kv_dtype={fingerprint.kv_dtype!r} is not one of {', '.join(ELEMENT_BYTES)}")
+        self.block_bytes = ELEMENT_BYTES[fingerprint.kv_dtype] * num_layers * 2 * self.block_size * kvh * hd
         self.capacity_bytes = capacity_bytes
         self.dir = Path(directory) / f"kv-v{LAYOUT_VERSION}-{self.fp_hex[:16]}"
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ OFFLINE_KNOBS = (
     "kv_cache_dir",
     "kv_disk_size",
     "kv_write_through",
+    "kv_cache_dtype",
     "max_num_seqs",
     "max_num_batched_tokens",
     "chunk_size",

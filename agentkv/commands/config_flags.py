@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from agentkv.runtime.config import (
     DEFAULT_KV_DISK,
     DEFAULT_KV_MEMORY,
+    KV_DTYPES,
     WEIGHTS_MODES,
     EngineConfig,
     engine_config,
@@ -71,6 +72,11 @@ FLAGS: dict[str, Flag] = {
             parse=parse_size,
         ),
         Flag("kv_write_through", "write KV blocks to disk when they are cached, not when evicted from RAM"),
+        Flag(
+            "kv_cache_dtype",
+            "K/V element type: f16 halves KV memory and attention bandwidth (cache hits stay exact)",
+            choices=KV_DTYPES,
+        ),
         Flag("max_num_seqs", "sequences running at once"),
         Flag("max_num_batched_tokens", "tokens computed per step, decodes and prefills together"),
         Flag("chunk_size", "longest prefill chunk of one sequence (default: the step's token budget)"),

@@ -1,10 +1,12 @@
-"""`agentkv witness --backend NAME [--model MODEL] [--json]`: op-by-op and whole-model checks."""
+"""`agentkv witness --backend NAME [--model MODEL] [--kv-cache-dtype f16] [--json]`: op-by-op and
+whole-model checks."""
 
 from __future__ import annotations
 
 import json
 import math
 
+from agentkv.hal.base import KV_DTYPES
 from agentkv.hal.registry import BackendUnavailable, UnknownBackend, lookup
 from agentkv.witness.ops import WitnessRow, run_ops
 
@@ -13,6 +15,9 @@ def add_arguments(p) -> None:
     p.add_argument("--backend", required=True, help="backend to witness (cpu, torch, torch-cuda, reference)")
     p.add_argument("--model", help="also witness a whole forward of this model")
     p.add_argument("--weights", choices=["resident", "f32"], default="resident")
+    p.add_argument(
+        "--kv-cache-dtype", choices=KV_DTYPES, default="f32", help="K/V type of the whole-model witness (both sides)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -27,7 +32,10 @@ def run(args) -> int:
         if args.model:
             from agentkv.witness.model import witness_model
 
-            rows.append(witness_model(args.model, backend, reference, args.weights))
+            dtype = args.kv_cache_dtype
+            rows.append(
+                witness_model(args.model, backend.set_kv_dtype(dtype), reference.set_kv_dtype(dtype), args.weights)
+            )
     ok = all(r.status == "PASS" for r in rows)
     if args.json:
         print(json.dumps({"backend": args.backend, "ok": ok, "rows": [r._asdict() for r in rows]}, default=str))
@@ -39,12 +47,12 @@ def run(args) -> int:
 
 
 def _table(rows: list[WitnessRow]) -> str:
-    head = f"{'op':<28} {'shape':<34} {'max|Δ|':>10} {'cosine':>12} {'argmax':>6} {'floor':>9}  status"
+    head = f"{'op':<28} {'shape':<34} {'max|Δ|':>10} {'cosine':>12} {'argmax':>6} {'floor':>12}  status"
     lines = [head, "-" * len(head)]
     for r in rows:
         am = "-" if r.argmax_match is None else ("yes" if r.argmax_match else "NO")
         lines.append(
             f"{r.op:<28} {r.shape:<34} {r.max_abs:>10.3g} {r.cosine:>12.9f} {am:>6} "
-            f"{r.floor:>9.6g}  {r.status}{'  ' + r.note if r.note else ''}"
+            f"{r.floor:>12.10g}  {r.status}{'  ' + r.note if r.note else ''}"
         )
     return "\n".join(lines)

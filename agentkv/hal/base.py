@@ -17,7 +17,7 @@ import numpy as np
 
 from agentkv.hal.identity import Identity, fingerprint_of
 from agentkv.hal.layout import Layout, LayoutError, check_layout  # noqa: F401  (re-exported: the contract)
-from agentkv.hal.specs import AttnMeta, KVSpec, RopeSpec, RopeStyle  # noqa: F401  (re-exported: the contract)
+from agentkv.hal.specs import KV_DTYPES, AttnMeta, KVSpec, RopeSpec, RopeStyle, check_kv_dtype  # noqa: F401
 
 if TYPE_CHECKING:
     from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer
@@ -90,6 +90,23 @@ class Backend(ABC):
     @property
     def identity(self) -> Identity:
         return Identity(self.name, self.capabilities.device, None, None)
+
+    def set_kv_dtype(self, dtype: str) -> Backend:
+        """Choose the element type of the KV stores this backend allocates (KV_DTYPES; mutates,
+        returns self). Part of the fingerprint: f16 KV rounds K/V at the store, so its bits
+        differ from f32 KV's. Set it before the first `allocate_kv`."""
+        self.kv_dtype = check_kv_dtype(dtype)
+        return self
+
+    def check_kv_spec(self, spec: KVSpec) -> KVSpec:
+        """`spec` when its dtype is this backend's `kv_dtype` (the one in the fingerprint);
+        a ValueError naming both otherwise, so no store holds bits the fingerprint denies."""
+        if spec.dtype != self.kv_dtype:
+            raise ValueError(
+                f"KVSpec.dtype={spec.dtype!r} but backend {self.name!r} has kv_dtype={self.kv_dtype!r}; "
+                f"call set_kv_dtype({spec.dtype!r}) first"
+            )
+        return spec
 
     @property
     def fingerprint(self) -> str:
@@ -300,18 +317,21 @@ class Backend(ABC):
     # -- KV and attention -----------------------------------------------------------------
     @abstractmethod
     def allocate_kv(self, spec: KVSpec) -> Any:
-        """A zeroed paged KV store; an opaque handle passed back to the ops below."""
+        """A zeroed paged KV store of `spec.dtype` elements (which must be `kv_dtype`:
+        `check_kv_spec`); an opaque handle passed back to the ops below."""
 
     @abstractmethod
     def kv_store(self, kv: Any, layer: int, k: Tensor, v: Tensor, slot_mapping: np.ndarray) -> None:
-        """Write `[n, kvh, hd]` K and V rows into their slots (mutates kv)."""
+        """Write `[n, kvh, hd]` K and V rows into their slots (mutates kv); an f16 store rounds
+        them to nearest even (numpy's and torch's cast), and attention reads those values."""
 
     @abstractmethod
     def copy_blocks(self, kv: Any, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: copy each (src, dst) block across every layer (mutates kv)."""
 
     def read_block(self, kv: Any, block: int) -> bytes:
-        """A copy of one KV block across every layer, for the disk tier: little-endian f32
+        """A copy of one KV block across every layer, for the disk tier: little-endian
+        elements of the store's dtype (f32 or f16)
         `[num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]` (a fence: it waits)."""
         raise NotImplementedError(f"{self.name}: read_block")
 

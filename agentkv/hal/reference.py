@@ -34,12 +34,17 @@ F32 = 0  # gguf.GGMLQuantizationType.F32
 F32_ONLY = frozenset({Layout.ROW_MAJOR_F32})
 
 
+KV_NUMPY = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}  # KVSpec.dtype -> element type
+
+
 class RefKV:
-    """Paged K/V: `k[layer]` and `v[layer]` are `[num_blocks, block_size, kvh, hd]` float32."""
+    """Paged K/V: `k[layer]` and `v[layer]` are `[num_blocks, block_size, kvh, hd]` of the
+    spec's dtype (float32 or float16; an f16 store is widened to f32, exactly, when read)."""
 
     def __init__(self, spec: KVSpec):
         shape = (spec.num_layers, spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        self.spec, self.k, self.v = spec, np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        dtype = KV_NUMPY[spec.dtype]
+        self.spec, self.k, self.v = spec, np.zeros(shape, dtype), np.zeros(shape, dtype)
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -172,13 +177,14 @@ class ReferenceBackend(Backend):
         return Tensor(np.tanh(x.raw / c) * c)
 
     def allocate_kv(self, spec: KVSpec) -> Any:
-        return RefKV(spec)
+        return RefKV(self.check_kv_spec(spec))
 
     def kv_store(self, kv: RefKV, layer: int, k: Tensor, v: Tensor, slot_mapping) -> None:
         slots = np.asarray(slot_mapping, dtype=np.int64)
         bs = kv.spec.block_size
-        kv.k[layer, slots // bs, slots % bs] = k.raw
-        kv.v[layer, slots // bs, slots % bs] = v.raw
+        with np.errstate(over="ignore"):  # numpy's cast to f16: nearest even, past 65504 -> inf
+            kv.k[layer, slots // bs, slots % bs] = k.raw
+            kv.v[layer, slots // bs, slots % bs] = v.raw
 
     def copy_blocks(self, kv: RefKV, pairs) -> None:
         for src, dst in pairs:
@@ -186,11 +192,11 @@ class ReferenceBackend(Backend):
             kv.v[:, dst] = kv.v[:, src]
 
     def read_block(self, kv: RefKV, block: int) -> bytes:
-        return np.ascontiguousarray(np.stack([kv.k[:, block], kv.v[:, block]], axis=1), "<f4").tobytes()
+        return np.ascontiguousarray(np.stack([kv.k[:, block], kv.v[:, block]], axis=1), kv.k.dtype).tobytes()
 
     def write_block(self, kv: RefKV, block: int, data: bytes) -> None:
         s = kv.spec
-        arr = np.frombuffer(data, "<f4").reshape(s.num_layers, 2, s.block_size, s.num_kv_heads, s.head_dim)
+        arr = np.frombuffer(data, kv.k.dtype).reshape(s.num_layers, 2, s.block_size, s.num_kv_heads, s.head_dim)
         kv.k[:, block], kv.v[:, block] = arr[:, 0], arr[:, 1]
 
     def attention(
@@ -209,8 +215,10 @@ class ReferenceBackend(Backend):
         out = np.empty_like(qs)
         for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables):
             blocks = np.asarray(table, dtype=np.int64)
-            keys = kv.k[layer, blocks].reshape(-1, kvh, hd)[:ctx].transpose(1, 2, 0)  # [kvh, hd, ctx]
-            vals = kv.v[layer, blocks].reshape(-1, kvh, hd)[:ctx].transpose(1, 0, 2)  # [kvh, ctx, hd]
+            # f32 either way: an f16 store's values widened exactly, then the f32 arithmetic
+            keys = kv.k[layer, blocks].reshape(-1, kvh, hd)[:ctx].astype(np.float32)
+            vals = kv.v[layer, blocks].reshape(-1, kvh, hd)[:ctx].astype(np.float32)
+            keys, vals = keys.transpose(1, 2, 0), vals.transpose(1, 0, 2)  # [kvh, hd, ctx], [kvh, ctx, hd]
             for r in range(start, start + qlen):
                 pos = int(meta.positions[r])
                 lo = max(0, pos + 1 - window) if window else 0

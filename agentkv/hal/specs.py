@@ -38,25 +38,49 @@ class RopeSpec:
         return dict(self.scaling)
 
 
+# Element types a KV store may hold -> bytes per element. f16 halves KV memory and attention
+# bandwidth; its values are rounded once, at the store, and read back exactly as f32.
+KV_DTYPE_BYTES = {"f32": 4, "f16": 2}
+KV_DTYPES = tuple(KV_DTYPE_BYTES)
+
+
+def check_kv_dtype(dtype: object, name: str = "kv_dtype") -> str:
+    """`dtype` when it is a KV element type; a ValueError naming the value and the choices."""
+    if not isinstance(dtype, str) or dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"{name}={dtype!r} is not allowed: use one of {', '.join(map(repr, KV_DTYPES))}")
+    return dtype
+
+
 @dataclass(frozen=True, slots=True)
 class KVSpec:
     """Shape of the paged KV store: per layer, `[num_blocks, block_size, num_kv_heads, head_dim]`
-    for K and the same for V."""
+    for K and the same for V, elements of `dtype` (KV_DTYPES)."""
 
     num_layers: int
     num_blocks: int
     block_size: int
     num_kv_heads: int
     head_dim: int
+    dtype: str = "f32"
 
     def __post_init__(self):
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"KVSpec.{name} must be > 0, got {getattr(self, name)}")
+        check_kv_dtype(self.dtype, "KVSpec.dtype")
+
+    @property
+    def element_bytes(self) -> int:
+        return KV_DTYPE_BYTES[self.dtype]
 
     @property
     def bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * 4
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.element_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one token across every layer."""
+        return self.bytes_per_block // self.block_size
 
 
 class AttnMeta(NamedTuple):

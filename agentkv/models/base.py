@@ -63,7 +63,7 @@ class Model(ABC):
 
     def kv_spec(self, num_blocks: int, block_size: int) -> KVSpec:
         hp = self.hparams
-        return KVSpec(hp.num_layers, num_blocks, block_size, hp.num_kv_heads, hp.head_dim)
+        return KVSpec(hp.num_layers, num_blocks, block_size, hp.num_kv_heads, hp.head_dim, self.backend.kv_dtype)
 
     @abstractmethod
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:

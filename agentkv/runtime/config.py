@@ -8,6 +8,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from agentkv.hal.specs import KV_DTYPES, check_kv_dtype  # noqa: F401  (KV_DTYPES: re-exported for the CLI)
 from agentkv.sched import CacheView, SchedulerConfig
 from agentkv.sched.draft import DRAFTERS
 
@@ -33,8 +34,9 @@ def _check_int(name: str, value: object, low: int, high: int | None = None, *, o
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    """The KV cache: its block size, whether prefixes are shared, and its size. `num_blocks`
-    wins over `memory_bytes`; neither = DEFAULT_KV_MEMORY."""
+    """The KV cache: its block size, whether prefixes are shared, its size and its element
+    type. `num_blocks` wins over `memory_bytes`; neither = DEFAULT_KV_MEMORY. `memory_bytes`
+    counts `dtype`'s element size: f16 holds twice the tokens of f32 in the same bytes."""
 
     block_size: int = 16  # tokens per KV block
     num_blocks: int | None = None
@@ -43,12 +45,16 @@ class CacheConfig:
     disk_dir: str | None = None  # full blocks also kept in files here, across restarts
     disk_bytes: int = DEFAULT_KV_DISK  # the disk tier's budget (LRU within it)
     write_through: bool = False  # write blocks to disk at insert time instead of at eviction
+    # K/V element type (KV_DTYPES): "f16" halves KV memory and attention bandwidth; its values
+    # are rounded once at the store, and a cache hit still gives the cold run's bits.
+    dtype: str = "f32"
 
     def __post_init__(self) -> None:
         _check_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         _check_int("num_blocks", self.num_blocks, 1, optional=True)
         _check_int("memory_bytes", self.memory_bytes, 1, optional=True)
         _check_int("disk_bytes", self.disk_bytes, 1)
+        check_kv_dtype(self.dtype, "kv_cache_dtype")
         for name in ("enable_prefix_cache", "write_through"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
@@ -127,6 +133,7 @@ KNOBS: dict[str, Knob] = {
         Knob("kv_cache_dir", "cache", "disk_dir"),
         Knob("kv_disk_size", "cache", "disk_bytes"),
         Knob("kv_write_through", "cache", "write_through"),
+        Knob("kv_cache_dtype", "cache", "dtype"),
         Knob("max_num_seqs", "scheduler", "max_num_seqs"),
         Knob("max_num_batched_tokens", "scheduler", "max_num_batched_tokens"),
         Knob("chunk_size", "scheduler", "chunk_size"),

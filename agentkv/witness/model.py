@@ -21,7 +21,8 @@ def prompt_logits(model, ids: list[int], block_size: int = 16) -> np.ndarray:
 
 
 def witness_model(name: str, backend: Backend, reference: Backend, weights: str = "resident") -> WitnessRow:
-    """Logits at every position of a fixed token prompt; argmax must match everywhere."""
+    """Logits at every position of a fixed token prompt; argmax must match everywhere. Each
+    side stores K/V as its own `kv_dtype` (the same on both for a fair witness)."""
     source = open_model(name)
     vocab = source.hparams.vocab_size
     ids = [int(x) for x in np.random.default_rng(0).integers(3, min(vocab, 20000), WITNESS_PROMPT_LEN)]
@@ -31,4 +32,7 @@ def witness_model(name: str, backend: Backend, reference: Backend, weights: str 
     floor = COSINE_FLOOR_QUANT if quantized else COSINE_FLOOR_MODEL
     got = prompt_logits(model, ids)
     row = compare(f"model/{name}", f"{WITNESS_PROMPT_LEN} tokens, weights={weights}", ref, got, floor, True)
-    return row._replace(note="resident quantized weights" if quantized else "f32 weights")
+    note = "resident quantized weights" if quantized else "f32 weights"
+    if backend.kv_dtype != "f32" or reference.kv_dtype != "f32":
+        note += f", {backend.kv_dtype} KV (reference {reference.kv_dtype})"
+    return row._replace(note=note)

@@ -19,6 +19,12 @@ from agentkv.witness.group32_ops import group32_cases
 COSINE_FLOOR_F32 = 0.99999  # f32 ops: only summation order differs from the reference
 COSINE_FLOOR_QUANT = 0.9999  # weight-only quantized kernels with f32 activations
 COSINE_FLOOR_MODEL = 0.99999  # a whole forward pass, f32 weights
+# Attention over an f16 KV store. The reference stores the same f16 values (rounded to
+# nearest even, as the kernels' K/V store does) and widens them to f32 exactly, so only the
+# summation order differs: 1 - cosine measured <= 2.4e-13 on these cases. Against a reference
+# that kept f32 K/V it is ~4.5e-8, which the f32 floor would pass; this floor sits between the
+# two, so it fails a backend whose rounding the reference does not reproduce.
+COSINE_FLOOR_KV_F16 = 1 - 1e-10
 
 Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K = 8, 2, 3, 12, 13, 14
 
@@ -63,10 +69,11 @@ def _w(be: Backend, arr: np.ndarray, name: str = "w"):
 def _attention_case(
     be: Backend, seed: int, h: int, kvh: int, hd: int, lens: list[int], window: int | None, softcap: float | None
 ) -> np.ndarray:
-    """A batch of sequences each with some cached and some new rows; returns the output."""
+    """A batch of sequences each with some cached and some new rows; returns the output.
+    The store holds `be.kv_dtype` elements."""
     rng, bs = _rng(seed), 16
     num_blocks = sum(-(-n // bs) for n in lens) + 1
-    kv = be.allocate_kv(KVSpec(1, num_blocks, bs, kvh, hd))
+    kv = be.allocate_kv(KVSpec(1, num_blocks, bs, kvh, hd, be.kv_dtype))
     tables, next_block = [], 1
     for n in lens:
         nb = -(-n // bs)
@@ -192,7 +199,23 @@ def _attention_cases():
 
         label = "attention" + (f"/window={window}" if window else "") + (f"/softcap={cap}" if cap else "")
         cases.append((label, f"h={h},kvh={kvh},hd={hd},lens={lens}", att, COSINE_FLOOR_F32, False))
+    for h, kvh, hd, lens in [(9, 3, 64, [37, 600]), (4, 1, 256, [300]), (4, 2, 40, [70, 5])]:
+
+        def att16(be, h=h, kvh=kvh, hd=hd, lens=lens):
+            return with_kv_dtype(be, "f16", lambda: _attention_case(be, 6, h, kvh, hd, lens, None, None))
+
+        cases.append(("attention/kv=f16", f"h={h},kvh={kvh},hd={hd},lens={lens}", att16, COSINE_FLOOR_KV_F16, False))
     return cases
+
+
+def with_kv_dtype(be: Backend, dtype: str, fn: Callable[[], np.ndarray]) -> np.ndarray:
+    """`fn()` with `be` allocating `dtype` KV stores, then `be`'s own kv_dtype again."""
+    before = be.kv_dtype
+    be.set_kv_dtype(dtype)
+    try:
+        return fn()
+    finally:
+        be.set_kv_dtype(before)
 
 
 def _fused_cases():
@@ -223,7 +246,7 @@ def _fused_cases():
 
         def inputs(be, style=style, dim=dim, norm=norm):
             r, n, h, kvh, hd = _rng(19), 7, 4, 2, 64
-            kv = be.allocate_kv(KVSpec(1, 2, 16, kvh, hd))
+            kv = be.allocate_kv(KVSpec(1, 2, 16, kvh, hd, be.kv_dtype))
             slots = r.permutation(32)[:n]
             meta = AttnMeta((n,), (n,), ((0, 1),), r.integers(0, 5000, n), slots)
             qn, kn = (_w(be, r.standard_normal(hd), nm) if norm else None for nm in ("qn", "kn"))

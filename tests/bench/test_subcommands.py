@@ -115,6 +115,8 @@ def test_kernels_tiny(tmp_path):
     payload = _payload(tmp_path / "kernels.json", "kernels")
     assert [r["m"] for r in payload["shapes"]] == [1] * 5
     assert all(r["speedup"] > 0 for r in payload["shapes"])
+    long = payload["attention"]["long_decode"]
+    assert long["context"] == 8192 and long["decode_f32_us"] > 0 and long["decode_f16_us"] > 0
 
 
 def test_missing_peer_is_skipped_not_passed(tmp_path, monkeypatch):

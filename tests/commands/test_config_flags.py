@@ -83,6 +83,16 @@ def test_flags_build_the_config_they_name():
     assert config_from_args(parse(generate, "--kv-cache-blocks", "9")).cache.num_blocks == 9
 
 
+@pytest.mark.parametrize("module", [serve, generate, chat])
+def test_kv_cache_dtype_flag(module, capsys):
+    assert config_from_args(parse(module, "--kv-cache-dtype", "f16")).cache.dtype == "f16"
+    assert config_from_args(parse(module)).cache.dtype == "f32"
+    with pytest.raises(SystemExit) as exit_info:
+        parse(module, "--kv-cache-dtype", "bf16")
+    assert exit_info.value.code == 2
+    assert "argument --kv-cache-dtype: invalid choice: 'bf16'" in capsys.readouterr().err
+
+
 def test_kv_size_flags_exclude_each_other(capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse(serve, "--kv-cache-blocks", "9", "--kv-cache-memory", "1GiB")

@@ -94,6 +94,8 @@ def test_overrides_land_on_their_owner_and_nowhere_else():
         ({"kv_cache_memory": -1}, r"memory_bytes=-1 is out of range"),
         ({"max_model_len": 1}, r"max_model_len=1 is out of range: allowed None or an integer >= 2"),
         ({"weights": "q4"}, r"weights='q4' is not allowed: use 'resident' or 'f32'"),
+        ({"kv_cache_dtype": "bf16"}, r"kv_cache_dtype='bf16' is not allowed: use one of 'f32', 'f16'"),
+        ({"kv_cache_dtype": None}, r"kv_cache_dtype=None is not allowed"),
         ({"backend": ""}, r"backend='' must be a backend name"),
         ({"enable_prefix_cache": "no"}, r"enable_prefix_cache='no' must be True or False"),
         ({"max_num_seqs": 0}, r"max_num_seqs=0 is out of range: allowed an integer >= 1"),

@@ -8,6 +8,7 @@ vacuously."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import numpy as np
@@ -72,13 +73,18 @@ def byte_level_tokenizer(folder) -> None:
 
 
 def make_engine(
-    model: str, backend: str = "cpu", chunk: int = 512, prefix_cache: bool = True, num_blocks: int = 256
+    model: str,
+    backend: str = "cpu",
+    chunk: int = 512,
+    prefix_cache: bool = True,
+    num_blocks: int = 256,
+    kv_dtype: str = "f32",
 ) -> Engine:
     engine = Engine(
         EngineConfig(
             model=model,
             backend=backend,
-            cache=CacheConfig(num_blocks=num_blocks, enable_prefix_cache=prefix_cache),
+            cache=CacheConfig(num_blocks=num_blocks, enable_prefix_cache=prefix_cache, dtype=kv_dtype),
             scheduler=SchedulerConfig(max_num_batched_tokens=chunk),
         )
     )
@@ -108,15 +114,20 @@ def tokens(n: int, seed: int, vocab: int) -> list[int]:
     return [rnd.randrange(3, vocab) for _ in range(n)]
 
 
-def check_contract(model: str, backend: str, vocab: int, prompt_len: int, seed: int) -> list[str]:
-    """Run every variant of the contract; return the names of those that broke it."""
+def check_contract(
+    model: str, backend: str, vocab: int, prompt_len: int, seed: int, kv_dtype: str = "f32"
+) -> list[str]:
+    """Run every variant of the contract with K/V stored as `kv_dtype`; return the names of
+    those that broke it."""
     prompt = tokens(prompt_len, seed, vocab)
-    cold = run(make_engine(model, backend), {"p": prompt})[0]["p"]
+    engine_of = functools.partial(make_engine, model, backend, kv_dtype=kv_dtype)
+    cold = run(engine_of(), {"p": prompt})[0]["p"]
+    assert cold and all(row.size for row in cold)
     broken = []
     rnd = random.Random(seed)
     splits = sorted({1, 16, 17, prompt_len - 1, rnd.randrange(2, prompt_len - 1)})
     for split in splits:  # warm: a prefix of the prompt was computed by an earlier request
-        engine = make_engine(model, backend)
+        engine = engine_of()
         run(engine, {"prefix": prompt[:split]}, SamplingParams(max_tokens=1, temperature=0.0))
         warm, outs = run(engine, {"p": prompt})
         assert outs["p"].cached_len > 0
@@ -124,11 +135,11 @@ def check_contract(model: str, backend: str, vocab: int, prompt_len: int, seed: 
             broken.append(f"warm split={split}")
     for others in (1, 3, 7):  # batched with unrelated requests
         batch = {f"o{i}": tokens(rnd.randrange(5, 40), seed + 100 + i, vocab) for i in range(others)}
-        got = run(make_engine(model, backend), {**batch, "p": prompt})[0]["p"]
+        got = run(engine_of(), {**batch, "p": prompt})[0]["p"]
         if not rows_equal(got, cold):
             broken.append(f"batched with {others}")
     for chunk in (1, 7, 64):  # chunked prefill
-        got = run(make_engine(model, backend, chunk=chunk), {"p": prompt})[0]["p"]
+        got = run(engine_of(chunk=chunk), {"p": prompt})[0]["p"]
         if not rows_equal(got, cold):
             broken.append(f"chunk={chunk}")
     return broken
@@ -147,8 +158,28 @@ def test_exact_reuse_smollm2():
     assert check_contract("smollm2", "cpu", 49152, 40, seed=3) == []
 
 
-def test_control_non_invariant_backend_is_caught_by_every_variant_family(qwen2_dir):
-    broken = check_contract(qwen2_dir, SplitKBackend.name, 256, 45, seed=1)
+def test_exact_reuse_tiny_qwen2_f16_kv(qwen2_dir):
+    # 300 tokens: rows past one 256-key range, so the range merge runs on f16 K/V too
+    assert check_contract(qwen2_dir, "cpu", 256, 300, seed=4, kv_dtype="f16") == []
+
+
+def test_exact_reuse_tiny_qwen2_reference_f16_kv(qwen2_dir):
+    assert check_contract(qwen2_dir, "reference", 256, 37, seed=5, kv_dtype="f16") == []
+
+
+@pytest.mark.slow
+def test_exact_reuse_smollm2_f16_kv():
+    assert check_contract("smollm2", "cpu", 49152, 40, seed=3, kv_dtype="f16") == []
+
+
+@pytest.mark.slow
+def test_exact_reuse_gemma3_f16_kv():  # head_dim 256 and one kv head: the AVX-512 unit at 4 heads
+    assert check_contract("gemma3-270m", "cpu", 262144, 40, seed=3, kv_dtype="f16") == []
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_control_non_invariant_backend_is_caught_by_every_variant_family(qwen2_dir, kv_dtype):
+    broken = check_contract(qwen2_dir, SplitKBackend.name, 256, 45, seed=1, kv_dtype=kv_dtype)
     caught = {name.split()[0].split("=")[0] for name in broken}
     assert caught == set(VARIANT_FAMILIES), (
         f"a non-invariant matmul went unnoticed by {set(VARIANT_FAMILIES) - caught}: those checks cannot fail "

@@ -17,3 +17,12 @@ def test_resident_model_witness_passes(model):
     assert row.status == "PASS", row
     assert row.argmax_match and row.cosine >= COSINE_FLOOR_QUANT
     assert row.note == "resident quantized weights"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2", "gemma3-270m"])
+def test_resident_model_witness_passes_with_f16_kv(model):
+    row = witness_model(model, lookup("cpu").set_kv_dtype("f16"), lookup("reference").set_kv_dtype("f16"))
+    assert row.status == "PASS", row
+    assert row.argmax_match and row.cosine >= COSINE_FLOOR_QUANT
+    assert row.note == "resident quantized weights, f16 KV (reference f16)"

@@ -2,7 +2,8 @@
 // once-per-site index check. The driver (tiles, ranges, threads, the merge) is in
 // attention_ranges.cpp; attention_impl.h says how keys are cut into ranges.
 //
-// The order per (row, head, key range [r0, r1)), whatever else is in the call:
+// The order per (row, head, key range [r0, r1)), whatever else is in the call (an f16 cache's
+// K and V chunks are first widened to f32, exactly, so the order below is the f32 one):
 //
 //   1. acc[j] = fma chain over hd in 8-lane chunks of q * K[r0 + j], chunk 0 first;
 //      score[j] = sum4(acc[j]) * scale, where sum4 is the one lane tree of reduce4 below,
@@ -49,9 +50,23 @@ static inline __m256 load_chunk(const float* v, int64_t c, int64_t full, __m256i
     return c < full ? _mm256_loadu_ps(v + 8 * c) : _mm256_maskload_ps(v + 8 * c, tail);
 }
 
-// Floats [first, first + count) of a cache row into the caches, one touch per 64-byte line.
-static inline void prefetch_span(const float* row, int64_t first, int64_t count) {
-    for (int64_t i = first; i < first + count; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+// Chunk c (8 lanes) of an f16 K or V row widened to f32 (exact); lanes past hd read as 0.
+static inline __m256 load_kv(const uint16_t* v, int64_t c, int64_t full, __m256i, int64_t hd) {
+    if (c < full) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 8 * c)));
+    alignas(16) uint16_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(part, v + 8 * c, sizeof(uint16_t) * static_cast<size_t>(hd - 8 * c));
+    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
+}
+
+static inline __m256 load_kv(const float* v, int64_t c, int64_t full, __m256i tail, int64_t) {
+    return load_chunk(v, c, full, tail);
+}
+
+// Elements [first, first + count) of a cache row into the caches, one touch per 64-byte line.
+template <typename T>
+static inline void prefetch_span(const T* row, int64_t first, int64_t count) {
+    constexpr int64_t line = 64 / sizeof(T);
+    for (int64_t i = first; i < first + count; i += line) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), _MM_HINT_T0);
 }
 
@@ -64,14 +79,15 @@ static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 
 // Scores of NH query heads (sharing one kv head) against keys [0, len) rounded up to 4: each
 // K chunk is loaded once for all heads; each (head, key) runs its own fma chain over hd.
-template <int NH, int CHUNKS>
+template <typename KT, int NH, int CHUNKS>
 static void scores(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len,
                    float* const* out) {
     const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 7) / 8, full = CHUNKS ? CHUNKS : a.hd / 8;
     const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
     const __m128 scale = _mm_set1_ps(a.scale);
+    const KT* k_cache = KVRows<KT>::k(a);
     for (int64_t j = 0; j < len; j += KEYS_AT_ONCE) {
-        for (int t = 0; t < KEYS_AT_ONCE; ++t) prefetch_span(a.k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) prefetch_span(k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
         __m256 acc[NH][KEYS_AT_ONCE];
         for (int hh = 0; hh < NH; ++hh)
             for (int t = 0; t < KEYS_AT_ONCE; ++t) acc[hh][t] = _mm256_setzero_ps();
@@ -79,7 +95,7 @@ static void scores(const AttentionArgs& a, const float* const* q, const int64_t*
             __m256 qv[NH];
             for (int hh = 0; hh < NH; ++hh) qv[hh] = load_chunk(q[hh], c, full, tail);
             for (int t = 0; t < KEYS_AT_ONCE; ++t) {
-                const __m256 kv = load_chunk(a.k_cache + where[j + t], c, full, tail);
+                const __m256 kv = load_kv(k_cache + where[j + t], c, full, tail, a.hd);
                 for (int hh = 0; hh < NH; ++hh) acc[hh][t] = _mm256_fmadd_ps(qv[hh], kv, acc[hh][t]);
             }
         }
@@ -93,22 +109,23 @@ static void scores(const AttentionArgs& a, const float* const* q, const int64_t*
 
 // o[hh][c0 .. c0+NB chunks) = (sum_j e[hh][j] * V[j]) / sum[hh], keys in order, accumulators
 // in registers; each V chunk is loaded once for all NH heads.
-template <int NH, int NB, int CHUNKS>
+template <typename KT, int NH, int NB, int CHUNKS>
 static void weighted_values(const AttentionArgs& a, const float* const* e, const int64_t* where, int64_t len,
                             int64_t c0, const float* sum, float* const* o) {
     const int64_t full = CHUNKS ? CHUNKS : a.hd / 8;
     const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
     const int64_t span = std::min<int64_t>(8 * NB, a.hd - 8 * c0);
+    const KT* v_cache = KVRows<KT>::v(a);
     __m256 acc[NH][NB];
     for (int hh = 0; hh < NH; ++hh)
         for (int i = 0; i < NB; ++i) acc[hh][i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < len; ++j) {
-        prefetch_span(a.v_cache + where[j + PREFETCH_KEYS], 8 * c0, span);
-        const float* v = a.v_cache + where[j];
+        prefetch_span(v_cache + where[j + PREFETCH_KEYS], 8 * c0, span);
+        const KT* v = v_cache + where[j];
         __m256 ej[NH];
         for (int hh = 0; hh < NH; ++hh) ej[hh] = _mm256_broadcast_ss(e[hh] + j);
         for (int i = 0; i < NB; ++i) {
-            const __m256 vv = load_chunk(v, c0 + i, full, tail);
+            const __m256 vv = load_kv(v, c0 + i, full, tail, a.hd);
             for (int hh = 0; hh < NH; ++hh) acc[hh][i] = _mm256_fmadd_ps(ej[hh], vv, acc[hh][i]);
         }
     }
@@ -122,16 +139,16 @@ static void weighted_values(const AttentionArgs& a, const float* const* e, const
     }
 }
 
-template <int NH, int CHUNKS>
+template <typename KT, int NH, int CHUNKS>
 static void weighted_values_any(const AttentionArgs& a, const float* const* e, const int64_t* where, int64_t len,
                                 const float* sum, float* const* o) {
     const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 7) / 8;
     for (int64_t c0 = 0; c0 < chunks; c0 += V_CHUNKS) {
         switch (std::min<int64_t>(V_CHUNKS, chunks - c0)) {
-            case 4: weighted_values<NH, 4, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            case 3: weighted_values<NH, 3, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            case 2: weighted_values<NH, 2, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            default: weighted_values<NH, 1, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 4: weighted_values<KT, NH, 4, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 3: weighted_values<KT, NH, 3, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 2: weighted_values<KT, NH, 2, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            default: weighted_values<KT, NH, 1, CHUNKS>(a, e, where, len, c0, sum, o); break;
         }
     }
 }
@@ -162,7 +179,7 @@ static float softmax_weights(float* s, int64_t len, float* max_out) {
 }
 
 // CHUNKS: hd / 8 when fixed at compile time (hd = 64: 8, fully unrolled), 0 for any hd.
-template <int NH, int CHUNKS>
+template <typename KT, int NH, int CHUNKS>
 static void range_run(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len, float* s,
                       float* m, float* l, float* const* acc) {
     const int64_t padded = (len + 7) / 8 * 8;
@@ -172,9 +189,9 @@ static void range_run(const AttentionArgs& a, const float* const* q, const int64
         sh[hh] = s + hh * padded;
         ones[hh] = 1.0f;
     }
-    scores<NH, CHUNKS>(a, q, where, len, sh);
+    scores<KT, NH, CHUNKS>(a, q, where, len, sh);
     for (int hh = 0; hh < NH; ++hh) l[hh] = softmax_weights(sh[hh], len, m + hh);
-    weighted_values_any<NH, CHUNKS>(a, sh, where, len, ones, acc);
+    weighted_values_any<KT, NH, CHUNKS>(a, sh, where, len, ones, acc);
 }
 
 // The index values one site last checked, as bytes (a copy: a numpy-backed tensor can
@@ -226,14 +243,28 @@ void check_indices_once(int site, std::initializer_list<at::Tensor> indices, std
 }  // namespace ops
 
 namespace avx2 {
+namespace {
 
-void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,
-                  float* m, float* l, float* const* acc) {
+template <typename KT>
+void attend_range_of(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
+                     float* s, float* m, float* l, float* const* acc) {
     const bool hd64 = a.hd == 64;
     switch (nh) {
-        case 3: hd64 ? range_run<3, 8>(a, q, where, len, s, m, l, acc) : range_run<3, 0>(a, q, where, len, s, m, l, acc); break;
-        case 2: hd64 ? range_run<2, 8>(a, q, where, len, s, m, l, acc) : range_run<2, 0>(a, q, where, len, s, m, l, acc); break;
-        default: hd64 ? range_run<1, 8>(a, q, where, len, s, m, l, acc) : range_run<1, 0>(a, q, where, len, s, m, l, acc); break;
+        case 3: hd64 ? range_run<KT, 3, 8>(a, q, where, len, s, m, l, acc) : range_run<KT, 3, 0>(a, q, where, len, s, m, l, acc); break;
+        case 2: hd64 ? range_run<KT, 2, 8>(a, q, where, len, s, m, l, acc) : range_run<KT, 2, 0>(a, q, where, len, s, m, l, acc); break;
+        default: hd64 ? range_run<KT, 1, 8>(a, q, where, len, s, m, l, acc) : range_run<KT, 1, 0>(a, q, where, len, s, m, l, acc); break;
+    }
+}
+
+}  // namespace
+
+// f16 K/V (k_half set) or f32: the same unit, only the loads differ.
+void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,
+                  float* m, float* l, float* const* acc) {
+    if (a.k_half != nullptr) {
+        attend_range_of<uint16_t>(a, nh, q, where, len, s, m, l, acc);
+    } else {
+        attend_range_of<float>(a, nh, q, where, len, s, m, l, acc);
     }
 }
 

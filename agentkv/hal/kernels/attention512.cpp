@@ -9,6 +9,7 @@
 //   3. e[j] = exp16(score[j] - m), 16 at a time;
 //   4. l = hsum16 of the 16-lane accumulation of e over j in order (last chunk masked);
 //   5. acc = sum_j e[j] * V[j] in key order, 16 lanes per chunk (divided by 1: stored as is).
+// An f16 cache's K and V chunks are widened to f32 first (exact), then run this same order.
 // The ranges of a row are merged in attention_ranges.cpp. Only the unit's work lives here
 // (so nothing from the standard library is instantiated under the AVX-512 target).
 #include <immintrin.h>
@@ -61,19 +62,32 @@ static inline __m512 load_chunk(const float* v, int64_t c, int64_t full, __mmask
     return c < full ? _mm512_loadu_ps(v + 16 * c) : _mm512_maskz_loadu_ps(tail, v + 16 * c);
 }
 
-static inline void prefetch_span(const float* row, int64_t first, int64_t count) {
-    for (int64_t i = first; i < first + count; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+// Chunk c (16 lanes) of an f16 K or V row widened to f32 (exact); lanes past hd are zero.
+static inline __m512 load_kv(const uint16_t* v, int64_t c, int64_t full, __mmask16 tail) {
+    return _mm512_cvtph_ps(c < full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c))
+                                    : _mm256_maskz_loadu_epi16(tail, v + 16 * c));
+}
+
+static inline __m512 load_kv(const float* v, int64_t c, int64_t full, __mmask16 tail) {
+    return load_chunk(v, c, full, tail);
+}
+
+template <typename T>
+static inline void prefetch_span(const T* row, int64_t first, int64_t count) {
+    constexpr int64_t line = 64 / sizeof(T);
+    for (int64_t i = first; i < first + count; i += line) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), _MM_HINT_T0);
 }
 
-template <int NH, int CHUNKS>
+template <typename KT, int NH, int CHUNKS>
 static void scores(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len,
                    float* const* out) {
     const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 15) / 16, full = CHUNKS ? CHUNKS : a.hd / 16;
     const __mmask16 tail = first_lanes(a.hd - 16 * full);
     const __m128 scale = _mm_set1_ps(a.scale);
+    const KT* k_cache = KVRows<KT>::k(a);
     for (int64_t j = 0; j < len; j += KEYS_AT_ONCE) {
-        for (int t = 0; t < KEYS_AT_ONCE; ++t) prefetch_span(a.k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) prefetch_span(k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
         __m512 acc[NH][KEYS_AT_ONCE];
         for (int hh = 0; hh < NH; ++hh)
             for (int t = 0; t < KEYS_AT_ONCE; ++t) acc[hh][t] = _mm512_setzero_ps();
@@ -81,7 +95,7 @@ static void scores(const AttentionArgs& a, const float* const* q, const int64_t*
             __m512 qv[NH];
             for (int hh = 0; hh < NH; ++hh) qv[hh] = load_chunk(q[hh], c, full, tail);
             for (int t = 0; t < KEYS_AT_ONCE; ++t) {
-                const __m512 kv = load_chunk(a.k_cache + where[j + t], c, full, tail);
+                const __m512 kv = load_kv(k_cache + where[j + t], c, full, tail);
                 for (int hh = 0; hh < NH; ++hh) acc[hh][t] = _mm512_fmadd_ps(qv[hh], kv, acc[hh][t]);
             }
         }
@@ -93,22 +107,23 @@ static void scores(const AttentionArgs& a, const float* const* q, const int64_t*
             for (int64_t j = 0; j < len; ++j) out[hh][j] = a.softcap * std::tanh(out[hh][j] / a.softcap);
 }
 
-template <int NH, int NB, int CHUNKS>
+template <typename KT, int NH, int NB, int CHUNKS>
 static void weighted_values(const AttentionArgs& a, const float* const* e, const int64_t* where, int64_t len,
                             int64_t c0, const float* sum, float* const* o) {
     const int64_t full = CHUNKS ? CHUNKS : a.hd / 16;
     const __mmask16 tail = first_lanes(a.hd - 16 * full);
     const int64_t span = 16 * NB < a.hd - 16 * c0 ? 16 * NB : a.hd - 16 * c0;
+    const KT* v_cache = KVRows<KT>::v(a);
     __m512 acc[NH][NB];
     for (int hh = 0; hh < NH; ++hh)
         for (int i = 0; i < NB; ++i) acc[hh][i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < len; ++j) {
-        prefetch_span(a.v_cache + where[j + PREFETCH_KEYS], 16 * c0, span);
-        const float* v = a.v_cache + where[j];
+        prefetch_span(v_cache + where[j + PREFETCH_KEYS], 16 * c0, span);
+        const KT* v = v_cache + where[j];
         __m512 ej[NH];
         for (int hh = 0; hh < NH; ++hh) ej[hh] = _mm512_set1_ps(e[hh][j]);
         for (int i = 0; i < NB; ++i) {
-            const __m512 vv = load_chunk(v, c0 + i, full, tail);
+            const __m512 vv = load_kv(v, c0 + i, full, tail);
             for (int hh = 0; hh < NH; ++hh) acc[hh][i] = _mm512_fmadd_ps(ej[hh], vv, acc[hh][i]);
         }
     }
@@ -122,16 +137,16 @@ static void weighted_values(const AttentionArgs& a, const float* const* e, const
     }
 }
 
-template <int NH, int CHUNKS>
+template <typename KT, int NH, int CHUNKS>
 static void weighted_values_any(const AttentionArgs& a, const float* const* e, const int64_t* where, int64_t len,
                                 const float* sum, float* const* o) {
     const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 15) / 16;
     for (int64_t c0 = 0; c0 < chunks; c0 += V_CHUNKS) {
         switch (chunks - c0 < V_CHUNKS ? chunks - c0 : V_CHUNKS) {
-            case 4: weighted_values<NH, 4, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            case 3: weighted_values<NH, 3, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            case 2: weighted_values<NH, 2, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            default: weighted_values<NH, 1, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 4: weighted_values<KT, NH, 4, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 3: weighted_values<KT, NH, 3, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 2: weighted_values<KT, NH, 2, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            default: weighted_values<KT, NH, 1, CHUNKS>(a, e, where, len, c0, sum, o); break;
         }
     }
 }
@@ -156,7 +171,7 @@ static float softmax_weights(float* s, int64_t len, float* max_out) {
     return hsum16(sumv);
 }
 
-template <int NH, int CHUNKS>
+template <typename KT, int NH, int CHUNKS>
 static void range_run(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len, float* s,
                       float* m, float* l, float* const* acc) {
     const int64_t padded = (len + 15) / 16 * 16;
@@ -166,19 +181,30 @@ static void range_run(const AttentionArgs& a, const float* const* q, const int64
         sh[hh] = s + hh * padded;
         ones[hh] = 1.0f;
     }
-    scores<NH, CHUNKS>(a, q, where, len, sh);
+    scores<KT, NH, CHUNKS>(a, q, where, len, sh);
     for (int hh = 0; hh < NH; ++hh) l[hh] = softmax_weights(sh[hh], len, m + hh);
-    weighted_values_any<NH, CHUNKS>(a, sh, where, len, ones, acc);
+    weighted_values_any<KT, NH, CHUNKS>(a, sh, where, len, ones, acc);
 }
 
-template <int CHUNKS>
+template <typename KT, int CHUNKS>
 static void range_nh(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
                      float* s, float* m, float* l, float* const* acc) {
     switch (nh) {
-        case 4: range_run<4, CHUNKS>(a, q, where, len, s, m, l, acc); break;
-        case 3: range_run<3, CHUNKS>(a, q, where, len, s, m, l, acc); break;
-        case 2: range_run<2, CHUNKS>(a, q, where, len, s, m, l, acc); break;
-        default: range_run<1, CHUNKS>(a, q, where, len, s, m, l, acc); break;
+        case 4: range_run<KT, 4, CHUNKS>(a, q, where, len, s, m, l, acc); break;
+        case 3: range_run<KT, 3, CHUNKS>(a, q, where, len, s, m, l, acc); break;
+        case 2: range_run<KT, 2, CHUNKS>(a, q, where, len, s, m, l, acc); break;
+        default: range_run<KT, 1, CHUNKS>(a, q, where, len, s, m, l, acc); break;
+    }
+}
+
+template <typename KT>
+static void range_hd(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
+                     float* s, float* m, float* l, float* const* acc) {
+    switch (a.hd) {  // head sizes of real models, fully unrolled
+        case 64: range_nh<KT, 4>(a, nh, q, where, len, s, m, l, acc); break;
+        case 128: range_nh<KT, 8>(a, nh, q, where, len, s, m, l, acc); break;
+        case 256: range_nh<KT, 16>(a, nh, q, where, len, s, m, l, acc); break;
+        default: range_nh<KT, 0>(a, nh, q, where, len, s, m, l, acc); break;
     }
 }
 
@@ -186,11 +212,10 @@ static void range_nh(const AttentionArgs& a, int nh, const float* const* q, cons
 
 void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
                   float* s, float* m, float* l, float* const* acc) {
-    switch (a.hd) {  // head sizes of real models, fully unrolled
-        case 64: range_nh<4>(a, nh, q, where, len, s, m, l, acc); break;
-        case 128: range_nh<8>(a, nh, q, where, len, s, m, l, acc); break;
-        case 256: range_nh<16>(a, nh, q, where, len, s, m, l, acc); break;
-        default: range_nh<0>(a, nh, q, where, len, s, m, l, acc); break;
+    if (a.k_half != nullptr) {  // f16 K/V: the same unit, only the loads differ
+        range_hd<uint16_t>(a, nh, q, where, len, s, m, l, acc);
+    } else {
+        range_hd<float>(a, nh, q, where, len, s, m, l, acc);
     }
 }
 

@@ -24,6 +24,21 @@ constexpr int64_t RANGE_PAD = 48;
 // Scratch floats a unit needs for its scores: up to 4 heads of a range padded to 16.
 constexpr int64_t RANGE_SCRATCH_FLOATS = 4 * (KEY_RANGE + 16);
 
+// The K/V element type a unit reads: float (f32 cache) or uint16_t (IEEE f16 bits, widened
+// to f32 in registers by an exact conversion, after which every operation is the f32 one).
+template <typename KT>
+struct KVRows;
+template <>
+struct KVRows<float> {
+    static const float* k(const AttentionArgs& a) { return a.k_cache; }
+    static const float* v(const AttentionArgs& a) { return a.v_cache; }
+};
+template <>
+struct KVRows<uint16_t> {
+    static const uint16_t* k(const AttentionArgs& a) { return a.k_half; }
+    static const uint16_t* v(const AttentionArgs& a) { return a.v_half; }
+};
+
 // One unit: query heads q[0 .. nh) (nh <= the ISA's HEADS_AT_ONCE, one kv head) over `len`
 // (1 .. KEY_RANGE) keys at element offsets `where` (RANGE_PAD readable entries past len).
 // Writes, per head hh: m[hh] = the max score, l[hh] = sum_j exp(score_j - m[hh]) and

@@ -19,6 +19,27 @@ void check_f32(const at::Tensor& t, const char* name, int64_t dim) {
     TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
+// A K or V cache: float32 or float16 (both of one cache the same), contiguous, on the CPU.
+void check_kv(const at::Tensor& k, const at::Tensor& v, int64_t dim) {
+    for (const at::Tensor* t : {&k, &v}) {
+        const char* name = t == &k ? "k_cache" : "v_cache";
+        TORCH_CHECK(t->device().is_cpu(), name, " must be a CPU tensor, got ", t->device());
+        TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == at::kHalf, name,
+                    " must be float32 or float16, got ", t->scalar_type());
+        TORCH_CHECK(t->dim() == dim, name, " must have ", dim, " dims, got shape ", t->sizes());
+        TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+    }
+    TORCH_CHECK(k.scalar_type() == v.scalar_type(), "k_cache is ", k.scalar_type(), " but v_cache is ",
+                v.scalar_type(), ": one cache holds one dtype");
+    TORCH_CHECK(k.sizes() == v.sizes(), "k_cache ", k.sizes(), " and v_cache ", v.sizes(), " differ");
+}
+
+// The cache's f32 data, or null when it is f16 (then half_of gives its bits).
+float* f32_of(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? t.data_ptr<float>() : nullptr; }
+uint16_t* half_of(const at::Tensor& t) {
+    return t.scalar_type() == at::kHalf ? reinterpret_cast<uint16_t*>(t.data_ptr<at::Half>()) : nullptr;
+}
+
 void check_i32(const at::Tensor& t, const char* name, int64_t dim) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kInt && t.dim() == dim && t.is_contiguous(),
                 name, " must be a contiguous CPU int32 tensor with ", dim, " dims, got ",
@@ -106,13 +127,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const at::Tensor& row_pos, double scale, int64_t window, double softcap) {
     fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(q, "q", 3);
-    check_f32(k_cache, "k_cache", 4);
-    check_f32(v_cache, "v_cache", 4);
+    check_kv(k_cache, v_cache, 4);
     check_i32(block_tables, "block_tables", 2);
     check_i32(row_seq, "row_seq", 1);
     check_i32(row_pos, "row_pos", 1);
-    TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache ", k_cache.sizes(), " and v_cache ",
-                v_cache.sizes(), " differ");
     const int64_t n = q.size(0), h = q.size(1), hd = q.size(2), kvh = k_cache.size(2);
     TORCH_CHECK(k_cache.size(3) == hd, "k_cache head_dim ", k_cache.size(3), " != q head_dim ", hd);
     TORCH_CHECK(kvh > 0 && h % kvh == 0, "num heads ", h, " is not a multiple of kv heads ", kvh);
@@ -123,11 +141,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                        [&] { check_attention_indices(block_tables, row_seq, row_pos, k_cache.size(0), k_cache.size(1)); });
     auto out = at::empty_like(q);
     if (n == 0 || h == 0 || hd == 0) return out;
-    AttentionArgs a{q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+    AttentionArgs a{q.data_ptr<float>(), f32_of(k_cache), f32_of(v_cache),
                     block_tables.data_ptr<int32_t>(), row_seq.data_ptr<int32_t>(),
                     row_pos.data_ptr<int32_t>(), out.data_ptr<float>(), n, h, kvh, hd,
                     k_cache.size(1), block_tables.size(1), static_cast<float>(scale),
-                    static_cast<float>(softcap), window};
+                    static_cast<float>(softcap), window, half_of(k_cache), half_of(v_cache)};
     paged_attention_raw(a);
     return out;
 }
@@ -199,11 +217,9 @@ at::Tensor attention_inputs(const at::Tensor& qkv, const c10::optional<at::Tenso
                             int64_t rope_dim, bool interleaved, double eps, bool unit_offset) {
     fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(qkv, "qkv", 2);
-    check_f32(k_cache, "k_cache", 3);
-    check_f32(v_cache, "v_cache", 3);
+    check_kv(k_cache, v_cache, 3);
     check_f32(cos, "cos", 2);
     check_f32(sin, "sin", 2);
-    TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache ", k_cache.sizes(), " and v_cache ", v_cache.sizes(), " differ");
     const int64_t n = qkv.size(0), hd = k_cache.size(2);
     TORCH_CHECK(h > 0 && kvh > 0, "num_heads=", h, " and num_kv_heads=", kvh, " must be > 0");
     TORCH_CHECK(k_cache.size(1) == kvh, "k_cache has ", k_cache.size(1), " kv heads, expected num_kv_heads=", kvh);
@@ -224,8 +240,9 @@ at::Tensor attention_inputs(const at::Tensor& qkv, const c10::optional<at::Tenso
     AttentionInputsArgs a{qkv.data_ptr<float>(), q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr,
                           k_norm.has_value() ? k_norm->data_ptr<float>() : nullptr, cos.data_ptr<float>(),
                           sin.data_ptr<float>(), positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
-                          k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), q.data_ptr<float>(),
-                          n, h, kvh, hd, rope_dim, interleaved, static_cast<float>(eps), unit_offset};
+                          f32_of(k_cache), f32_of(v_cache), q.data_ptr<float>(),
+                          n, h, kvh, hd, rope_dim, interleaved, static_cast<float>(eps), unit_offset,
+                          half_of(k_cache), half_of(v_cache)};
     attention_inputs_raw(a);
     return q;
 }

@@ -1,5 +1,6 @@
 // Fused glue kernels: RMSNorm, residual add + norm, gated activations and the attention
-// inputs (split, q/k norm, rope, K/V store). They replace ~40 small torch ops per layer.
+// inputs (split, q/k norm, rope, K/V store, f32 or rounded to f16). They replace ~40 small
+// torch ops per layer.
 //
 // Batch invariance: each row (token) is computed alone, in one fixed order, and threads
 // split rows only. The one reduction, a row's sum of squares, runs
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "fused.h"
 #include "pool.h"
@@ -103,6 +105,18 @@ inline void head_inputs(const float* x, const float* norm_w, const float* cs, co
     }
 }
 
+// dst[0 .. count) = src rounded to IEEE f16, to nearest even (the immediate rounding mode,
+// whatever MXCSR says): the vector and the scalar conversion round alike, so a tail element
+// gets the bits a vector lane would give it.
+inline void store_half(uint16_t* dst, const float* src, int64_t count) {
+    int64_t j = 0;
+    for (; j + 8 <= count; j += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j), h);
+    }
+    for (; j < count; ++j) dst[j] = _cvtss_sh(src[j], _MM_FROUND_TO_NEAREST_INT);
+}
+
 }  // namespace
 
 void rms_norm_raw(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps,
@@ -150,20 +164,28 @@ void glu_raw(const float* x, float* out, int64_t rows, int64_t f, int kind) {
 
 void attention_inputs_raw(const AttentionInputsArgs& a) {
     const int64_t width = (a.h + 2 * a.kvh) * a.hd, kv_width = a.kvh * a.hd, half = a.rope_dim / 2;
+    const bool f16 = a.k_half != nullptr;
     parallel_chunks(a.n, grain_rows(width), [&](int64_t b, int64_t e) {
+        std::vector<float> k_row(f16 ? kv_width : 0);  // an f16 cache's K row before rounding
         for (int64_t r = b; r < e; ++r) {
             // qkv row:  | q: h heads | k: kvh heads | v: kvh heads |   (each head hd floats)
             const float* row = a.qkv + r * width;
             const float* cs = a.cos + a.positions[r] * half;
             const float* sn = a.sin + a.positions[r] * half;
-            float* k_dst = a.k_cache + a.slots[r] * kv_width;
+            float* k_dst = f16 ? k_row.data() : a.k_cache + a.slots[r] * kv_width;
             for (int64_t i = 0; i < a.h; ++i) {
                 head_inputs(row + i * a.hd, a.q_norm, cs, sn, a.q_out + (r * a.h + i) * a.hd, a);
             }
             for (int64_t i = 0; i < a.kvh; ++i) {
                 head_inputs(row + (a.h + i) * a.hd, a.k_norm, cs, sn, k_dst + i * a.hd, a);
             }
-            std::memcpy(a.v_cache + a.slots[r] * kv_width, row + (a.h + a.kvh) * a.hd, sizeof(float) * kv_width);
+            const float* v_src = row + (a.h + a.kvh) * a.hd;
+            if (f16) {
+                store_half(a.k_half + a.slots[r] * kv_width, k_dst, kv_width);
+                store_half(a.v_half + a.slots[r] * kv_width, v_src, kv_width);
+            } else {
+                std::memcpy(a.v_cache + a.slots[r] * kv_width, v_src, sizeof(float) * kv_width);
+            }
         }
     });
 }

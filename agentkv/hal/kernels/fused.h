@@ -20,7 +20,8 @@ void add_norm_raw(float* h, const float* delta, const float* w, const float* pos
 enum GluKind : int { GLU_SILU = 0, GLU_GELU_TANH = 1 };
 void glu_raw(const float* x, float* out, int64_t rows, int64_t f, int kind);
 
-// Split q|k|v rows, optional per-head RMSNorm of q and k, rope, K/V into their cache slots.
+// Split q|k|v rows, optional per-head RMSNorm of q and k, rope, K/V into their cache slots
+// (f32, or rounded to f16 to nearest even, as torch's .to(float16) rounds).
 struct AttentionInputsArgs {
     const float* qkv;        // [n, (h + 2 kvh) hd]
     const float* q_norm;     // [hd] or null
@@ -29,13 +30,15 @@ struct AttentionInputsArgs {
     const float* sin;        // same
     const int64_t* positions;  // [n], each < num_pos
     const int64_t* slots;    // [n], each < num_slots
-    float* k_cache;          // [num_slots, kvh, hd]
+    float* k_cache;          // [num_slots, kvh, hd] f32, or null when the cache is f16
     float* v_cache;          // same
     float* q_out;            // [n, h, hd]
     int64_t n, h, kvh, hd, rope_dim;
     bool interleaved;
     float eps;
     bool unit_offset;
+    uint16_t* k_half = nullptr;  // [num_slots, kvh, hd] IEEE f16 bits (k_cache null), or null
+    uint16_t* v_half = nullptr;  // same
 };
 void attention_inputs_raw(const AttentionInputsArgs& a);
 

@@ -32,7 +32,7 @@ void dequantize_raw(const uint8_t* w, float* out, int64_t n, int64_t k, int64_t 
 // Paged causal attention; see attention.cpp for the layout and the accumulation order.
 struct AttentionArgs {
     const float* q;         // [n, h, hd]
-    const float* k_cache;   // [num_blocks, block_size, kvh, hd]
+    const float* k_cache;   // [num_blocks, block_size, kvh, hd] f32 K/V, or null when f16
     const float* v_cache;   // same
     const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq]
     const int32_t* row_seq;  // [n]
@@ -41,6 +41,8 @@ struct AttentionArgs {
     int64_t n, h, kvh, hd, block_size, max_blocks_per_seq;
     float scale, softcap;
     int64_t window;
+    const uint16_t* k_half = nullptr;  // the same shape as IEEE f16 bits (k_cache null), or null
+    const uint16_t* v_half = nullptr;
 };
 void paged_attention_raw(const AttentionArgs& a);
 

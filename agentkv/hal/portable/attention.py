@@ -43,8 +43,8 @@ def _attend_group(
     group = first_pos // GROUP
     num_keys = (group + 1) * GROUP
     slots = _slots(table, num_keys, bs, q.device)
-    keys = kv.k[layer].index_select(0, slots)  # [L, kvh, hd]
-    vals = kv.v[layer].index_select(0, slots)
+    keys = kv.k[layer].index_select(0, slots).float()  # [L, kvh, hd]; an f16 store widened exactly
+    vals = kv.v[layer].index_select(0, slots).float()
     off = first_pos - group * GROUP
     tile = q.new_zeros(GROUP, h, hd)
     tile[off : off + m] = q

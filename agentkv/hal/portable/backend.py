@@ -40,16 +40,21 @@ MIN_ROWS = 16  # MKL sgemm: rows are bit-identical for any M >= 16 (measured on 
 F32_ONLY = frozenset({Layout.ROW_MAJOR_F32})
 
 
+KV_TORCH = {"f32": torch.float32, "f16": torch.float16}  # KVSpec.dtype -> element type
+KV_LITTLE_ENDIAN = {"f32": "<f4", "f16": "<f2"}  # the disk tier's bytes of one element
+
+
 class TorchKV:
-    """Paged K/V: `k[layer]`, `v[layer]` are `[num_blocks * block_size, kvh, hd]` (slot-major).
+    """Paged K/V: `k[layer]`, `v[layer]` are `[num_blocks * block_size, kvh, hd]` (slot-major)
+    of the spec's dtype (float32 or float16, which ops widen to f32 exactly when they read it).
     `k_blocks[layer]`/`v_blocks[layer]` view the same memory as `[num_blocks, block_size, kvh,
     hd]` for the attention kernel (made once: a view per layer per step is a torch op each)."""
 
     def __init__(self, spec: KVSpec, device: torch.device):
         shape = (spec.num_layers, spec.num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.spec = spec
-        self.k = torch.zeros(shape, dtype=torch.float32, device=device)
-        self.v = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.k = torch.zeros(shape, dtype=KV_TORCH[spec.dtype], device=device)
+        self.v = torch.zeros(shape, dtype=KV_TORCH[spec.dtype], device=device)
         blocks = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)
         self.k_blocks = tuple(t.view(blocks) for t in self.k_slots)
@@ -213,12 +218,13 @@ class TorchBackend(Backend):
 
     # -- KV and attention -----------------------------------------------------------------
     def allocate_kv(self, spec: KVSpec) -> Any:
-        return TorchKV(spec, self.device)
+        return TorchKV(self.check_kv_spec(spec), self.device)
 
     def kv_store(self, kv: TorchKV, layer: int, k: Tensor, v: Tensor, slot_mapping) -> None:
         slots = slots_tensor(slot_mapping, self.device)
-        kv.k_slots[layer].index_copy_(0, slots, k.raw)
-        kv.v_slots[layer].index_copy_(0, slots, v.raw)
+        dtype = kv.k.dtype  # f16: torch's cast, round to nearest even
+        kv.k_slots[layer].index_copy_(0, slots, k.raw.to(dtype))
+        kv.v_slots[layer].index_copy_(0, slots, v.raw.to(dtype))
 
     def copy_blocks(self, kv: TorchKV, pairs) -> None:
         bs = kv.spec.block_size
@@ -230,11 +236,11 @@ class TorchBackend(Backend):
         bs = kv.spec.block_size
         rows = slice(block * bs, (block + 1) * bs)
         both = torch.stack([kv.k[:, rows], kv.v[:, rows]], dim=1)  # [layers, 2, bs, kvh, hd]
-        return both.cpu().numpy().astype("<f4", copy=False).tobytes()
+        return both.cpu().numpy().astype(KV_LITTLE_ENDIAN[kv.spec.dtype], copy=False).tobytes()
 
     def write_block(self, kv: TorchKV, block: int, data: bytes) -> None:
         s, bs = kv.spec, kv.spec.block_size
-        arr = np.frombuffer(data, "<f4").reshape(s.num_layers, 2, bs, s.num_kv_heads, s.head_dim)
+        arr = np.frombuffer(data, KV_LITTLE_ENDIAN[s.dtype]).reshape(s.num_layers, 2, bs, s.num_kv_heads, s.head_dim)
         both = torch.from_numpy(arr.copy()).to(kv.k.device)
         kv.k[:, block * bs : (block + 1) * bs] = both[:, 0]
         kv.v[:, block * bs : (block + 1) * bs] = both[:, 1]
