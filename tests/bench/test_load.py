@@ -47,7 +47,7 @@ def test_load_tiny(tmp_path, capsys):
             "--clients",
             "8",
             "--max-tokens",
-            "3",
+            "16",  # long enough that the first four are still streaming when the last four arrive
             "--max-queued-requests",
             "2",
             "--max-model-len",

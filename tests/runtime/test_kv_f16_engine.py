@@ -12,13 +12,14 @@ import torch
 
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
-from agentkv.sched import SchedulerConfig
 from tests.runtime import test_speculative as spec_tests
 from tests.runtime.test_exactness import SplitKBackend, make_engine, qwen2_dir, run, tokens  # noqa: F401
 from tests.runtime.test_speculative import GREEDY, SEEDED, oracle, same, spec_run, workload  # noqa: F401
 from tests.runtime.test_warm_restart import assert_exact, transcript
 from tests.runtime.test_warm_restart import engine as disk_engine
 from tests.runtime.test_warm_restart import run as disk_run
+
+SPEC_MAKE_ENGINE = spec_tests.make_engine  # taken before the fixture below replaces it
 
 
 def test_the_knob_reaches_the_store_and_the_memory_budget(qwen2_dir):  # noqa: F811
@@ -47,19 +48,9 @@ def test_f16_kv_changes_the_logits_and_reruns_agree(qwen2_dir):  # noqa: F811
 
 
 def f16_spec_engine(model, speculative=None, backend="cpu", k=6, prefix_cache=True) -> Engine:
-    """test_speculative's engine with the KV cache in f16."""
-    engine = Engine(
-        EngineConfig(
-            model=model,
-            backend=backend,
-            speculative=speculative,
-            num_speculative_tokens=k,
-            cache=CacheConfig(num_blocks=256, enable_prefix_cache=prefix_cache, dtype="f16"),
-            scheduler=SchedulerConfig(max_num_batched_tokens=256),
-        )
-    )
-    engine.record_logits = True
-    return engine
+    """test_speculative's engine with the KV cache in f16 (its own make_engine: the fixture below
+    replaces that name in its module)."""
+    return SPEC_MAKE_ENGINE(model, speculative, backend, k, prefix_cache, kv_dtype="f16")
 
 
 @pytest.fixture

@@ -30,14 +30,14 @@ def qwen2_dir(tmp_path_factory):
     return str(folder)
 
 
-def make_engine(model, speculative=None, backend="cpu", k=6, prefix_cache=True) -> Engine:
+def make_engine(model, speculative=None, backend="cpu", k=6, prefix_cache=True, kv_dtype="f32") -> Engine:
     engine = Engine(
         EngineConfig(
             model=model,
             backend=backend,
             speculative=speculative,
             num_speculative_tokens=k,
-            cache=CacheConfig(num_blocks=256, enable_prefix_cache=prefix_cache),
+            cache=CacheConfig(num_blocks=256, enable_prefix_cache=prefix_cache, dtype=kv_dtype),
             scheduler=SchedulerConfig(max_num_batched_tokens=256),
         )
     )
