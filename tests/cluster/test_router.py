@@ -84,7 +84,10 @@ def _check_replay(fleet, solo, extra_router, shape: ReplayShape) -> None:
     other = ReplayShape(**{**{k: getattr(shape, k) for k in shape.__dataclass_fields__}, "seed": shape.seed + 1})
     spread = replay(extra_router("round_robin"), "smollm2", other)
     assert len(spread.ok) == shape.agents * shape.turns
-    assert routed.cached_ratio >= 2 * spread.cached_ratio, (routed.cached_ratio, spread.cached_ratio)
+    # Round robin over 2 workers lands about every other turn of an agent on the worker that
+    # holds its transcript: measured 0.36-0.37 against cache-aware's 0.74, so a bound of
+    # exactly 2x failed by 0.002 once. 1.6x still fails a router that ignores the cache (~1x).
+    assert routed.cached_ratio >= 1.6 * spread.cached_ratio, (routed.cached_ratio, spread.cached_ratio)
     print(
         f"cached ratio: solo {alone.cached_ratio:.3f}, cache_aware {routed.cached_ratio:.3f}, "
         f"round_robin {spread.cached_ratio:.3f}"
