@@ -20,13 +20,14 @@ PROMPTS = (
 )
 
 
-def greedy(model: str, dtype: str, prompts: list[list[int]], max_tokens: int):
-    """Token ids and sampled logits rows of each prompt, greedy, batched in one engine."""
+def greedy(model: str, dtype: str, prompts: list[list[int]], max_tokens: int, **knobs):
+    """Token ids and sampled logits rows of each prompt, greedy, batched in one engine
+    (`knobs`: more engine knobs, e.g. kv_cache_blocks)."""
     from agentkv.runtime.config import engine_config
     from agentkv.runtime.engine import Engine
     from agentkv.runtime.params import SamplingParams
 
-    engine = Engine(engine_config(model, kv_cache_dtype=dtype, enable_prefix_cache=False))
+    engine = Engine(engine_config(model, kv_cache_dtype=dtype, enable_prefix_cache=False, **knobs))
     engine.record_logits = True
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts):

@@ -54,6 +54,9 @@ def free_port() -> int:
 class ServerProcess:
     """`agentkv serve MODEL FLAGS` on 127.0.0.1:`port`; `start()` waits for /health 200."""
 
+    name = "agentkv serve"  # in errors
+    health_path = "/health"
+
     def __init__(
         self,
         model: str,
@@ -86,25 +89,19 @@ class ServerProcess:
         ]
 
     def start(self, timeout_s: float = 600.0) -> float:
-        """Start and wait until it serves: the seconds that took. Raises if it exits first."""
-        import httpx
+        """Start and wait until GET `health_path` answers 200: the seconds that took. Raises
+        RuntimeError naming the log if it exits first or is not up in `timeout_s`."""
+        from agentkv.commands.cluster import ClusterError, wait_healthy
 
         t0 = time.perf_counter()
         with open(self.log_path, "ab") as log_file:
             self.proc = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT, env=self.env)
-        while time.perf_counter() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with {self.proc.returncode}: {' '.join(self.command)} (log: {self.log_path})"
-                )
-            try:
-                if httpx.get(f"{self.base}/health", timeout=5).status_code == 200:
-                    return time.perf_counter() - t0
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"server at {self.base} did not become ready in {timeout_s:g} s")
+        try:
+            wait_healthy(self.base, self.proc, time.monotonic() + timeout_s, what=self.name, path=self.health_path)
+        except ClusterError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}: {' '.join(self.command)} (log: {self.log_path})") from None
+        return time.perf_counter() - t0
 
     def kill(self) -> int:
         """SIGKILL, as a crash or an OOM killer would: no shutdown code runs. Returns the code."""

@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from agentkv.bench.load_server import ServerProcess, free_port
+from agentkv.bench.load_server import ServerProcess
 from agentkv.bench.peers import THREADS, missing
-from agentkv.commands.cluster import ClusterError, wait_healthy
 
 # What `python -m llama_cpp.server` imports beyond llama_cpp (its `server` extra).
 PEER_SERVER_MODULES = ("uvicorn", "fastapi", "pydantic_settings", "sse_starlette", "starlette_context", "yaml")
-STOP_TIMEOUT_S = 30.0
 
 
 def peer_missing() -> str | None:
@@ -44,71 +39,30 @@ def peer_missing() -> str | None:
     return None
 
 
-class PeerServer:
-    """`python -m llama_cpp.server` on the GGUF at `gguf`, 127.0.0.1:`port`, flags above.
-    It has no /health: `start()` waits for GET /v1/models to answer 200."""
+class PeerServer(ServerProcess):
+    """`python -m llama_cpp.server` on the GGUF at `gguf`, 127.0.0.1, flags above. It has no
+    /health: `start()` waits for GET /v1/models to answer 200."""
+
+    name = "llama_cpp.server"
+    health_path = "/v1/models"
 
     def __init__(self, gguf: str, n_ctx: int, log_path: Path, cache_bytes: int = 2 << 30) -> None:
-        self.gguf, self.n_ctx, self.log_path, self.cache_bytes = gguf, n_ctx, log_path, cache_bytes
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def flags(self) -> list[str]:
-        return [
-            "--n_threads",
-            str(THREADS),
-            "--n_threads_batch",
-            str(THREADS),
-            "--n_ctx",
-            str(self.n_ctx),
-            "--cache",
-            "true",
-            "--cache_type",
-            "ram",
-            "--cache_size",
-            str(self.cache_bytes),
-            "--logits_all",
-            "false",
-            "--interrupt_requests",
-            "false",
-            "--verbose",
-            "false",
-        ]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        super().__init__(gguf, peer_flags(n_ctx, cache_bytes), log_path=str(log_path))
 
     @property
     def command(self) -> list[str]:
         where = ["--host", "127.0.0.1", "--port", str(self.port)]
-        return [sys.executable, "-m", "llama_cpp.server", "--model", self.gguf, *where, *self.flags]
+        return [sys.executable, "-m", "llama_cpp.server", "--model", self.model, *where, *self.flags]
 
-    def start(self, timeout_s: float = 300.0) -> float:
-        """Start and wait until it serves: the seconds that took. Raises RuntimeError (with
-        the log's tail) if it exits first or is not up in `timeout_s`."""
-        t0 = time.perf_counter()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log_file:
-            self.proc = subprocess.Popen(
-                self.command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        try:
-            wait_healthy(self.base, self.proc, time.monotonic() + timeout_s, what="llama_cpp.server", path="/v1/models")
-        except ClusterError as exc:
-            self.stop()
-            tail = self.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{exc} (log {self.log_path}): {tail}") from None
-        return time.perf_counter() - t0
 
-    def stop(self) -> None:
-        """SIGTERM to its process group (uvicorn shuts down), SIGKILL if it lingers."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+def peer_flags(n_ctx: int, cache_bytes: int) -> list[str]:
+    """The peer's flags (the module docstring says why each)."""
+    return [
+        *("--n_threads", str(THREADS), "--n_threads_batch", str(THREADS), "--n_ctx", str(n_ctx)),
+        *("--cache", "true", "--cache_type", "ram", "--cache_size", str(cache_bytes)),
+        *("--logits_all", "false", "--interrupt_requests", "false", "--verbose", "false"),
+    ]
 
 
 def agentkv_server(model: str, engine_flags: list[str], max_model_len: int, log_path: Path) -> ServerProcess:

@@ -18,24 +18,24 @@ from tests.formats import quant_ckpt_writer as qw
 OUT, IN = 48, 128
 
 
-@pytest.fixture(scope="module")
-def autoawq_packing():
-    from tests.formats.quant_oracles import autoawq_packing as load
+def _oracle(name: str, label: str):
+    """The oracle `name` from quant_oracles, or a skip naming why it could not be built."""
+    from tests.formats import quant_oracles
 
     try:
-        return load()
+        return getattr(quant_oracles, name)()
     except RuntimeError as exc:
-        pytest.skip(f"AutoAWQ oracle unavailable: {exc}")
+        pytest.skip(f"{label} oracle unavailable: {exc}")
+
+
+@pytest.fixture(scope="module")
+def autoawq_packing():
+    return _oracle("autoawq_packing", "AutoAWQ")
 
 
 @pytest.fixture(scope="module")
 def gptqmodel_linear():
-    from tests.formats.quant_oracles import gptqmodel_dequant as load
-
-    try:
-        return load()
-    except RuntimeError as exc:
-        pytest.skip(f"gptqmodel oracle unavailable: {exc}")
+    return _oracle("gptqmodel_dequant", "gptqmodel")
 
 
 def _w(seed: int = 0) -> np.ndarray:

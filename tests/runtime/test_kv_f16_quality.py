@@ -6,12 +6,14 @@ logits really differ, so it compares two different caches."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from agentkv.runtime.config import engine_config
-from agentkv.runtime.engine import Engine
-from agentkv.runtime.params import SamplingParams
+from agentkv.formats.resolve import open_model
+from agentkv.formats.tokenizer import load_tokenizer
 
 PROMPTS = (
     "The capital of France is",
@@ -19,21 +21,17 @@ PROMPTS = (
     "Q: What is 17 times 23?\nA:",
 )
 NUM_TOKENS = 32
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "kv_dtype_agreement.py"
 
 
 def greedy(model: str, dtype: str) -> tuple[list[list[int]], list[list[np.ndarray]]]:
-    engine = Engine(engine_config(model, kv_cache_dtype=dtype, enable_prefix_cache=False, kv_cache_blocks=64))
-    engine.record_logits = True
-    params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
-    for i, text in enumerate(PROMPTS):
-        engine.add_request(f"p{i}", engine.tokenizer.encode(text), params)
-    outs = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                outs[out.request_id] = out.token_ids
-    ids = [outs[f"p{i}"] for i in range(len(PROMPTS))]
-    return ids, [engine.recorded.pop(f"p{i}") for i in range(len(PROMPTS))]
+    """The tool's greedy run (the one the figures above come from) on this test's prompts."""
+    spec = importlib.util.spec_from_file_location("kv_dtype_agreement", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tok = load_tokenizer(open_model(model))
+    runs = tool.greedy(model, dtype, [tok.encode(p) for p in PROMPTS], NUM_TOKENS, kv_cache_blocks=64)
+    return [ids for ids, _ in runs], [rows for _, rows in runs]
 
 
 @pytest.mark.slow
