@@ -10,7 +10,7 @@ import argparse
 BENCH_KNOBS = ("backend", "weights")
 # What `engine_config` reads when present: a suite that carries the KV element type to its
 # arms adds `--kv-cache-dtype` (add_engine_flags' `knobs`); the others do not offer it.
-ENGINE_KNOBS = (*BENCH_KNOBS, "kv_cache_dtype")
+ENGINE_KNOBS = (*BENCH_KNOBS, "kv_cache_dtype", "activation_dtype")
 
 
 def add_engine_flags(

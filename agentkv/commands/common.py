@@ -12,6 +12,7 @@ from agentkv.runtime.params import SamplingParams
 OFFLINE_KNOBS = (
     "backend",
     "weights",
+    "activation_dtype",
     "max_model_len",
     "block_size",
     "enable_prefix_cache",

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from agentkv.runtime.config import (
+    ACTIVATION_DTYPES,
     DEFAULT_KV_DISK,
     DEFAULT_KV_MEMORY,
     KV_DTYPES,
@@ -72,6 +73,11 @@ FLAGS: dict[str, Flag] = {
             parse=parse_size,
         ),
         Flag("kv_write_through", "write KV blocks to disk when they are cached, not when evicted from RAM"),
+        Flag(
+            "activation_dtype",
+            "matmul activations: int8 (AVX-512 VNNI) rounds them per 32-wide block; cache hits stay exact",
+            choices=ACTIVATION_DTYPES,
+        ),
         Flag(
             "kv_cache_dtype",
             "K/V element type: f16 halves KV memory and attention bandwidth (cache hits stay exact)",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from agentkv.hal.base import KV_DTYPES
+from agentkv.hal.base import ACTIVATION_DTYPES, KV_DTYPES
 from agentkv.hal.registry import BackendUnavailable, UnknownBackend, lookup
 from agentkv.witness.ops import WitnessRow, run_ops
 
@@ -18,14 +18,20 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--kv-cache-dtype", choices=KV_DTYPES, default="f32", help="K/V type of the whole-model witness (both sides)"
     )
+    p.add_argument(
+        "--activation-dtype",
+        choices=ACTIVATION_DTYPES,
+        default="f32",
+        help="matmul activations of the witnessed backend (int8: its own floor); the reference keeps f32",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args) -> int:
     reference = lookup("reference")
     try:
-        backend = lookup(args.backend)
-    except (BackendUnavailable, UnknownBackend) as e:
+        backend = lookup(args.backend).set_activation_dtype(args.activation_dtype)
+    except (BackendUnavailable, UnknownBackend, ValueError) as e:
         rows = [WitnessRow("backend", args.backend, math.nan, math.nan, None, math.nan, "SKIP", str(e))]
     else:
         rows = run_ops(backend, reference)

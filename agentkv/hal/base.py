@@ -17,7 +17,16 @@ import numpy as np
 
 from agentkv.hal.identity import Identity, fingerprint_of
 from agentkv.hal.layout import Layout, LayoutError, check_layout  # noqa: F401  (re-exported: the contract)
-from agentkv.hal.specs import KV_DTYPES, AttnMeta, KVSpec, RopeSpec, RopeStyle, check_kv_dtype  # noqa: F401
+from agentkv.hal.specs import (  # noqa: F401
+    ACTIVATION_DTYPES,
+    KV_DTYPES,
+    AttnMeta,
+    KVSpec,
+    RopeSpec,
+    RopeStyle,
+    check_activation_dtype,
+    check_kv_dtype,
+)
 
 if TYPE_CHECKING:
     from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer
@@ -97,6 +106,20 @@ class Backend(ABC):
         differ from f32 KV's. Set it before the first `allocate_kv`."""
         self.kv_dtype = check_kv_dtype(dtype)
         return self
+
+    def set_activation_dtype(self, dtype: str) -> Backend:
+        """Choose what the matmuls take as activations (ACTIVATION_DTYPES; mutates, returns self).
+        Part of the fingerprint. A backend without int8 kernels refuses "int8" with a ValueError
+        naming why; set it before the first forward, as KV bits depend on it."""
+        dtype = check_activation_dtype(dtype)
+        if dtype != "f32" and dtype not in self.activation_dtypes():
+            raise ValueError(f"activation_dtype={dtype!r}: backend {self.name!r} has no {dtype} matmul kernels")
+        self.activation_dtype = dtype
+        return self
+
+    def activation_dtypes(self) -> tuple[str, ...]:
+        """The activation types this backend's matmuls can take here."""
+        return ("f32",)
 
     def check_kv_spec(self, spec: KVSpec) -> KVSpec:
         """`spec` when its dtype is this backend's `kv_dtype` (the one in the fingerprint);

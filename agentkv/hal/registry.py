@@ -45,9 +45,11 @@ def _entry(name: str) -> _Entry:
     return _REGISTRY[name]
 
 
-def lookup(name: str) -> Backend:
-    """The named backend, or BackendUnavailable (naming why it cannot run here) or
-    UnknownBackend. Never another backend: a factory that builds one named otherwise is a bug."""
+def lookup(name: str, kv_dtype: str = "f32", activation_dtype: str = "f32") -> Backend:
+    """The named backend with those KV and activation types (Backend.set_kv_dtype,
+    set_activation_dtype: a ValueError names a type it refuses), or BackendUnavailable (naming
+    why it cannot run here) or UnknownBackend. Never another backend: a factory that builds one
+    named otherwise is a bug."""
     factory = _entry(name).factory
     if isinstance(factory, str):
         module_name, attr = factory.split(":")
@@ -58,7 +60,7 @@ def lookup(name: str) -> Backend:
     backend = factory()
     if backend.name != name:
         raise RuntimeError(f"backend {name!r}'s factory built backend {backend.name!r} (a registry bug)")
-    return backend
+    return backend.set_kv_dtype(kv_dtype).set_activation_dtype(activation_dtype)
 
 
 register("reference", "agentkv.hal.reference:ReferenceBackend", "reference")

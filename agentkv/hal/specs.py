@@ -51,6 +51,18 @@ def check_kv_dtype(dtype: object, name: str = "kv_dtype") -> str:
     return dtype
 
 
+# What a backend's matmuls take as activations: f32, or int8 rounded per row and 32-wide block
+# (integer dot products; the cpu backend on CPUs with AVX-512 VNNI). Part of the fingerprint.
+ACTIVATION_DTYPES = ("f32", "int8")
+
+
+def check_activation_dtype(dtype: object, name: str = "activation_dtype") -> str:
+    """`dtype` when it is an activation type; a ValueError naming the value and the choices."""
+    if not isinstance(dtype, str) or dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"{name}={dtype!r} is not allowed: use one of {', '.join(map(repr, ACTIVATION_DTYPES))}")
+    return dtype
+
+
 @dataclass(frozen=True, slots=True)
 class KVSpec:
     """Shape of the paged KV store: per layer, `[num_blocks, block_size, num_kv_heads, head_dim]`

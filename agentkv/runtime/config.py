@@ -8,7 +8,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from agentkv.hal.specs import KV_DTYPES, check_kv_dtype  # noqa: F401  (KV_DTYPES: re-exported for the CLI)
+from agentkv.hal.specs import (  # noqa: F401  (the dtype tuples: re-exported for the CLI)
+    ACTIVATION_DTYPES,
+    KV_DTYPES,
+    check_activation_dtype,
+    check_kv_dtype,
+)
 from agentkv.sched import CacheView, SchedulerConfig
 from agentkv.sched.draft import DRAFTERS
 
@@ -74,6 +79,9 @@ class EngineConfig:
     model: str
     backend: str = DEFAULT_BACKEND
     weights: str = "resident"  # "resident" keeps quantized weights quantized; "f32" dequantizes
+    # What the matmuls take as activations (ACTIVATION_DTYPES): "int8" rounds them per row and
+    # 32-wide block for integer dot products (the cpu backend, AVX-512 VNNI); cache hits stay exact.
+    activation_dtype: str = "f32"
     max_model_len: int | None = None  # None = the model's context length
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -94,6 +102,7 @@ class EngineConfig:
             raise ValueError(f"backend={self.backend!r} must be a backend name")
         if self.weights not in WEIGHTS_MODES:
             raise ValueError(f"weights={self.weights!r} is not allowed: use 'resident' or 'f32'")
+        check_activation_dtype(self.activation_dtype)
         _check_int("max_model_len", self.max_model_len, 2, optional=True)
         _check_int("max_queued_requests", self.max_queued_requests, 0, optional=True)
         if not isinstance(self.cache, CacheConfig):
@@ -122,6 +131,7 @@ KNOBS: dict[str, Knob] = {
     for k in (
         Knob("backend", "", "backend"),
         Knob("weights", "", "weights"),
+        Knob("activation_dtype", "", "activation_dtype"),
         Knob("max_model_len", "", "max_model_len"),
         Knob("served_model_name", "", "served_model_name"),
         Knob("speculative", "", "speculative"),

@@ -74,8 +74,8 @@ class Engine(SpeculativeEngine, EngineState):
         self.config = config
         t0 = time.perf_counter()
         self.source = open_model(config.model)
-        self.backend = lookup(config.backend).set_kv_dtype(config.cache.dtype)
-        log.info("%s, kv %s", describe(self.backend.identity), self.backend.kv_dtype)
+        backend = self.backend = lookup(config.backend, config.cache.dtype, config.activation_dtype)
+        log.info("%s, kv %s, activations %s", describe(backend.identity), backend.kv_dtype, backend.activation_dtype)
         self.model = load_model(self.source, self.backend, LoadOptions(weights=config.weights))
         self.tokenizer = load_tokenizer(self.source)
         try:

@@ -100,10 +100,13 @@ def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path: Path, arch: str) -> Path:
+def write_gguf(model, path: Path, arch: str, qtype: str | None = None, byte_vocab: bool = False) -> Path:
     """Write `model`'s weights (float32) and hparams as llama.cpp would for `arch`
     ("llama" or "qwen2"): the arch keys it writes, gguf-py's tensor names, and for llama the
-    q/k row permutation. Returns `path`."""
+    q/k row permutation. `qtype` (a gguf-py quantizer's name, e.g. "Q8_0") quantizes every
+    matrix whose rows are whole blocks; norms and biases stay f32. `byte_vocab` adds a
+    256-token byte-level 'gpt2' vocabulary (no merges), so an engine can serve the file.
+    Returns `path`."""
     import gguf
 
     cfg = model.config
@@ -111,6 +114,12 @@ def write_gguf(model, path: Path, arch: str) -> Path:
     name_map = gguf.get_tensor_name_map(arch_enum, cfg.num_hidden_layers)
     writer = gguf.GGUFWriter(str(path), arch)
     _write_hparams(writer, cfg)
+    if byte_vocab:
+        from tokenizers import pre_tokenizers
+
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list([*sorted(pre_tokenizers.ByteLevel.alphabet()), "\u0120\u0120"])
+        writer.add_token_merges(["\u0120 \u0120"])
     for hf_name, tensor in model.state_dict().items():
         name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
@@ -120,6 +129,10 @@ def write_gguf(model, path: Path, arch: str) -> Path:
             data = _llama_permute(data, cfg.num_attention_heads)
         elif arch == "llama" and hf_name.endswith("k_proj.weight"):
             data = _llama_permute(data, cfg.num_key_value_heads)
+        if qtype is not None and data.ndim == 2 and data.shape[1] % 32 == 0:
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+            continue
         writer.add_tensor(name, data)
     rope = getattr(cfg, "rope_parameters", None) or {}
     if arch == "llama" and rope.get("rope_type") == "llama3":

@@ -22,7 +22,8 @@ def test_stats_and_start_log_name_the_backend(backend, qwen2_dir, caplog):  # no
         engine = make_engine(qwen2_dir, backend=backend, num_blocks=16)
     stats = engine.stats()
     assert (stats.backend, stats.isa, stats.kernel_build) == (backend, identity.isa, identity.kernel_build)
-    line = f"backend {backend}, isa {identity.isa or 'none'}, kernels {identity.kernel_build or 'none'}, kv f32"
+    kernels = identity.kernel_build or "none"
+    line = f"backend {backend}, isa {identity.isa or 'none'}, kernels {kernels}, kv f32, activations f32"
     assert line in caplog.messages
     if backend == "cpu":
         assert stats.isa in ("avx2", "avx512") and stats.kernel_build

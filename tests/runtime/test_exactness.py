@@ -79,11 +79,13 @@ def make_engine(
     prefix_cache: bool = True,
     num_blocks: int = 256,
     kv_dtype: str = "f32",
+    activation_dtype: str = "f32",
 ) -> Engine:
     engine = Engine(
         EngineConfig(
             model=model,
             backend=backend,
+            activation_dtype=activation_dtype,
             cache=CacheConfig(num_blocks=num_blocks, enable_prefix_cache=prefix_cache, dtype=kv_dtype),
             scheduler=SchedulerConfig(max_num_batched_tokens=chunk),
         )
@@ -115,12 +117,12 @@ def tokens(n: int, seed: int, vocab: int) -> list[int]:
 
 
 def check_contract(
-    model: str, backend: str, vocab: int, prompt_len: int, seed: int, kv_dtype: str = "f32"
+    model: str, backend: str, vocab: int, prompt_len: int, seed: int, kv_dtype: str = "f32", activation_dtype="f32"
 ) -> list[str]:
-    """Run every variant of the contract with K/V stored as `kv_dtype`; return the names of
-    those that broke it."""
+    """Run every variant of the contract with K/V stored as `kv_dtype` and the matmuls taking
+    `activation_dtype`; return the names of those that broke it."""
     prompt = tokens(prompt_len, seed, vocab)
-    engine_of = functools.partial(make_engine, model, backend, kv_dtype=kv_dtype)
+    engine_of = functools.partial(make_engine, model, backend, kv_dtype=kv_dtype, activation_dtype=activation_dtype)
     cold = run(engine_of(), {"p": prompt})[0]["p"]
     assert cold and all(row.size for row in cold)
     broken = []

@@ -57,6 +57,16 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         """Reading it fixes the kernels' ISA (as a kernel call would), so it never goes stale."""
         return Identity(self.name, str(self.device), self._kernels.fix_isa(), build_id())
 
+    def activation_dtypes(self) -> tuple[str, ...]:
+        """int8 where the CPU has AVX-512 VNNI (qmatmul_vnni.cpp): those kernels round each
+        row's activations to int8 per 32-wide block for the GGUF formats that have one (Q4_0,
+        Q4_1, Q5_0, Q8_0, Q4_K, Q6_K); other weights keep f32 activations."""
+        return ("f32", "int8") if self._kernels.int8_supported() else ("f32",)
+
+    @property
+    def int8(self) -> bool:
+        return self.activation_dtype == "int8"
+
     def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
         if resident and len(shape) == 2 and qtype in SUPPORTED_QTYPES and shape[1] % QTYPE_BLOCK[qtype][0] == 0:
             # The file's own blocks, kept as they are: [out, bytes_per_row] uint8. The
@@ -79,7 +89,7 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         check_layout(weight, LAYOUTS, "cpu matmul")
         xs = x.raw.contiguous()
         if weight.layout is Layout.GGUF_ROWS:
-            out = self._kernels.qmatmul(xs, weight.raw, weight.qtype, weight.shape[0], weight.shape[1])
+            out = self._kernels.qmatmul(xs, weight.raw, weight.qtype, weight.shape[0], weight.shape[1], self.int8)
         else:
             out = self._kernels.matmul_f32(xs, weight.raw)
         if bias is not None:

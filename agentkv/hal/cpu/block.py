@@ -78,13 +78,14 @@ class CompiledBlocks:
         where the block needs something it does not do (an FFN that is not dense, an
         activation it lacks, a bias on only some of q/k/v)."""
         entry = kv.decoder_blocks.get(index)
-        if entry is not None and entry[0] is layer and entry[1] == spec and entry[2] is next_norm:
+        fresh = entry is not None and entry[0] is layer and entry[1] == spec and entry[2] is next_norm
+        if fresh and entry[4] == self.int8:
             return entry[3]
         att, ffn = layer.attention, layer.ffn
         block = None
         if type(ffn) is DenseFFN and isinstance(spec.ffn, DenseFFNSpec) and spec.ffn.act in GLU_KINDS:
             projections = {
-                name: _projection(self._kernels, p)
+                name: _projection(self._kernels, p, self.int8)
                 for name, p in (
                     ("qkv", att.qkv),
                     ("o", Projection((att.o,))),
@@ -95,7 +96,7 @@ class CompiledBlocks:
             if all(p is not None for p in projections.values()):
                 parts = self._block_parts(layer, spec, kv, index, next_norm)
                 block = self._kernels.DecoderBlock(**projections, **parts)
-        kv.decoder_blocks[index] = (layer, spec, next_norm, block)
+        kv.decoder_blocks[index] = (layer, spec, next_norm, block, self.int8)
         return block
 
     def _block_parts(self, layer: DecoderLayer, spec: BlockSpec, kv: TorchKV, index: int, next_norm: Weight) -> dict:
@@ -140,7 +141,7 @@ class CompiledBlocks:
         return memo[1], memo[2]
 
 
-def _projection(kernels, proj: Projection):
+def _projection(kernels, proj: Projection, int8: bool):
     """A projection for the compiled block: the fused weight or its parts, and the bias of
     the joined output (None where some parts have one and others not)."""
     if proj.mixed_biases:
@@ -148,5 +149,10 @@ def _projection(kernels, proj: Projection):
     weights = proj.weights
     bias = torch.cat([b.raw for b in proj.biases]) if proj.biases[0] is not None else None
     return kernels.projection(
-        [w.raw for w in weights], [w.qtype for w in weights], [w.shape[0] for w in weights], bias, weights[0].shape[1]
+        [w.raw for w in weights],
+        [w.qtype for w in weights],
+        [w.shape[0] for w in weights],
+        bias,
+        weights[0].shape[1],
+        int8,
     )

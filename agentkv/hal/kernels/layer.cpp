@@ -22,22 +22,23 @@ struct Projection {
     std::vector<int64_t> qtypes, rows;
     c10::optional<at::Tensor> bias;
     int64_t k;
+    bool int8;  // int8 activations (qmatmul.h)
 
     at::Tensor operator()(const at::Tensor& x) const {
         std::vector<at::Tensor> outs;
         for (size_t i = 0; i < weights.size(); ++i)
-            outs.push_back(qtypes[i] == 0 ? ops::matmul_f32(x, weights[i]) : ops::qmatmul(x, weights[i], qtypes[i], rows[i], k));
+            outs.push_back(qtypes[i] == 0 ? ops::matmul_f32(x, weights[i]) : ops::qmatmul(x, weights[i], qtypes[i], rows[i], k, int8));
         at::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 1);
         return bias.has_value() ? out + *bias : out;
     }
 };
 
 Projection projection(std::vector<at::Tensor> weights, std::vector<int64_t> qtypes, std::vector<int64_t> rows,
-                      c10::optional<at::Tensor> bias, int64_t k) {
+                      c10::optional<at::Tensor> bias, int64_t k, bool int8) {
     TORCH_CHECK(!weights.empty() && weights.size() == qtypes.size() && weights.size() == rows.size(),
                 "a projection needs one qtype and one row count per weight, got ", weights.size(), " weights, ",
                 qtypes.size(), " qtypes, ", rows.size(), " row counts");
-    return Projection{std::move(weights), std::move(qtypes), std::move(rows), std::move(bias), k};
+    return Projection{std::move(weights), std::move(qtypes), std::move(rows), std::move(bias), k, int8};
 }
 
 // The block's scalars, set by name from Python (BlockConfig(heads=..., ...)).
@@ -86,8 +87,9 @@ struct DecoderBlock {
 void bind_layer(pybind11::module_& m) {
     namespace py = pybind11;
     py::class_<Projection>(m, "Projection");
-    m.def("projection", &projection, "a projection: weight(s), qtype(s), row count(s), joined-output bias, k",
-          py::arg("weights"), py::arg("qtypes"), py::arg("rows"), py::arg("bias"), py::arg("k"));
+    m.def("projection", &projection,
+          "a projection: weight(s), qtype(s), row count(s), joined-output bias, k, int8 activations",
+          py::arg("weights"), py::arg("qtypes"), py::arg("rows"), py::arg("bias"), py::arg("k"), py::arg("int8") = false);
     py::class_<BlockConfig>(m, "BlockConfig")
         .def(py::init([](int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rope_dim, bool interleaved,
                          int64_t window, int64_t act, double eps, bool unit_offset, double scale) {

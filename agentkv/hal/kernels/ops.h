@@ -8,7 +8,7 @@
 namespace agentkv {
 namespace ops {
 
-at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int64_t n, int64_t k);
+at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int64_t n, int64_t k, bool int8 = false);
 at::Tensor matmul_f32(const at::Tensor& x, const at::Tensor& w);
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& row_seq,

@@ -27,6 +27,7 @@
 
 #include "pool.h"
 #include "qmatmul_impl.h"
+#include "qmatmul_vnni.h"
 #include "quant.h"
 
 namespace agentkv {
@@ -322,9 +323,37 @@ bool override_isa_unchecked(int isa) {
     return true;
 }
 
+bool int8_supported() { return vnni::cpu_supports(); }
+
+bool int8_qtype_supported(int qtype) { return vnni::qtype_supported(qtype); }
+
+// The int8-activation path: rows quantized once (split over threads by rows, each row's codes
+// its own), then threads split columns as the decode path does.
+static void run_int8(const Problem& p, int qtype) {
+    const int64_t ld_q = (p.k + 63) / 64 * 64, ld_lane = ld_q / 4;
+    thread_local std::vector<int8_t> codes;
+    thread_local std::vector<int32_t> init;
+    thread_local std::vector<float> dx, xs;
+    codes.resize(p.m * ld_q);
+    init.resize(p.m * ld_lane);
+    dx.resize(p.m * ld_lane);
+    xs.resize(p.m * ld_lane);
+    const vnni::QuantRows rows{codes.data(), init.data(), dx.data(), xs.data(), ld_q, ld_lane};
+    const int off = vnni::offset_of(qtype);
+    parallel_chunks(p.m, std::max<int64_t>(1, 32768 / p.k),
+                    [&](int64_t b, int64_t e) { vnni::quantize_rows(p.x, b, e, p.k, off, rows); });
+    decode_columns(p, [&](int64_t b, int64_t e) { vnni::columns(p, rows, qtype, b, e); });
+}
+
 void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_t n, int64_t k,
-                 int64_t row_bytes, int qtype) {
+                 int64_t row_bytes, int qtype, bool int8_activations) {
     const Problem p{x, w, out, m, n, k, row_bytes};
+    if (int8_activations && vnni::qtype_supported(qtype)) {
+        if (!vnni::cpu_supports())
+            throw std::invalid_argument("agentkv kernels: int8 activations need AVX-512 VNNI, which this CPU lacks");
+        run_int8(p, qtype);
+        return;
+    }
     if (fix_isa() == ISA_AVX512) {
         int qk = 0, bytes = 0;
         if (!qtype_info(qtype, qk, bytes))

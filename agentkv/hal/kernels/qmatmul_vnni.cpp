@@ -1,0 +1,346 @@
+// int8-activation build of the quantized matmul (AVX-512 VNNI): the activations are rounded
+// to int8 per row and per 32-wide block (one f32 scale each, as llama.cpp's q8_0), and each
+// weight block meets them in integer dot products (vpdpbusd: u8 weights x s8 activations,
+// exact int32 sums); only the per-block scaling is floating point.
+//
+// Compiled for avx512f/bw/vl/dq/vnni by the pragma below whatever the global flags are, and
+// only called after cpu_supports() said yes (qmatmul.cpp checks it when the mode is chosen).
+// The headers come in under their own inline namespace (AGENTKV_ISA) and no std:: code is
+// built under the pragma, as in qmatmul512.cpp (tests/hal checks the object for weak symbols).
+//
+// The one order of this build, for output (r, c), with k cut into 64-wide pairs of blocks:
+//   acc = 0 (16 f32 lanes; lane l covers k elements 4l .. 4l + 4 of the pair)
+//   for each pair in order:
+//     I   = init[r] + dpbusd(wq[c], xq[r])      (int32 lanes, exact; init = -OFF * 4-sums of xq)
+//     acc = fma(float(I), dw[c] * dx[r], acc)   (dw: the weight block's scale per lane)
+//     acc = fma(mw[c], xs[r], acc)              (only formats with a min: Q4_1, Q4_K)
+//   out = the sum of acc through simd512.h's reduce4
+// A row's quantized values depend on that row alone, and the column loop never changes an
+// output's sequence, so a row has the same bits at any row count, in any group, on any thread.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "qmatmul_vnni.h"
+
+namespace agentkv {
+namespace vnni {
+bool cpu_supports() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+}  // namespace vnni
+}  // namespace agentkv
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#define AGENTKV_ISA isa_vnni
+#include "quant.h"
+#include "simd512.h"
+
+namespace agentkv {
+namespace vnni {
+namespace {
+
+constexpr int GROUP_ROWS = 8;      // rows one call of cols<> holds in registers
+constexpr int64_t COL_BLOCK = 24;  // columns the row groups of a row chunk take turns on (L1)
+constexpr int64_t ROW_CHUNK = 64;  // rows whose quantized activations stay in L2 while columns pass
+constexpr int64_t PREFETCH_BYTES = 8192;
+
+// One pair of 32-weight blocks, ready for the dot products: u8 codes in k order, the scale of
+// each lane's block (or 16-weight group) and, for formats with a min, the min per lane.
+struct Pair {
+    __m512i q;
+    __m512 d, m;
+};
+
+static inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+static inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Lanes 0..7 = a, lanes 8..15 = b.
+static inline __m512 halves(float a, float b) {
+    return _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+
+// 16 packed bytes -> 32 codes: the low nibbles (weights 0..15), then the high ones (16..31).
+static inline __m256i nibble_codes(__m128i qs) {
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+static inline __m512i join(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+// Formats of 32-weight blocks: a unit is two blocks (a and b; b == a for the odd last block,
+// whose activations are zero-padded so it adds nothing).
+struct Q8_0 {
+    static constexpr int QK = 32, BYTES = 34, UNIT_K = 64, PAIRS = 1, OFF = 128;
+    static constexpr bool MIN = false;
+    struct Ctx {};
+    static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
+    static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
+        // s8 codes + 128 as u8: the dot product is then sum((w + 128) x) = sum(w x) + 128 sum(x)
+        const __m512i w = join(load32(a + 2), load32(b + 2));
+        return {_mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))), halves(fp16_to_f32(a), fp16_to_f32(b)),
+                _mm512_setzero_ps()};
+    }
+};
+
+struct Q4_0 {
+    static constexpr int QK = 32, BYTES = 18, UNIT_K = 64, PAIRS = 1, OFF = 8;
+    static constexpr bool MIN = false;
+    struct Ctx {};
+    static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
+    static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
+        return {join(nibble_codes(load16(a + 2)), nibble_codes(load16(b + 2))), halves(fp16_to_f32(a), fp16_to_f32(b)),
+                _mm512_setzero_ps()};
+    }
+};
+
+struct Q4_1 {
+    static constexpr int QK = 32, BYTES = 20, UNIT_K = 64, PAIRS = 1, OFF = 0;
+    static constexpr bool MIN = true;
+    struct Ctx {};
+    static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
+    static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
+        return {join(nibble_codes(load16(a + 4)), nibble_codes(load16(b + 4))), halves(fp16_to_f32(a), fp16_to_f32(b)),
+                halves(fp16_to_f32(a + 2), fp16_to_f32(b + 2))};
+    }
+};
+
+// Weight i's fifth bit is bit i of the block's little-endian u32 qh: one 64-bit byte mask.
+struct Q5_0 {
+    static constexpr int QK = 32, BYTES = 22, UNIT_K = 64, PAIRS = 1, OFF = 16;
+    static constexpr bool MIN = false;
+    struct Ctx {};
+    static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
+    static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
+        uint32_t ha, hb;
+        std::memcpy(&ha, a + 2, 4);
+        std::memcpy(&hb, b + 2, 4);
+        const __mmask64 fifth = static_cast<__mmask64>(ha) | (static_cast<__mmask64>(hb) << 32);
+        const __m512i low = join(nibble_codes(load16(a + 6)), nibble_codes(load16(b + 6)));
+        return {_mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16)), halves(fp16_to_f32(a), fp16_to_f32(b)),
+                _mm512_setzero_ps()};
+    }
+};
+
+// Q4_K: super-blocks of 256 weights, eight 32-weight sub-blocks with 6-bit scales and mins;
+// pair c holds sub-blocks 2c (low nibbles of qs[32c ..]) and 2c + 1 (their high nibbles).
+struct Q4_K {
+    static constexpr int QK = 256, BYTES = 144, UNIT_K = 256, PAIRS = 4, OFF = 0;
+    static constexpr bool MIN = true;
+    struct Ctx {
+        float d[8], m[8];
+    };
+    static inline void prepare(const uint8_t* b, const uint8_t*, Ctx& ctx) {
+        const float d = fp16_to_f32(b), dmin = fp16_to_f32(b + 2);
+        for (int j = 0; j < 8; ++j) {
+            int sc, mn;
+            scale_min_k4(b + 4, j, sc, mn);
+            ctx.d[j] = d * static_cast<float>(sc);
+            ctx.m[j] = -(dmin * static_cast<float>(mn));
+        }
+    }
+    static inline Pair decode(const uint8_t* b, const uint8_t*, int c, const Ctx& ctx) {
+        const __m256i q = load32(b + 16 + 32 * c), m4 = _mm256_set1_epi8(0x0F);
+        return {join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)),
+                halves(ctx.d[2 * c], ctx.d[2 * c + 1]), halves(ctx.m[2 * c], ctx.m[2 * c + 1])};
+    }
+};
+
+// Q6_K: 256 weights, sixteen 16-weight groups with int8 scales; codes 0..63 (minus 32).
+struct Q6_K {
+    static constexpr int QK = 256, BYTES = 210, UNIT_K = 256, PAIRS = 4, OFF = 32;
+    static constexpr bool MIN = false;
+    struct Ctx {
+        float d[16];
+    };
+    static inline void prepare(const uint8_t* b, const uint8_t*, Ctx& ctx) {
+        const float d = fp16_to_f32(b + 208);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+        for (int j = 0; j < 16; ++j) ctx.d[j] = d * static_cast<float>(sc[j]);
+    }
+    // The 32 codes of sub-block `sub` (0..7), as FmtQ6_K lays them out, before the -32.
+    static inline __m256i codes(const uint8_t* b, int sub) {
+        const int h = sub >> 2, t = sub & 3;
+        __m256i ql = load32(b + 64 * h + 32 * (t & 1));
+        ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t >> 1))), _mm256_set1_epi8(0x0F));
+        __m256i qh = load32(b + 128 + 32 * h);
+        qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+        return _mm256_or_si256(ql, _mm256_slli_epi16(qh, 4));
+    }
+    static inline Pair decode(const uint8_t* b, const uint8_t*, int p, const Ctx& ctx) {
+        // lanes 4g .. 4g + 4 hold group 4p + g's 16 weights
+        const __m128 d4 = _mm_loadu_ps(ctx.d + 4 * p);
+        const __m512 d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                               _mm512_castps128_ps512(d4));
+        return {join(codes(b, 2 * p), codes(b, 2 * p + 1)), d, _mm512_setzero_ps()};
+    }
+};
+
+// ---------------------------------------------------------------- the row x column kernel
+
+template <class F, int M, int G>
+static void cols(const Problem& p, const QuantRows& x, int64_t c0) {
+    __m512 acc[M][G];
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+    const uint8_t* rows[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    const int64_t units = (p.k + F::UNIT_K - 1) / F::UNIT_K;
+    const int64_t unit_bytes = F::BYTES * (F::UNIT_K / F::QK);
+    for (int64_t u = 0; u < units; ++u) {
+        // the second block of a 32-weight unit; the first again for an odd last block
+        const bool single = F::QK == 32 && (u + 1) * F::UNIT_K > p.k;
+        typename F::Ctx ctx[G];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+            prefetch_block(rows[g] + u * unit_bytes + PREFETCH_BYTES, static_cast<int>(unit_bytes));
+            F::prepare(rows[g] + u * unit_bytes, nullptr, ctx[g]);
+        }
+#pragma GCC unroll 4
+        for (int pi = 0; pi < F::PAIRS; ++pi) {
+            const int64_t lane = (u * F::UNIT_K + 64 * pi) / 4;  // into the per-lane arrays
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g) {
+                const uint8_t* a = rows[g] + u * unit_bytes;
+                const Pair w = F::decode(a, single ? a : a + F::BYTES, pi, ctx[g]);
+#pragma GCC unroll 8
+                for (int r = 0; r < M; ++r) {
+                    const __m512i xq = _mm512_loadu_si512(x.q + r * x.ld_q + 4 * lane);
+                    const __m512i init =
+                        F::OFF == 0 ? _mm512_setzero_si512() : _mm512_loadu_si512(x.init + r * x.ld_lane + lane);
+                    const __m512i dot = _mm512_dpbusd_epi32(init, w.q, xq);
+                    const __m512 s = _mm512_mul_ps(w.d, _mm512_loadu_ps(x.dx + r * x.ld_lane + lane));
+                    acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r][g]);
+                    if (F::MIN) acc[r][g] = _mm512_fmadd_ps(w.m, _mm512_loadu_ps(x.xs + r * x.ld_lane + lane), acc[r][g]);
+                }
+            }
+        }
+    }
+    const __m512 z = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+        alignas(16) float lanes[4];
+        _mm_store_ps(lanes, reduce4(acc[r][0], G > 1 ? acc[r][1] : z, G > 2 ? acc[r][2] : z, G > 3 ? acc[r][3] : z));
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = lanes[g];
+    }
+}
+
+template <class F, int M, int G>
+static void cols_range(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
+    int64_t c = c0;
+    for (; c + G <= c1; c += G) cols<F, M, G>(p, x, c);
+    for (; c < c1; ++c) cols<F, M, 1>(p, x, c);
+}
+
+// One group of <= GROUP_ROWS rows: M x G accumulators and G decoded pairs fit 32 registers.
+template <class F>
+static void group(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
+    switch (p.m) {
+        case 1: cols_range<F, 1, 4>(p, x, c0, c1); break;
+        case 2: cols_range<F, 2, 4>(p, x, c0, c1); break;
+        case 3: cols_range<F, 3, 4>(p, x, c0, c1); break;
+        case 4: cols_range<F, 4, 3>(p, x, c0, c1); break;
+        case 5: cols_range<F, 5, 3>(p, x, c0, c1); break;
+        case 6: cols_range<F, 6, 2>(p, x, c0, c1); break;
+        case 7: cols_range<F, 7, 2>(p, x, c0, c1); break;
+        default: cols_range<F, 8, 2>(p, x, c0, c1); break;
+    }
+}
+
+// Rows in chunks of ROW_CHUNK (their activations stay in L2), each chunk's rows in balanced
+// groups of <= GROUP_ROWS taking turns on COL_BLOCK columns (those weights stay in L1).
+template <class F>
+static void rows_range(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
+    for (int64_t r0 = 0; r0 < p.m; r0 += ROW_CHUNK) {
+        const int64_t chunk = p.m - r0 < ROW_CHUNK ? p.m - r0 : ROW_CHUNK;
+        const int64_t groups = (chunk + GROUP_ROWS - 1) / GROUP_ROWS;
+        for (int64_t cb = c0; cb < c1; cb += COL_BLOCK) {
+            const int64_t ce = cb + COL_BLOCK < c1 ? cb + COL_BLOCK : c1;
+            int64_t r = r0;
+            for (int64_t gi = 0; gi < groups; ++gi) {
+                const int64_t left = groups - gi, rows = (r0 + chunk - r + left - 1) / left;
+                const Problem sub{nullptr, p.w, p.out + r * p.n, rows, p.n, p.k, p.row_bytes};
+                group<F>(sub, x.offset(r), cb, ce);
+                r += rows;
+            }
+        }
+    }
+}
+
+template <class Fn>
+static bool dispatch(int qtype, Fn&& fn) {
+    switch (qtype) {
+        case 8: fn(Q8_0{}); return true;
+        case 2: fn(Q4_0{}); return true;
+        case 3: fn(Q4_1{}); return true;
+        case 6: fn(Q5_0{}); return true;
+        case 12: fn(Q4_K{}); return true;
+        case 14: fn(Q6_K{}); return true;
+        default: return false;
+    }
+}
+
+// Row r of x [*, k] -> its codes, scales and sums (QuantRows), blocks past k zero.
+static void quantize_row(const float* xr, int64_t k, int off, int8_t* q, int32_t* init, float* dx, float* xs,
+                         int64_t padded) {
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t b = 0; b < padded / 32; ++b) {
+        __m512i codes = _mm512_setzero_si512();
+        float d = 0.0f;
+        if (32 * b < k) {
+            const __m512 v0 = _mm512_loadu_ps(xr + 32 * b), v1 = _mm512_loadu_ps(xr + 32 * b + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            d = amax / 127.0f;
+            const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+            const __m128i c0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)));
+            const __m128i c1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)));
+            codes = _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(c0), c1, 1));
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), _mm512_castsi512_si256(codes));
+        // the 4-sums of this block's codes: lanes 0..7 of a dot product with ones
+        const __m256i sums = _mm512_castsi512_si256(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, codes));
+        const __m256 dv = _mm256_set1_ps(d);
+        _mm256_storeu_ps(dx + 8 * b, dv);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(init + 8 * b),
+                            _mm256_mullo_epi32(sums, _mm256_set1_epi32(-off)));
+        _mm256_storeu_ps(xs + 8 * b, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(sums)));
+    }
+}
+
+}  // namespace
+
+bool qtype_supported(int qtype) {
+    return dispatch(qtype, [](auto) {});
+}
+
+int offset_of(int qtype) {
+    int off = -1;
+    dispatch(qtype, [&](auto fmt) { off = decltype(fmt)::OFF; });
+    return off;
+}
+
+void quantize_rows(const float* x, int64_t r0, int64_t r1, int64_t k, int off, const QuantRows& out) {
+    for (int64_t r = r0; r < r1; ++r)
+        quantize_row(x + r * k, k, off, out.q + r * out.ld_q, out.init + r * out.ld_lane, out.dx + r * out.ld_lane,
+                     out.xs + r * out.ld_lane, out.ld_q);
+}
+
+void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1) {
+    dispatch(qtype, [&](auto fmt) { rows_range<decltype(fmt)>(p, x, c0, c1); });
+}
+
+}  // namespace vnni
+}  // namespace agentkv
+
+#pragma GCC pop_options

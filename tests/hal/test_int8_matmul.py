@@ -1,0 +1,110 @@
+"""The int8-activation matmul (qmatmul int8=True, AVX-512 VNNI): its values against a float64
+oracle of the same rounding, its batch and thread invariance, and the qtypes it leaves to f32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.hal.test_kernels import LEGACY, QTYPES, K, gguf_dequant, random_quant
+
+if not K.int8_supported():
+    pytest.skip("this CPU has no AVX-512 VNNI: no int8-activation kernels", allow_module_level=True)
+
+INT8 = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+
+
+def quantized_activations(x: np.ndarray) -> np.ndarray:
+    """x rounded as the kernel rounds it: per row and 32-wide block, d = max|x| / 127 (f32),
+    codes = round-half-even(x * (1 / d)), returned as codes * d in float64."""
+    m, k = x.shape
+    blocks = x.astype(np.float32).reshape(m, k // 32, 32)
+    d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    codes = np.clip(np.rint((blocks * inv).astype(np.float32)), -127, 127)
+    return (codes.astype(np.float64) * d.astype(np.float64)).reshape(m, k)
+
+
+def check_matches(ours: torch.Tensor, ref: np.ndarray):
+    """f32 sums of exact integer dot products: within 2e-5 of the largest |output|."""
+    got = ours.double().numpy()
+    assert np.abs(got - ref).max() <= 2e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("name", INT8)
+@pytest.mark.parametrize("m", [1, 3, 8, 13, 70])
+def test_int8_matches_the_oracle_of_its_rounding(name, m):
+    """Legacy formats at k = 544 (17 blocks: an odd last block), K-quants at 512."""
+    n, k = 45, 544 if name in LEGACY else 512
+    w = random_quant(name, n, k, seed=2)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
+    x[0, :32] = 0.0  # an all-zero block (d = 0)
+    ref = quantized_activations(x.numpy()) @ gguf_dequant(w, name).astype(np.float64).T
+    check_matches(K.qmatmul(x, torch.from_numpy(w), QTYPES[name], n, k, int8=True), ref)
+
+
+@pytest.mark.parametrize("name", INT8)
+def test_int8_rows_are_batch_and_thread_invariant(name, threads):
+    n, k = 61, 256 if name in LEGACY else 512
+    w = torch.from_numpy(random_quant(name, n, k, seed=4))
+    x = torch.randn(150, k, generator=torch.Generator().manual_seed(5))
+    full = K.qmatmul(x, w, QTYPES[name], n, k, int8=True)
+    for lo, hi in [(0, 1), (9, 10), (0, 2), (5, 8), (3, 12), (20, 27), (1, 64), (70, 150), (63, 66)]:
+        assert torch.equal(K.qmatmul(x[lo:hi].contiguous(), w, QTYPES[name], n, k, int8=True), full[lo:hi]), (lo, hi)
+    perm = torch.randperm(150, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(K.qmatmul(x[perm].contiguous(), w, QTYPES[name], n, k, int8=True), full[perm])
+
+
+def test_int8_bits_do_not_depend_on_thread_count():
+    n, k = 1030, 512
+    w = torch.from_numpy(random_quant("Q4_K", n, k, seed=9))
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(10))
+    before = torch.get_num_threads()
+    try:
+        outs = {}
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            outs[t] = K.qmatmul(x, w, 12, n, k, int8=True)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[1], outs[2])
+
+
+def test_int8_is_its_own_arithmetic_and_the_comparisons_can_fail():
+    """Controls: int8 results are not the f32 path's bits (the mode is real), and one changed
+    input bit in a row shows in that row's int8 output."""
+    name, n, k = "Q4_1", 16, 256
+    w = torch.from_numpy(random_quant(name, n, k, seed=7))
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(8))
+    full = K.qmatmul(x, w, QTYPES[name], n, k, int8=True)
+    assert not torch.equal(full, K.qmatmul(x, w, QTYPES[name], n, k))
+    x2 = x.clone()
+    x2[3, 17] *= 1.5
+    assert not torch.equal(K.qmatmul(x2[3:4].contiguous(), w, QTYPES[name], n, k, int8=True), full[3:4])
+
+
+@pytest.mark.parametrize("name", ["Q5_1", "Q5_K"])
+def test_qtypes_without_an_int8_kernel_take_the_f32_path(name):
+    assert not K.int8_qtype_supported(QTYPES[name])
+    n, k = 20, 256
+    w = torch.from_numpy(random_quant(name, n, k, seed=11))
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(12))
+    assert torch.equal(K.qmatmul(x, w, QTYPES[name], n, k, int8=True), K.qmatmul(x, w, QTYPES[name], n, k))
+
+
+def test_the_witness_floor_passes_int8_and_fails_coarser_rounding():
+    """COSINE_FLOOR_INT8 against f32 activations: the int8 kernels pass it; activations rounded
+    to 4 bits per block the same way (an int4 kernel's rounding) fail it, so it can fail."""
+    from agentkv.witness.ops import COSINE_FLOOR_INT8, cosine
+
+    n, k = 96, 256
+    w = random_quant("Q4_0", n, k, seed=15)
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(16))
+    weights = gguf_dequant(w, "Q4_0").astype(np.float64)
+    ref = x.double().numpy() @ weights.T
+    assert cosine(ref, K.qmatmul(x, torch.from_numpy(w), 2, n, k, int8=True).numpy()) >= COSINE_FLOOR_INT8
+    blocks = x.numpy().reshape(19, k // 32, 32)
+    d = np.abs(blocks).max(axis=2, keepdims=True) / 7
+    coarse = (np.clip(np.rint(blocks / d), -7, 7) * d).reshape(19, k)
+    assert cosine(ref, coarse @ weights.T) < COSINE_FLOOR_INT8
