@@ -61,15 +61,40 @@ struct Pair {
 static inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 static inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Lanes 0..7 = a, lanes 8..15 = b.
-static inline __m512 halves(float a, float b) {
-    return _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(a), _mm512_set1_ps(b));
+// The 16 packed bytes of block a and of block b -> 64 codes in k order: a's low nibbles
+// (its weights 0..15), a's high nibbles (16..31), then b's.
+static inline __m512i nibble_codes(__m128i qa, __m128i qb) {
+    const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(qa), qb, 1);
+    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(ab), _mm256_srli_epi16(ab, 4), 1);
+    // 128-bit lanes [a, b, a >> 4, b >> 4] -> [a, a >> 4, b, b >> 4]
+    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, 0xD8), _mm512_set1_epi8(0x0F));
 }
 
-// 16 packed bytes -> 32 codes: the low nibbles (weights 0..15), then the high ones (16..31).
-static inline __m256i nibble_codes(__m128i qs) {
-    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+// f16 values -> f32 lanes: v holds up to 8 halves; lane i of the result is half idx[i].
+static inline __m512 f16_lanes(uint64_t v, __m512i idx) {
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(v)))));
+}
+
+static inline uint64_t half_at(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return h;
+}
+
+static inline uint64_t pair_at(const uint8_t* p) {
+    uint32_t h;
+    std::memcpy(&h, p, 4);
+    return h;
+}
+
+// Lanes 0..7 take half 0, lanes 8..15 half 1 (and + 2: halves 2 and 3).
+static inline __m512i split_index(int first, int second) {
+    return _mm512_mask_blend_epi32(static_cast<__mmask16>(0xFF00), _mm512_set1_epi32(first), _mm512_set1_epi32(second));
+}
+
+// The f16 scales at a and b, as lanes 0..7 and 8..15.
+static inline __m512 scales(const uint8_t* a, const uint8_t* b) {
+    return f16_lanes(half_at(a) | (half_at(b) << 16), split_index(0, 1));
 }
 
 static inline __m512i join(__m256i a, __m256i b) {
@@ -86,8 +111,7 @@ struct Q8_0 {
     static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
         // s8 codes + 128 as u8: the dot product is then sum((w + 128) x) = sum(w x) + 128 sum(x)
         const __m512i w = join(load32(a + 2), load32(b + 2));
-        return {_mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))), halves(fp16_to_f32(a), fp16_to_f32(b)),
-                _mm512_setzero_ps()};
+        return {_mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))), scales(a, b), _mm512_setzero_ps()};
     }
 };
 
@@ -97,8 +121,7 @@ struct Q4_0 {
     struct Ctx {};
     static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
     static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
-        return {join(nibble_codes(load16(a + 2)), nibble_codes(load16(b + 2))), halves(fp16_to_f32(a), fp16_to_f32(b)),
-                _mm512_setzero_ps()};
+        return {nibble_codes(load16(a + 2), load16(b + 2)), scales(a, b), _mm512_setzero_ps()};
     }
 };
 
@@ -108,8 +131,9 @@ struct Q4_1 {
     struct Ctx {};
     static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
     static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
-        return {join(nibble_codes(load16(a + 4)), nibble_codes(load16(b + 4))), halves(fp16_to_f32(a), fp16_to_f32(b)),
-                halves(fp16_to_f32(a + 2), fp16_to_f32(b + 2))};
+        const uint64_t dm = pair_at(a) | (pair_at(b) << 32);  // d_a, m_a, d_b, m_b
+        return {nibble_codes(load16(a + 4), load16(b + 4)), f16_lanes(dm, split_index(0, 2)),
+                f16_lanes(dm, split_index(1, 3))};
     }
 };
 
@@ -124,11 +148,17 @@ struct Q5_0 {
         std::memcpy(&ha, a + 2, 4);
         std::memcpy(&hb, b + 2, 4);
         const __mmask64 fifth = static_cast<__mmask64>(ha) | (static_cast<__mmask64>(hb) << 32);
-        const __m512i low = join(nibble_codes(load16(a + 6)), nibble_codes(load16(b + 6)));
-        return {_mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16)), halves(fp16_to_f32(a), fp16_to_f32(b)),
-                _mm512_setzero_ps()};
+        const __m512i low = nibble_codes(load16(a + 6), load16(b + 6));
+        return {_mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16)), scales(a, b), _mm512_setzero_ps()};
     }
 };
+
+// Lanes 0..7 = v[2c], lanes 8..15 = v[2c + 1] of the 8 values in v's low half.
+static inline __m512 pair_lanes(__m512 v, int c) {
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(2 * c),
+                                         _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    return _mm512_permutexvar_ps(idx, v);
+}
 
 // Q4_K: super-blocks of 256 weights, eight 32-weight sub-blocks with 6-bit scales and mins;
 // pair c holds sub-blocks 2c (low nibbles of qs[32c ..]) and 2c + 1 (their high nibbles).
@@ -136,21 +166,30 @@ struct Q4_K {
     static constexpr int QK = 256, BYTES = 144, UNIT_K = 256, PAIRS = 4, OFF = 0;
     static constexpr bool MIN = true;
     struct Ctx {
-        float d[8], m[8];
+        __m512 d, m;  // lanes 0..7: d * scale_j, -(dmin * min_j)
     };
+    // The 12 packed bytes -> 8 scales and 8 mins (scale_min_k4's layout): sub-blocks 0..3 keep
+    // 6 bits of bytes 0..3 / 4..7; 4..7 take a nibble of bytes 8..11 and the top 2 bits of 0..7.
     static inline void prepare(const uint8_t* b, const uint8_t*, Ctx& ctx) {
-        const float d = fp16_to_f32(b), dmin = fp16_to_f32(b + 2);
-        for (int j = 0; j < 8; ++j) {
-            int sc, mn;
-            scale_min_k4(b + 4, j, sc, mn);
-            ctx.d[j] = d * static_cast<float>(sc);
-            ctx.m[j] = -(dmin * static_cast<float>(mn));
-        }
+        uint32_t u[3];
+        std::memcpy(u, b + 4, 12);
+        const uint32_t low6 = 0x3f3f3f3fu, nib = 0x0f0f0f0fu, top2 = 0x03030303u;
+        const uint32_t sc_lo = u[0] & low6, mn_lo = u[1] & low6;
+        const uint32_t sc_hi = (u[2] & nib) | (((u[0] >> 6) & top2) << 4);
+        const uint32_t mn_hi = ((u[2] >> 4) & nib) | (((u[1] >> 6) & top2) << 4);
+        const __m128i bytes = _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi),
+                                             static_cast<int>(mn_lo), static_cast<int>(mn_hi));
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));  // 8 scales, then 8 mins
+        const __m512 dd = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(fp16_to_f32(b)),
+                                               _mm512_set1_ps(fp16_to_f32(b + 2)));
+        const __m512 prod = _mm512_mul_ps(dd, v);
+        ctx.d = prod;
+        ctx.m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_shuffle_f32x4(prod, prod, 0x4E));  // mins to lanes 0..7
     }
     static inline Pair decode(const uint8_t* b, const uint8_t*, int c, const Ctx& ctx) {
-        const __m256i q = load32(b + 16 + 32 * c), m4 = _mm256_set1_epi8(0x0F);
-        return {join(_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)),
-                halves(ctx.d[2 * c], ctx.d[2 * c + 1]), halves(ctx.m[2 * c], ctx.m[2 * c + 1])};
+        const __m256i q = load32(b + 16 + 32 * c);
+        const __m512i both = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), _mm512_set1_epi8(0x0F));
+        return {both, pair_lanes(ctx.d, c), pair_lanes(ctx.m, c)};
     }
 };
 
@@ -159,12 +198,11 @@ struct Q6_K {
     static constexpr int QK = 256, BYTES = 210, UNIT_K = 256, PAIRS = 4, OFF = 32;
     static constexpr bool MIN = false;
     struct Ctx {
-        float d[16];
+        __m512 d;  // d * scale_g, g = 0..15
     };
     static inline void prepare(const uint8_t* b, const uint8_t*, Ctx& ctx) {
-        const float d = fp16_to_f32(b + 208);
-        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-        for (int j = 0; j < 16; ++j) ctx.d[j] = d * static_cast<float>(sc[j]);
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 192)));
+        ctx.d = _mm512_mul_ps(_mm512_set1_ps(fp16_to_f32(b + 208)), sc);
     }
     // The 32 codes of sub-block `sub` (0..7), as FmtQ6_K lays them out, before the -32.
     static inline __m256i codes(const uint8_t* b, int sub) {
@@ -177,10 +215,9 @@ struct Q6_K {
     }
     static inline Pair decode(const uint8_t* b, const uint8_t*, int p, const Ctx& ctx) {
         // lanes 4g .. 4g + 4 hold group 4p + g's 16 weights
-        const __m128 d4 = _mm_loadu_ps(ctx.d + 4 * p);
-        const __m512 d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                                               _mm512_castps128_ps512(d4));
-        return {join(codes(b, 2 * p), codes(b, 2 * p + 1)), d, _mm512_setzero_ps()};
+        const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * p),
+                                             _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+        return {join(codes(b, 2 * p), codes(b, 2 * p + 1)), _mm512_permutexvar_ps(idx, ctx.d), _mm512_setzero_ps()};
     }
 };
 
