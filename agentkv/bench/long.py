@@ -37,7 +37,10 @@ from agentkv.bench.long_servers import PeerServer, agentkv_server, peer_missing
 from agentkv.bench.peers import THREADS, llamacpp_build, skipped
 
 FIGURES = ("replay", "ttft", "decode", "streams")
-ARMS = ("agentkv", "llamacpp")
+ARMS = ("agentkv", "agentkv-int8", "llamacpp")
+DEFAULT_ARMS = "agentkv,llamacpp"
+# agentkv arms beyond the default engine: the flags each adds to `agentkv serve`
+ARM_FLAGS = {"agentkv": [], "agentkv-int8": ["--activation-dtype", "int8"]}
 SPEED_TARGETS = {"replay": 8.0, "ttft": 3.0}
 DECODE_TARGETS = {"smollm2": 2.0, "gemma3-270m": 1.5}  # other models: the lower one
 CEILING_TARGET = 0.6
@@ -50,7 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--figures", default=",".join(FIGURES), help=f"comma list of {', '.join(FIGURES)}")
     parser.add_argument("--models", default="smollm2,gemma3-270m", help="models of decode and streams")
     parser.add_argument("--context-models", default="smollm2", help="models of replay and ttft")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {', '.join(ARMS)}")
+    parser.add_argument(
+        "--arms",
+        default=DEFAULT_ARMS,
+        help=f"comma list of {', '.join(ARMS)} (agentkv-int8: int8 matmul activations; default {DEFAULT_ARMS})",
+    )
     add_engine_arguments(parser, knobs=BENCH_KNOBS, model_positional=False)
     parser.set_defaults(weights="resident")
     parser.add_argument(
@@ -167,7 +174,7 @@ def run_arm(arm: str, model: str, figures: list[str], p: Prompts, args: argparse
             return skipped(reason)
         server = PeerServer(str(resolve_model_path(model)), p.max_context, log_path)
     else:
-        server = agentkv_server(model, serve_flags(args), p.max_context, log_path)
+        server = agentkv_server(model, serve_flags(args) + ARM_FLAGS[arm], p.max_context, log_path)
     facts: dict[str, Any] = {"command": server.command[1:]}
     log(f"{model}: {arm}: starting its server ...")
     try:
@@ -195,15 +202,8 @@ def derive(model: str, results: dict[str, dict], bw_gbs: float) -> dict[str, Any
     facts = gguf_facts(model)
     ceiling = bw_gbs * 1e9 / facts["decode_bytes_per_token"]
     ok = {a: r for a, r in results.items() if not failed(r)}
-    ours, peer = ok.get("agentkv", {}), ok.get("llamacpp", {})
-    figs = {
-        "replay": ratio(peer.get("replay", {}).get("wall_s"), ours.get("replay", {}).get("wall_s")),
-        "ttft": ratio(peer.get("ttft", {}).get("ttft_s"), ours.get("ttft", {}).get("ttft_s")),
-        "decode": ratio(ours.get("decode", {}).get("decode_tok_s"), peer.get("decode", {}).get("decode_tok_s")),
-        "streams": ratio(
-            ours.get("streams", {}).get("aggregate_tok_s"), peer.get("streams", {}).get("aggregate_tok_s")
-        ),
-    }
+    peer = ok.get("llamacpp", {})
+    figs = {arm: over_peer(ok.get(arm, {}), peer) for arm in ARM_FLAGS}
     targets = {**SPEED_TARGETS, "decode": DECODE_TARGETS.get(model, min(DECODE_TARGETS.values())), "streams": None}
     of_ceiling = {
         arm: {
@@ -224,9 +224,25 @@ def derive(model: str, results: dict[str, dict], bw_gbs: float) -> dict[str, Any
                 "agentkv_over_peer": v,
                 "target": targets[f],
                 "met": met(v, targets[f]),
+                "int8_over_peer": figs["agentkv-int8"][f],
+                "int8_met": met(figs["agentkv-int8"][f], targets[f]),
             }
-            for f, v in figs.items()
+            for f, v in figs["agentkv"].items()
         },
+    }
+
+
+def over_peer(ours: dict, peer: dict) -> dict[str, float | None]:
+    """One agentkv arm against the peer, per figure (higher = agentkv faster)."""
+
+    def get(r: dict, figure: str, key: str) -> float | None:
+        return r.get(figure, {}).get(key)
+
+    return {
+        "replay": ratio(get(peer, "replay", "wall_s"), get(ours, "replay", "wall_s")),
+        "ttft": ratio(get(peer, "ttft", "ttft_s"), get(ours, "ttft", "ttft_s")),
+        "decode": ratio(get(ours, "decode", "decode_tok_s"), get(peer, "decode", "decode_tok_s")),
+        "streams": ratio(get(ours, "streams", "aggregate_tok_s"), get(peer, "streams", "aggregate_tok_s")),
     }
 
 

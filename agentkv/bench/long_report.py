@@ -11,7 +11,7 @@ from agentkv.bench.common import fmt, print_paths, table, write_outputs
 from agentkv.bench.isolate import failed, why
 from agentkv.bench.peers import THREADS, skipped
 
-COLUMN = {"agentkv": "agentkv", "llamacpp": "llama_cpp.server"}
+COLUMN = {"agentkv": "agentkv", "agentkv-int8": "agentkv int8", "llamacpp": "llama_cpp.server"}
 
 
 def _cell(result: dict, figure: str, key: str) -> Any:
@@ -31,15 +31,18 @@ def markdown(payload: dict) -> list[str]:
     keys = {"replay": "wall_s", "ttft": "ttft_s", "decode": "decode_tok_s", "streams": "aggregate_tok_s"}
     units = {"replay": "wall s", "ttft": "s", "decode": "tok/s", "streams": "aggregate tok/s"}
     rows = []
+    int8 = "agentkv-int8" in payload["arms"]
+    arms = [a for a in COLUMN if int8 or a != "agentkv-int8"]
     for model, block in payload["models"].items():
         res, d = block["results"], block["derived"]
         for figure in block["figures"]:
             r = d["ratios"][figure]
             row = [model, f"{figure} ({units[figure]})"]
-            row += [_cell(res.get(a, skipped("not run")), figure, keys[figure]) for a in COLUMN]
-            row += [r["agentkv_over_peer"], r["target"], r["met"]]
-            rows.append(row)
-    md += table(["model", "figure", *COLUMN.values(), "agentkv ÷ peer ×", "target ×", "met"], rows)
+            row += [_cell(res.get(a, skipped("not run")), figure, keys[figure]) for a in arms]
+            row += [r["agentkv_over_peer"], *([r.get("int8_over_peer")] if int8 else []), r["target"], r["met"]]
+            rows.append(row + ([r.get("int8_met")] if int8 else []))
+    ratio_heads = ["agentkv ÷ peer ×", *(["int8 ÷ peer ×"] if int8 else []), "target ×", "met"]
+    md += table(["model", "figure", *[COLUMN[a] for a in arms], *ratio_heads, *(["int8 met"] if int8 else [])], rows)
     md += ["", "decode as a fraction of the ceiling (weight bytes per token ÷ bandwidth):", ""]
     rows = []
     for model, block in payload["models"].items():

@@ -105,3 +105,21 @@ def test_bad_flags_name_the_value():
         "smollm2": ["ttft"],
         "gemma3-270m": ["decode"],
     }
+
+
+@pytest.mark.timeout(300)
+def test_the_int8_arm_serves_with_int8_activations(tmp_path):
+    from agentkv.hal.registry import lookup
+
+    if "int8" not in lookup("cpu").activation_dtypes():
+        pytest.skip("this CPU has no AVX-512 VNNI: no int8-activation kernels")
+    out = tmp_path / "out"
+    arms = ["--arms", "agentkv,agentkv-int8", "--figures", "decode"]
+    assert main(["bench", "long", *TINY, *arms, "--out", str(out)]) == 0
+    payload = json.loads((out / "long.json").read_text())
+    res = payload["models"]["smollm2"]["results"]
+    assert res["agentkv-int8"]["command"][-2:] == ["--activation-dtype", "int8"]
+    assert "--activation-dtype" not in res["agentkv"]["command"]
+    assert res["agentkv-int8"]["decode"]["tokens"] == DECODE_LEN
+    assert payload["models"]["smollm2"]["derived"]["ratios"]["decode"]["int8_over_peer"] is None  # no peer ran
+    assert "agentkv int8" in (out / "long.md").read_text()
