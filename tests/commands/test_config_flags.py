@@ -85,8 +85,8 @@ def test_flags_build_the_config_they_name():
 
 @pytest.mark.parametrize("module", [serve, generate, chat])
 def test_kv_cache_dtype_flag(module, capsys):
-    assert config_from_args(parse(module, "--kv-cache-dtype", "f16")).cache.dtype == "f16"
-    assert config_from_args(parse(module)).cache.dtype == "f32"
+    assert config_from_args(parse(module, "--kv-cache-dtype", "f32")).cache.dtype == "f32"
+    assert config_from_args(parse(module)).cache.dtype == "f16"  # the default
     with pytest.raises(SystemExit) as exit_info:
         parse(module, "--kv-cache-dtype", "bf16")
     assert exit_info.value.code == 2

@@ -95,7 +95,7 @@ def test_disk_tier_restores_f16_blocks_exactly(qwen2_dir, tmp_path):  # noqa: F8
 
 def test_an_f32_block_file_never_loads_into_an_f16_cache(qwen2_dir, tmp_path):  # noqa: F811
     prompt = transcript(22, 120)
-    first = disk_engine(qwen2_dir, tmp_path)
+    first = disk_engine(qwen2_dir, tmp_path, dtype="f32")
     disk_run(first, prompt)
     first.close()
     f16 = disk_engine(qwen2_dir, tmp_path, dtype="f16")
@@ -110,7 +110,7 @@ def test_an_f32_block_file_never_loads_into_an_f16_cache(qwen2_dir, tmp_path):  
     assert disk_run(again, prompt, "b")[0] == 0
     assert again.disk.stats().ignored_files >= 1 and dict(again.disk.stats().ignored)["fingerprint"] >= 1
     again.close()
-    control = disk_engine(qwen2_dir, tmp_path)  # the f32 cache still hits its own files
+    control = disk_engine(qwen2_dir, tmp_path, dtype="f32")  # the f32 cache still hits its own files
     assert disk_run(control, prompt, "c")[0] > 0
     control.close()
 

@@ -138,7 +138,7 @@ def test_served_warm_restart_is_exact(qwen2_dir, tmp_path):  # noqa: F811
     assert disk_metric(after, "hit_blocks_total") == cached // 16
     assert disk_metric(after, "hit_tokens_total") == cached
     assert disk_metric(after, "loads_total") == 1
-    kv_bytes = 2 * 2 * 16 * 2 * 16 * 4  # layers, K and V, block, kv heads, head dim, f32
+    kv_bytes = 2 * 2 * 16 * 2 * 16 * 2  # layers, K and V, block, kv heads, head dim, f16 (the default)
     assert cached // 16 * kv_bytes < disk_metric(after, "bytes_read_total") < cached // 16 * (kv_bytes + 4096)
     assert disk_metric(after, "files") == len(files) and disk_metric(after, "read_only") == 0
     assert disk_metric(after, "ignored_files_total", reason="stale_tmp") == 1
