@@ -54,6 +54,14 @@ void attend_range(const AttentionArgs& a, int nh, const float* const* q, const i
 }  // namespace avx2
 
 namespace avx512 {
+// Queries per call of attend_range_many: up to ROW_TILE rows times a GQA group of 4.
+constexpr int MAX_QUERIES = 64;
+// The unit for nq (1 .. MAX_QUERIES) queries of one kv head that attend the same keys (several
+// rows of one sequence whose range is the same, each with its heads): per query the same
+// arithmetic, so the same bits, as attend_range gives it alone; K and V are loaded once for
+// all of them. `s` holds nq * (KEY_RANGE + 16) floats.
+void attend_range_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                       float* s, float* m, float* l, float* const* acc);
 void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,
                   float* m, float* l, float* const* acc);
 }  // namespace avx512
