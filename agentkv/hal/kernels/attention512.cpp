@@ -212,10 +212,43 @@ static void range_hd(const AttentionArgs& a, int nh, const float* const* q, cons
 // its GQA heads): every query runs exactly range_run's order above (the same fma chain per
 // key, reduce4 tree, scale, softcap, softmax_weights, and V accumulation in key order), so
 // its bits are those it gets alone; only which queries share a load differs. Scores go 4
-// keys at a time: the 4 K rows come from L2 once and feed every query group from L1. Values
-// go 2 chunks of every V row at a time for up to VALUE_GROUP queries (24 accumulators).
-constexpr int SCORE_GROUP = 6;   // queries per 4-key register block: 24 accumulators
+// keys at a time: the 4 K rows come from L2 once and feed every group of 4 queries from L1,
+// whose 16 sums finish in one transposed reduction (reduce16). Values go 2 chunks of every V
+// row at a time for up to VALUE_GROUP queries.
 constexpr int VALUE_GROUP = 12;  // queries per pass over 2 chunks of V: 24 accumulators
+
+// [p.x | q.x] with v.x_i = v[i] + v[i + 8] (i < 8): the first step of reduce4's tree for two
+// accumulators at once.
+static inline __m512 add_halves(__m512 p, __m512 q) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(p, q, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(p, q, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+// Per 128-bit lane [b1[0] + b1[1], b1[2] + b1[3], b2[0] + b2[1], b2[2] + b2[3]]: the tree's
+// next steps, pairs of neighbours.
+static inline __m512 add_neighbours(__m512 b1, __m512 b2) {
+    return _mm512_add_ps(_mm512_shuffle_ps(b1, b2, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(b1, b2, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The 16 sums of acc[qq][t] (4 queries x 4 keys) as lane 4 qq + t, each by reduce4's own tree
+// (x_i = a[i] + a[i+8]; y_k = x_2k + x_2k+1; z = y0 + y1, y2 + y3; z0 + z1), in a transposed
+// network: 15 shuffle pairs for 16 sums where four reduce4 calls take 44 shuffles.
+static inline __m512 reduce16(const __m512 (&acc)[4][KEYS_AT_ONCE]) {
+    __m512 d[2];
+    for (int half = 0; half < 2; ++half) {
+        const __m512(&a0)[KEYS_AT_ONCE] = acc[2 * half];
+        const __m512(&a1)[KEYS_AT_ONCE] = acc[2 * half + 1];
+        //   add_halves(a0[t], a1[t])  = [a0[t].x | a1[t].x]
+        //   c1, c2 (keys 0-1, 2-3) lanes: [y0 y1 of a0[t], a0[t+1]], [y2 y3 of them], the same for a1
+        //   d lanes: [z0 of a0 keys 0..3], [z1 of a0 keys 0..3], [z0 of a1 ...], [z1 of a1 ...]
+        const __m512 c1 = add_neighbours(add_halves(a0[0], a1[0]), add_halves(a0[1], a1[1]));
+        const __m512 c2 = add_neighbours(add_halves(a0[2], a1[2]), add_halves(a0[3], a1[3]));
+        d[half] = add_neighbours(c1, c2);
+    }
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
 
 template <typename KT, int NQ, int CHUNKS>
 static inline void score_block(const AttentionArgs& a, const float* const* q, const KT* const* k, float* const* out,
@@ -233,9 +266,17 @@ static inline void score_block(const AttentionArgs& a, const float* const* q, co
             for (int t = 0; t < KEYS_AT_ONCE; ++t) acc[qq][t] = _mm512_fmadd_ps(qv, kv[t], acc[qq][t]);
         }
     }
-    const __m128 scale = _mm_set1_ps(a.scale);
-    for (int qq = 0; qq < NQ; ++qq)
-        _mm_storeu_ps(out[qq] + j, _mm_mul_ps(reduce4(acc[qq][0], acc[qq][1], acc[qq][2], acc[qq][3]), scale));
+    if constexpr (NQ == 4) {
+        const __m512 sums = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(a.scale));
+        _mm_storeu_ps(out[0] + j, _mm512_castps512_ps128(sums));
+        _mm_storeu_ps(out[1] + j, _mm512_extractf32x4_ps(sums, 1));
+        _mm_storeu_ps(out[2] + j, _mm512_extractf32x4_ps(sums, 2));
+        _mm_storeu_ps(out[3] + j, _mm512_extractf32x4_ps(sums, 3));
+    } else {
+        const __m128 scale = _mm_set1_ps(a.scale);
+        for (int qq = 0; qq < NQ; ++qq)
+            _mm_storeu_ps(out[qq] + j, _mm_mul_ps(reduce4(acc[qq][0], acc[qq][1], acc[qq][2], acc[qq][3]), scale));
+    }
 }
 
 template <typename KT, int CHUNKS>
@@ -249,8 +290,7 @@ static void scores_many(const AttentionArgs& a, int nq, const float* const* q, c
             k[t] = k_cache + where[j + t];
         }
         for (int g = 0; g < nq;) {
-            switch (nq - g >= SCORE_GROUP ? SCORE_GROUP : nq - g >= 4 ? 4 : nq - g >= 2 ? 2 : 1) {
-                case SCORE_GROUP: score_block<KT, SCORE_GROUP, CHUNKS>(a, q + g, k, out + g, j); g += SCORE_GROUP; break;
+            switch (nq - g >= 4 ? 4 : nq - g >= 2 ? 2 : 1) {
                 case 4: score_block<KT, 4, CHUNKS>(a, q + g, k, out + g, j); g += 4; break;
                 case 2: score_block<KT, 2, CHUNKS>(a, q + g, k, out + g, j); g += 2; break;
                 default: score_block<KT, 1, CHUNKS>(a, q + g, k, out + g, j); g += 1; break;

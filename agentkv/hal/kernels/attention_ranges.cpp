@@ -5,9 +5,9 @@
 //   tiles   (prefill, wide batches): up to ROW_TILE consecutive rows of one sequence walk
 //           the ranges together, so each range's K and V (KEY_RANGE keys) is loaded into
 //           the cache once for all of them, not once per row; each row merges as it goes.
-//           Where the ISA has a many-query unit (AVX-512), the tile's rows that attend the
-//           same keys of a range (all but a causal or window edge) run in one call of it,
-//           which loads each K and V row once for all their heads.
+//           The tile's rows that attend the same keys of a range (all but a causal or a
+//           window edge) run in one call of the ISA's many-query unit, which loads each K
+//           and V row once for all their heads.
 //   split   (a few long rows, e.g. one decode row): every (unit, range) is its own task, so
 //           one row uses every thread; the partials are then merged in range order.
 //
@@ -140,8 +140,8 @@ static void run_rows(const Plan& p, int64_t row0, int64_t rows, int64_t kv, int6
     }
     const AttentionArgs& a = p.a;
     const int nh = p.nh(r);
-    const float* q[avx512::MAX_QUERIES];
-    float* accs[avx512::MAX_QUERIES];
+    const float* q[MAX_QUERIES];
+    float* accs[MAX_QUERIES];
     for (int64_t i = 0; i < rows; ++i)
         for (int hh = 0; hh < nh; ++hh) {
             q[i * nh + hh] = a.q + ((row0 + i) * a.h + p.h0(kv, r) + hh) * a.hd;
@@ -165,7 +165,7 @@ static void run_tile(const Plan& p, const Tile& t, int64_t kv, int64_t r, Scratc
     sc.state.resize(t.rows * nh * stride);
     sc.acc.resize(p.rows_at_once * nh * a.hd);
     if (p.rows_at_once > 1) sc.s.resize(std::max<size_t>(sc.s.size(), p.rows_at_once * nh * (KEY_RANGE + 16)));
-    float m[avx512::MAX_QUERIES], l[avx512::MAX_QUERIES];
+    float m[MAX_QUERIES], l[MAX_QUERIES];
     for (int64_t k = lo / KEY_RANGE; k * KEY_RANGE < hi; ++k) {
         for (int64_t i = 0, rows = 1; i < t.rows; i += rows) {
             int64_t r0, r1, s0, s1;
@@ -275,10 +275,8 @@ void paged_attention_raw(const AttentionArgs& a) {
     const int64_t rows_kv = static_cast<int64_t>(tiles.size()) * a.kvh;
     if (rows_kv < threads) runs = std::max(runs, std::min(group, (threads + rows_kv - 1) / rows_kv));
     Plan p{a, unit, group, runs, (group + runs - 1) / runs};
-    if (wide) {
-        p.many = avx512::attend_range_many;
-        p.rows_at_once = std::min<int64_t>(ROW_TILE, avx512::MAX_QUERIES / p.per_run);
-    }
+    p.many = wide ? avx512::attend_range_many : avx2::attend_range_many;
+    p.rows_at_once = std::min<int64_t>(ROW_TILE, MAX_QUERIES / p.per_run);
     parallel_chunks(rows_kv * runs, 1, [&](int64_t b, int64_t e) {
         thread_local Scratch sc;
         for (int64_t i = b; i < e; ++i) run_tile(p, tiles[i / (a.kvh * runs)], (i / runs) % a.kvh, i % runs, sc);
