@@ -194,6 +194,86 @@ static void range_run(const AttentionArgs& a, const float* const* q, const int64
     weighted_values_any<KT, NH, CHUNKS>(a, sh, where, len, ones, acc);
 }
 
+// Many queries of one kv head over the same keys (attention_impl.h): every query runs
+// range_run's order above (the fma chain per key, reduce4, scale, softcap, softmax_weights,
+// V accumulated in key order), so it keeps its bits; only the loads are shared. Scores go 4
+// keys at a time, the 4 K rows loaded from L2 once for every group of SCORE_GROUP queries
+// (from L1 after the first); values reuse weighted_values, VALUE_GROUP queries a pass.
+constexpr int SCORE_GROUP = 3;  // 12 accumulators, 3 query chunks, 1 key chunk: 16 registers
+constexpr int VALUE_GROUP = 4;  // 4 x 2 accumulators and 4 weights: no spill
+
+template <typename KT, int NQ, int CHUNKS>
+static inline void score_block(const AttentionArgs& a, const float* const* q, const KT* const* k, float* const* out,
+                               int64_t j) {
+    const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 7) / 8, full = CHUNKS ? CHUNKS : a.hd / 8;
+    const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
+    __m256 acc[NQ][KEYS_AT_ONCE];
+    for (int qq = 0; qq < NQ; ++qq)
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) acc[qq][t] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+        __m256 qv[NQ];
+        for (int qq = 0; qq < NQ; ++qq) qv[qq] = load_chunk(q[qq], c, full, tail);
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) {
+            const __m256 kv = load_kv(k[t], c, full, tail, a.hd);
+            for (int qq = 0; qq < NQ; ++qq) acc[qq][t] = _mm256_fmadd_ps(qv[qq], kv, acc[qq][t]);
+        }
+    }
+    const __m128 scale = _mm_set1_ps(a.scale);
+    for (int qq = 0; qq < NQ; ++qq)
+        _mm_storeu_ps(out[qq] + j, _mm_mul_ps(reduce4(acc[qq][0], acc[qq][1], acc[qq][2], acc[qq][3]), scale));
+}
+
+template <typename KT, int CHUNKS>
+static void scores_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                        float* const* out) {
+    const KT* k_cache = KVRows<KT>::k(a);
+    for (int64_t j = 0; j < len; j += KEYS_AT_ONCE) {
+        const KT* k[KEYS_AT_ONCE];
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) {
+            prefetch_span(k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
+            k[t] = k_cache + where[j + t];
+        }
+        for (int g = 0; g < nq; g += SCORE_GROUP) {
+            switch (std::min(SCORE_GROUP, nq - g)) {
+                case 3: score_block<KT, 3, CHUNKS>(a, q + g, k, out + g, j); break;
+                case 2: score_block<KT, 2, CHUNKS>(a, q + g, k, out + g, j); break;
+                default: score_block<KT, 1, CHUNKS>(a, q + g, k, out + g, j); break;
+            }
+        }
+    }
+    if (a.softcap > 0.0f)
+        for (int qq = 0; qq < nq; ++qq)
+            for (int64_t j = 0; j < len; ++j) out[qq][j] = a.softcap * std::tanh(out[qq][j] / a.softcap);
+}
+
+template <typename KT, int NB, int CHUNKS>
+static void values_many(const AttentionArgs& a, int nq, const float* const* e, const int64_t* where, int64_t len,
+                        int64_t c0, float* const* o) {
+    const float ones[VALUE_GROUP] = {1.0f, 1.0f, 1.0f, 1.0f};  // undivided, as range_run leaves it
+    for (int g = 0; g < nq; g += VALUE_GROUP) {
+        switch (std::min(VALUE_GROUP, nq - g)) {
+            case 4: weighted_values<KT, 4, NB, CHUNKS>(a, e + g, where, len, c0, ones, o + g); break;
+            case 3: weighted_values<KT, 3, NB, CHUNKS>(a, e + g, where, len, c0, ones, o + g); break;
+            case 2: weighted_values<KT, 2, NB, CHUNKS>(a, e + g, where, len, c0, ones, o + g); break;
+            default: weighted_values<KT, 1, NB, CHUNKS>(a, e + g, where, len, c0, ones, o + g); break;
+        }
+    }
+}
+
+template <typename KT, int CHUNKS>
+static void range_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                       float* s, float* m, float* l, float* const* acc) {
+    const int64_t padded = (len + 7) / 8 * 8, chunks = CHUNKS ? CHUNKS : (a.hd + 7) / 8;
+    float* sh[MAX_QUERIES];
+    for (int qq = 0; qq < nq; ++qq) sh[qq] = s + qq * padded;
+    scores_many<KT, CHUNKS>(a, nq, q, where, len, sh);
+    for (int qq = 0; qq < nq; ++qq) l[qq] = softmax_weights(sh[qq], len, m + qq);
+    for (int64_t c0 = 0; c0 < chunks; c0 += 2) {
+        if (chunks - c0 >= 2) values_many<KT, 2, CHUNKS>(a, nq, sh, where, len, c0, acc);
+        else values_many<KT, 1, CHUNKS>(a, nq, sh, where, len, c0, acc);
+    }
+}
+
 // The index values one site last checked, as bytes (a copy: a numpy-backed tensor can
 // change under torch's version counter, so identity would not be proof), plus the limits.
 struct CheckedIndices {
@@ -257,6 +337,18 @@ void attend_range_of(const AttentionArgs& a, int nh, const float* const* q, cons
 }
 
 }  // namespace
+
+void attend_range_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                       float* s, float* m, float* l, float* const* acc) {
+    const bool hd64 = a.hd == 64;
+    if (a.k_half != nullptr) {
+        hd64 ? range_many<uint16_t, 8>(a, nq, q, where, len, s, m, l, acc)
+             : range_many<uint16_t, 0>(a, nq, q, where, len, s, m, l, acc);
+    } else {
+        hd64 ? range_many<float, 8>(a, nq, q, where, len, s, m, l, acc)
+             : range_many<float, 0>(a, nq, q, where, len, s, m, l, acc);
+    }
+}
 
 // f16 K/V (k_half set) or f32: the same unit, only the loads differ.
 void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,

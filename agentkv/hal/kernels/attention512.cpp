@@ -208,7 +208,178 @@ static void range_hd(const AttentionArgs& a, int nh, const float* const* q, cons
     }
 }
 
+// Many queries of one kv head over the same keys (several rows of one sequence, each with
+// its GQA heads): every query runs exactly range_run's order above (the same fma chain per
+// key, reduce4 tree, scale, softcap, softmax_weights, and V accumulation in key order), so
+// its bits are those it gets alone; only which queries share a load differs. Scores go 4
+// keys at a time: the 4 K rows come from L2 once and feed every group of 4 queries from L1,
+// whose 16 sums finish in one transposed reduction (reduce16). Values go 2 chunks of every V
+// row at a time for up to VALUE_GROUP queries.
+constexpr int VALUE_GROUP = 12;  // queries per pass over 2 chunks of V: 24 accumulators
+
+// [p.x | q.x] with v.x_i = v[i] + v[i + 8] (i < 8): the first step of reduce4's tree for two
+// accumulators at once.
+static inline __m512 add_halves(__m512 p, __m512 q) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(p, q, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(p, q, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+// Per 128-bit lane [b1[0] + b1[1], b1[2] + b1[3], b2[0] + b2[1], b2[2] + b2[3]]: the tree's
+// next steps, pairs of neighbours.
+static inline __m512 add_neighbours(__m512 b1, __m512 b2) {
+    return _mm512_add_ps(_mm512_shuffle_ps(b1, b2, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(b1, b2, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The 16 sums of acc[qq][t] (4 queries x 4 keys) as lane 4 qq + t, each by reduce4's own tree
+// (x_i = a[i] + a[i+8]; y_k = x_2k + x_2k+1; z = y0 + y1, y2 + y3; z0 + z1), in a transposed
+// network: 15 shuffle pairs for 16 sums where four reduce4 calls take 44 shuffles.
+static inline __m512 reduce16(const __m512 (&acc)[4][KEYS_AT_ONCE]) {
+    __m512 d[2];
+    for (int half = 0; half < 2; ++half) {
+        const __m512(&a0)[KEYS_AT_ONCE] = acc[2 * half];
+        const __m512(&a1)[KEYS_AT_ONCE] = acc[2 * half + 1];
+        //   add_halves(a0[t], a1[t])  = [a0[t].x | a1[t].x]
+        //   c1, c2 (keys 0-1, 2-3) lanes: [y0 y1 of a0[t], a0[t+1]], [y2 y3 of them], the same for a1
+        //   d lanes: [z0 of a0 keys 0..3], [z1 of a0 keys 0..3], [z0 of a1 ...], [z1 of a1 ...]
+        const __m512 c1 = add_neighbours(add_halves(a0[0], a1[0]), add_halves(a0[1], a1[1]));
+        const __m512 c2 = add_neighbours(add_halves(a0[2], a1[2]), add_halves(a0[3], a1[3]));
+        d[half] = add_neighbours(c1, c2);
+    }
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+template <typename KT, int NQ, int CHUNKS>
+static inline void score_block(const AttentionArgs& a, const float* const* q, const KT* const* k, float* const* out,
+                               int64_t j) {
+    const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 15) / 16, full = CHUNKS ? CHUNKS : a.hd / 16;
+    const __mmask16 tail = first_lanes(a.hd - 16 * full);
+    __m512 acc[NQ][KEYS_AT_ONCE];
+    for (int qq = 0; qq < NQ; ++qq)
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) acc[qq][t] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+        __m512 kv[KEYS_AT_ONCE];
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) kv[t] = load_kv(k[t], c, full, tail);
+        for (int qq = 0; qq < NQ; ++qq) {
+            const __m512 qv = load_chunk(q[qq], c, full, tail);
+            for (int t = 0; t < KEYS_AT_ONCE; ++t) acc[qq][t] = _mm512_fmadd_ps(qv, kv[t], acc[qq][t]);
+        }
+    }
+    if constexpr (NQ == 4) {
+        const __m512 sums = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(a.scale));
+        _mm_storeu_ps(out[0] + j, _mm512_castps512_ps128(sums));
+        _mm_storeu_ps(out[1] + j, _mm512_extractf32x4_ps(sums, 1));
+        _mm_storeu_ps(out[2] + j, _mm512_extractf32x4_ps(sums, 2));
+        _mm_storeu_ps(out[3] + j, _mm512_extractf32x4_ps(sums, 3));
+    } else {
+        const __m128 scale = _mm_set1_ps(a.scale);
+        for (int qq = 0; qq < NQ; ++qq)
+            _mm_storeu_ps(out[qq] + j, _mm_mul_ps(reduce4(acc[qq][0], acc[qq][1], acc[qq][2], acc[qq][3]), scale));
+    }
+}
+
+template <typename KT, int CHUNKS>
+static void scores_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                        float* const* out) {
+    const KT* k_cache = KVRows<KT>::k(a);
+    for (int64_t j = 0; j < len; j += KEYS_AT_ONCE) {
+        const KT* k[KEYS_AT_ONCE];
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) {
+            prefetch_span(k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
+            k[t] = k_cache + where[j + t];
+        }
+        for (int g = 0; g < nq;) {
+            switch (nq - g >= 4 ? 4 : nq - g >= 2 ? 2 : 1) {
+                case 4: score_block<KT, 4, CHUNKS>(a, q + g, k, out + g, j); g += 4; break;
+                case 2: score_block<KT, 2, CHUNKS>(a, q + g, k, out + g, j); g += 2; break;
+                default: score_block<KT, 1, CHUNKS>(a, q + g, k, out + g, j); g += 1; break;
+            }
+        }
+    }
+    if (a.softcap > 0.0f)
+        for (int qq = 0; qq < nq; ++qq)
+            for (int64_t j = 0; j < len; ++j) out[qq][j] = a.softcap * std::tanh(out[qq][j] / a.softcap);
+}
+
+// o[qq][chunks c0 .. c0+NB) = sum_j e[qq][j] * V[j], keys in order (weighted_values' fma per
+// lane; stored undivided, as range_run's division by 1 leaves it).
+template <typename KT, int NQ, int NB, int CHUNKS>
+static void value_block(const AttentionArgs& a, const float* const* e, const int64_t* where, int64_t len, int64_t c0,
+                        float* const* o) {
+    const int64_t full = CHUNKS ? CHUNKS : a.hd / 16;
+    const __mmask16 tail = first_lanes(a.hd - 16 * full);
+    const int64_t span = 16 * NB < a.hd - 16 * c0 ? 16 * NB : a.hd - 16 * c0;
+    const KT* v_cache = KVRows<KT>::v(a);
+    __m512 acc[NQ][NB];
+    for (int qq = 0; qq < NQ; ++qq)
+        for (int i = 0; i < NB; ++i) acc[qq][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) {
+        prefetch_span(v_cache + where[j + PREFETCH_KEYS], 16 * c0, span);
+        const KT* v = v_cache + where[j];
+        __m512 vv[NB];
+        for (int i = 0; i < NB; ++i) vv[i] = load_kv(v, c0 + i, full, tail);
+        for (int qq = 0; qq < NQ; ++qq) {
+            const __m512 ej = _mm512_set1_ps(e[qq][j]);
+            for (int i = 0; i < NB; ++i) acc[qq][i] = _mm512_fmadd_ps(ej, vv[i], acc[qq][i]);
+        }
+    }
+    for (int qq = 0; qq < NQ; ++qq)
+        for (int i = 0; i < NB; ++i) {
+            if (c0 + i < full) _mm512_storeu_ps(o[qq] + 16 * (c0 + i), acc[qq][i]);
+            else _mm512_mask_storeu_ps(o[qq] + 16 * (c0 + i), tail, acc[qq][i]);
+        }
+}
+
+template <typename KT, int NB, int CHUNKS>
+static void values_nb(const AttentionArgs& a, int nq, const float* const* e, const int64_t* where, int64_t len,
+                      int64_t c0, float* const* o) {
+    for (int g = 0; g < nq;) {
+        switch (nq - g >= VALUE_GROUP ? VALUE_GROUP : nq - g >= 8 ? 8 : nq - g >= 4 ? 4 : nq - g >= 2 ? 2 : 1) {
+            case VALUE_GROUP: value_block<KT, VALUE_GROUP, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += VALUE_GROUP; break;
+            case 8: value_block<KT, 8, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += 8; break;
+            case 4: value_block<KT, 4, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += 4; break;
+            case 2: value_block<KT, 2, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += 2; break;
+            default: value_block<KT, 1, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += 1; break;
+        }
+    }
+}
+
+template <typename KT, int CHUNKS>
+static void range_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                       float* s, float* m, float* l, float* const* acc) {
+    const int64_t padded = (len + 15) / 16 * 16, chunks = CHUNKS ? CHUNKS : (a.hd + 15) / 16;
+    float* sh[MAX_QUERIES];
+    for (int qq = 0; qq < nq; ++qq) sh[qq] = s + qq * padded;
+    scores_many<KT, CHUNKS>(a, nq, q, where, len, sh);
+    for (int qq = 0; qq < nq; ++qq) l[qq] = softmax_weights(sh[qq], len, m + qq);
+    for (int64_t c0 = 0; c0 < chunks; c0 += 2) {
+        if (chunks - c0 >= 2) values_nb<KT, 2, CHUNKS>(a, nq, sh, where, len, c0, acc);
+        else values_nb<KT, 1, CHUNKS>(a, nq, sh, where, len, c0, acc);
+    }
+}
+
+template <typename KT>
+static void range_many_hd(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                          float* s, float* m, float* l, float* const* acc) {
+    switch (a.hd) {
+        case 64: range_many<KT, 4>(a, nq, q, where, len, s, m, l, acc); break;
+        case 128: range_many<KT, 8>(a, nq, q, where, len, s, m, l, acc); break;
+        case 256: range_many<KT, 16>(a, nq, q, where, len, s, m, l, acc); break;
+        default: range_many<KT, 0>(a, nq, q, where, len, s, m, l, acc); break;
+    }
+}
+
 }  // namespace
+
+void attend_range_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                       float* s, float* m, float* l, float* const* acc) {
+    if (a.k_half != nullptr) {
+        range_many_hd<uint16_t>(a, nq, q, where, len, s, m, l, acc);
+    } else {
+        range_many_hd<float>(a, nq, q, where, len, s, m, l, acc);
+    }
+}
 
 void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
                   float* s, float* m, float* l, float* const* acc) {

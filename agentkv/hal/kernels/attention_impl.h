@@ -47,13 +47,24 @@ struct KVRows<uint16_t> {
 using RangeUnit = void (*)(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len,
                            float* s, float* m, float* l, float* const* acc);
 
+// Queries per call of a many-query unit: up to 16 rows (the driver's tile) times a run of heads.
+constexpr int MAX_QUERIES = 64;
+
+// attend_range_many, each ISA's: the unit for nq (1 .. MAX_QUERIES) queries of one kv head
+// that attend the same keys (several rows of one sequence whose range is the same, each with
+// its heads). Per query the same arithmetic, so the same bits, as attend_range gives it
+// alone; only the loads are shared. `s` holds nq * (KEY_RANGE + 16) floats.
 namespace avx2 {
 constexpr int HEADS_AT_ONCE = 3;
 void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,
                   float* m, float* l, float* const* acc);
+void attend_range_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                       float* s, float* m, float* l, float* const* acc);
 }  // namespace avx2
 
 namespace avx512 {
+void attend_range_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                       float* s, float* m, float* l, float* const* acc);
 void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,
                   float* m, float* l, float* const* acc);
 }  // namespace avx512

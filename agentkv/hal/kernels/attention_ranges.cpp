@@ -5,6 +5,9 @@
 //   tiles   (prefill, wide batches): up to ROW_TILE consecutive rows of one sequence walk
 //           the ranges together, so each range's K and V (KEY_RANGE keys) is loaded into
 //           the cache once for all of them, not once per row; each row merges as it goes.
+//           The tile's rows that attend the same keys of a range (all but a causal or a
+//           window edge) run in one call of the ISA's many-query unit, which loads each K
+//           and V row once for all their heads.
 //   split   (a few long rows, e.g. one decode row): every (unit, range) is its own task, so
 //           one row uses every thread; the partials are then merged in range order.
 //
@@ -47,6 +50,8 @@ struct Plan {
     const AttentionArgs& a;
     RangeUnit unit;
     int64_t group, runs, per_run;
+    RangeUnit many = nullptr;  // the many-query unit, or null: one row per call
+    int64_t rows_at_once = 1;  // rows per call of `many`
     int64_t h0(int64_t kv, int64_t r) const { return kv * group + r * per_run; }
     int nh(int64_t r) const { return static_cast<int>(std::min<int64_t>(per_run, group - r * per_run)); }
 };
@@ -119,7 +124,34 @@ static void run_range(const Plan& p, int64_t row, int64_t kv, int64_t r, const i
     p.unit(a, nh, q, where, len, sc.s.data(), m, l, accs);
 }
 
-// Tiles mode: the rows of `t` walk kv head kv's ranges together, merging as they go.
+// Keys [r0, r1) of range k for `row` (empty when the row attends none of the range).
+static inline void range_keys(const AttentionArgs& a, int64_t row, int64_t k, int64_t& r0, int64_t& r1) {
+    r0 = std::max(k * KEY_RANGE, row_start(a, row));
+    r1 = std::min<int64_t>((k + 1) * KEY_RANGE, a.row_pos[row] + 1);
+}
+
+// Rows row0 .. row0+rows-1, all attending the same `len` keys at `where`, through the
+// many-query unit (rows > 1) or the one-row unit: m, l [rows * nh], acc [rows * nh, hd].
+static void run_rows(const Plan& p, int64_t row0, int64_t rows, int64_t kv, int64_t r, const int64_t* where,
+                     int64_t len, Scratch& sc, float* m, float* l, float* acc) {
+    if (rows == 1) {
+        run_range(p, row0, kv, r, where, len, sc, m, l, acc);
+        return;
+    }
+    const AttentionArgs& a = p.a;
+    const int nh = p.nh(r);
+    const float* q[MAX_QUERIES];
+    float* accs[MAX_QUERIES];
+    for (int64_t i = 0; i < rows; ++i)
+        for (int hh = 0; hh < nh; ++hh) {
+            q[i * nh + hh] = a.q + ((row0 + i) * a.h + p.h0(kv, r) + hh) * a.hd;
+            accs[i * nh + hh] = acc + (i * nh + hh) * a.hd;
+        }
+    p.many(a, static_cast<int>(rows * nh), q, where, len, sc.s.data(), m, l, accs);
+}
+
+// Tiles mode: the rows of `t` walk kv head kv's ranges together, merging as they go; runs of
+// rows with the same keys in a range share one call (Plan::rows_at_once at most).
 static void run_tile(const Plan& p, const Tile& t, int64_t kv, int64_t r, Scratch& sc) {
     const AttentionArgs& a = p.a;
     const int nh = p.nh(r);
@@ -131,16 +163,27 @@ static void run_tile(const Plan& p, const Tile& t, int64_t kv, int64_t r, Scratc
     }
     key_offsets(a, t.row0, kv, lo, hi - lo, sc.where);
     sc.state.resize(t.rows * nh * stride);
-    sc.acc.resize(nh * a.hd);
-    float m[MAX_HEADS], l[MAX_HEADS];
+    sc.acc.resize(p.rows_at_once * nh * a.hd);
+    if (p.rows_at_once > 1) sc.s.resize(std::max<size_t>(sc.s.size(), p.rows_at_once * nh * (KEY_RANGE + 16)));
+    float m[MAX_QUERIES], l[MAX_QUERIES];
     for (int64_t k = lo / KEY_RANGE; k * KEY_RANGE < hi; ++k) {
-        for (int64_t i = 0; i < t.rows; ++i) {
-            const int64_t row = t.row0 + i, start = row_start(a, row);
-            const int64_t r0 = std::max(k * KEY_RANGE, start), r1 = std::min<int64_t>((k + 1) * KEY_RANGE, a.row_pos[row] + 1);
+        for (int64_t i = 0, rows = 1; i < t.rows; i += rows) {
+            int64_t r0, r1, s0, s1;
+            range_keys(a, t.row0 + i, k, r0, r1);
+            rows = 1;
             if (r0 >= r1) continue;
-            run_range(p, row, kv, r, sc.where.data() + (r0 - lo), r1 - r0, sc, m, l, sc.acc.data());
-            for (int hh = 0; hh < nh; ++hh)
-                merge(sc.state.data() + (i * nh + hh) * stride, m[hh], l[hh], sc.acc.data() + hh * a.hd, a.hd, r0 == start);
+            while (rows < p.rows_at_once && i + rows < t.rows) {
+                range_keys(a, t.row0 + i + rows, k, s0, s1);
+                if (s0 != r0 || s1 != r1) break;
+                ++rows;
+            }
+            run_rows(p, t.row0 + i, rows, kv, r, sc.where.data() + (r0 - lo), r1 - r0, sc, m, l, sc.acc.data());
+            for (int64_t b = 0; b < rows; ++b)
+                for (int hh = 0; hh < nh; ++hh) {
+                    const int64_t u = b * nh + hh;
+                    merge(sc.state.data() + ((i + b) * nh + hh) * stride, m[u], l[u], sc.acc.data() + u * a.hd, a.hd,
+                          r0 == row_start(a, t.row0 + i + b));
+                }
         }
     }
     for (int64_t i = 0; i < t.rows; ++i)
@@ -231,7 +274,9 @@ void paged_attention_raw(const AttentionArgs& a) {
     // GQA group so every thread has one; a head's bits never depend on its run.
     const int64_t rows_kv = static_cast<int64_t>(tiles.size()) * a.kvh;
     if (rows_kv < threads) runs = std::max(runs, std::min(group, (threads + rows_kv - 1) / rows_kv));
-    const Plan p{a, unit, group, runs, (group + runs - 1) / runs};
+    Plan p{a, unit, group, runs, (group + runs - 1) / runs};
+    p.many = wide ? avx512::attend_range_many : avx2::attend_range_many;
+    p.rows_at_once = std::min<int64_t>(ROW_TILE, MAX_QUERIES / p.per_run);
     parallel_chunks(rows_kv * runs, 1, [&](int64_t b, int64_t e) {
         thread_local Scratch sc;
         for (int64_t i = b; i < e; ++i) run_tile(p, tiles[i / (a.kvh * runs)], (i / runs) % a.kvh, i % runs, sc);
