@@ -60,7 +60,7 @@ def rows(model: str, ms: list[int]) -> list[dict]:
     for name, label in TENSORS[model]:
         t = tensors[name]
         k, n = (int(d) for d in t.shape)
-        w = torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(n, -1))
+        w = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(n, -1))  # a writable copy
         qtype = int(t.tensor_type)
         for m in ms:
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
