@@ -107,10 +107,14 @@ def test_qmatmul_rows_are_batch_invariant(name, threads, isa):
     assert torch.equal(K.qmatmul(x[perm].contiguous(), w, QTYPES[name], n, k), full[perm])
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["f32", "int8"])
 @pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q6_K"])
-def test_qmatmul_bits_do_not_depend_on_thread_count(name, isa):
+def test_qmatmul_bits_do_not_depend_on_thread_count(name, isa, int8):
     """Big enough (>= 64 KiB of weights per task) that the decode GEMV really splits columns
-    across threads; every m path (1..4 decode, >4 prefill) against one thread."""
+    across threads; every m path (1..4 decode, >4 prefill) against one thread; int8: the
+    int8-activation kernels (qmatmul int8=True) too."""
+    if int8 and not K.int8_supported():
+        pytest.skip("this CPU has no AVX-512 VNNI: no int8-activation kernels")
     n, k = 1030, 512
     w = torch.from_numpy(random_quant(name, n, k, seed=9))
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(10))
@@ -119,7 +123,7 @@ def test_qmatmul_bits_do_not_depend_on_thread_count(name, isa):
         outs = {}
         for t in (1, 2):
             torch.set_num_threads(t)
-            outs[t] = [K.qmatmul(x[:m].contiguous(), w, QTYPES[name], n, k) for m in (1, 2, 3, 4, 9)]
+            outs[t] = [K.qmatmul(x[:m].contiguous(), w, QTYPES[name], n, k, int8=int8) for m in (1, 2, 3, 4, 9)]
     finally:
         torch.set_num_threads(before)
     for one, two in zip(outs[1], outs[2]):
