@@ -402,7 +402,7 @@ def test_avx512_objects_export_no_inline_code():
 
     if shutil.which("nm") is None:
         pytest.skip("no nm on PATH")
-    for name in ("qmatmul512.o", "attention512.o"):
+    for name in ("qmatmul512.o", "qmatmul_vnni.o", "attention512.o"):
         obj = build_directory() / name
         assert obj.exists(), obj
         symbols = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True, check=True).stdout
