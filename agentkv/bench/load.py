@@ -98,15 +98,16 @@ def storm(base: str, args: argparse.Namespace, rng: random.Random) -> tuple[Tall
 
 async def _kill_when_flowing(server: ServerProcess, args: argparse.Namespace, tally_box: list) -> int:
     clients = max(2, args.clients // 4)
-    # Long enough streams that the kill lands mid-stream even on a fast machine.
-    max_tokens = max(args.max_tokens, min(64, args.max_model_len // 4))
+    # Long enough streams that the kill lands mid-stream even on a fast machine (and even when
+    # the running state is seen late: 32-token streams at 18 ms a token once ended before it).
+    max_tokens = max(args.max_tokens, min(64, args.max_model_len // 2))
     task = asyncio.ensure_future(run_clients(server.base, args.model, max_tokens, [(None, 0.0)] * clients, killed=True))
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 60 and not task.done():
         if pool_state(server.base).running:
             break
         await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.1)
     code = await asyncio.to_thread(server.kill)
     tally_box.append(await task)
     return code
