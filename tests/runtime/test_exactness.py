@@ -117,17 +117,29 @@ def tokens(n: int, seed: int, vocab: int) -> list[int]:
 
 
 def check_contract(
-    model: str, backend: str, vocab: int, prompt_len: int, seed: int, kv_dtype: str = "f32", activation_dtype="f32"
+    model: str,
+    backend: str,
+    vocab: int,
+    prompt_len: int,
+    seed: int,
+    kv_dtype: str = "f32",
+    activation_dtype="f32",
+    light: bool = False,
 ) -> list[str]:
     """Run every variant of the contract with K/V stored as `kv_dtype` and the matmuls taking
-    `activation_dtype`; return the names of those that broke it."""
+    `activation_dtype`; return the names of those that broke it. `light`: one or two variants
+    of each family (7 engines instead of 12), for models whose every engine reads a 262k vocab."""
     prompt = tokens(prompt_len, seed, vocab)
     engine_of = functools.partial(make_engine, model, backend, kv_dtype=kv_dtype, activation_dtype=activation_dtype)
     cold = run(engine_of(), {"p": prompt})[0]["p"]
     assert cold and all(row.size for row in cold)
     broken = []
     rnd = random.Random(seed)
-    splits = sorted({1, 16, 17, prompt_len - 1, rnd.randrange(2, prompt_len - 1)})
+    splits = sorted(
+        {16, 17, rnd.randrange(2, prompt_len - 1)}
+        if light
+        else {1, 16, 17, prompt_len - 1, rnd.randrange(2, prompt_len - 1)}
+    )
     for split in splits:  # warm: a prefix of the prompt was computed by an earlier request
         engine = engine_of()
         run(engine, {"prefix": prompt[:split]}, SamplingParams(max_tokens=1, temperature=0.0))
@@ -135,12 +147,12 @@ def check_contract(
         assert outs["p"].cached_len > 0
         if not rows_equal(warm["p"], cold):
             broken.append(f"warm split={split}")
-    for others in (1, 3, 7):  # batched with unrelated requests
+    for others in (1, 7) if light else (1, 3, 7):  # batched with unrelated requests
         batch = {f"o{i}": tokens(rnd.randrange(5, 40), seed + 100 + i, vocab) for i in range(others)}
         got = run(engine_of(), {**batch, "p": prompt})[0]["p"]
         if not rows_equal(got, cold):
             broken.append(f"batched with {others}")
-    for chunk in (1, 7, 64):  # chunked prefill
+    for chunk in (7,) if light else (1, 7, 64):  # chunked prefill
         got = run(engine_of(chunk=chunk), {"p": prompt})[0]["p"]
         if not rows_equal(got, cold):
             broken.append(f"chunk={chunk}")
@@ -176,7 +188,7 @@ def test_exact_reuse_smollm2_f16_kv():
 
 @pytest.mark.slow
 def test_exact_reuse_gemma3_f16_kv():  # head_dim 256 and one kv head: the AVX-512 unit at 4 heads
-    assert check_contract("gemma3-270m", "cpu", 262144, 40, seed=3, kv_dtype="f16") == []
+    assert check_contract("gemma3-270m", "cpu", 262144, 40, seed=3, kv_dtype="f16", light=True) == []
 
 
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
