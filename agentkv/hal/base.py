@@ -112,7 +112,7 @@ class Backend(ABC):
         Part of the fingerprint. A backend without int8 kernels refuses "int8" with a ValueError
         naming why; set it before the first forward, as KV bits depend on it."""
         dtype = check_activation_dtype(dtype)
-        if dtype != "f32" and dtype not in self.activation_dtypes():
+        if dtype not in self.activation_dtypes():
             raise ValueError(f"activation_dtype={dtype!r}: backend {self.name!r} has no {dtype} matmul kernels")
         self.activation_dtype = dtype
         return self

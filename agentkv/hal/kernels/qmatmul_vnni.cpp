@@ -26,13 +26,8 @@
 
 namespace agentkv {
 namespace vnni {
-bool cpu_supports() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
+// The AVX-512 build's own check (qmatmul512.cpp), plus VNNI.
+bool cpu_supports() { return avx512::cpu_supports() && __builtin_cpu_supports("avx512vnni"); }
 }  // namespace vnni
 }  // namespace agentkv
 
