@@ -100,34 +100,72 @@ struct W8_0 {
     }
 };
 
-// Weights 0..15 are the low nibbles of qs[0..16), weights 16..31 the high ones.
-static inline void nibbles(const uint8_t* qs, __m512 out[2]) {
-    const __m512i a = _mm512_cvtepu8_epi32(load16(qs));
-    out[0] = _mm512_cvtepi32_ps(_mm512_and_si512(a, _mm512_set1_epi32(0x0F)));
-    out[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4));
+// The 4-bit formats decode through a table: lane j of `lut` holds the weight value of code j,
+// computed by the same fma or mul that decoding code j itself would round, so a lookup
+// gives that weight's bits (one permute instead of a convert and an fma per 16 weights).
+// vpermps reads only an index's low 4 bits, so the low nibbles need no mask.
+static inline __m512 iota16() {
+    return _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f);
 }
 
+static inline void lookup_nibbles(const uint8_t* qs, const __m512 lut, __m512 out[2]) {
+    const __m512i a = _mm512_cvtepu8_epi32(load16(qs));
+    out[0] = _mm512_permutexvar_ps(a, lut);
+    out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), lut);
+}
+
+// W4_0 and W4_1 are also TABLED: the decode path first converts a span of each column's
+// block scalars to f32 (`scalars`, into a stack array), then builds each block's table from
+// that array (`table`: broadcasts straight from memory), instead of converting and
+// shuffling the fp16 scalars in registers per block. `prepare` builds the same table from
+// the same f32 values for the prefill path.
 struct W4_0 {
     static constexpr int QK = 32, BYTES = 18, UNIT = 1;
-    using Ctx = NoCtx;
-    static inline void prepare(const uint8_t*, Ctx&) {}
-    static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
-        const __m512 d = _mm512_set1_ps(fp16_to_f32(b)), eight = _mm512_set1_ps(8.0f);
-        nibbles(b + 2, out);
-        for (int i = 0; i < 2; ++i) out[i] = _mm512_mul_ps(d, _mm512_sub_ps(out[i], eight));
+    static constexpr bool TABLED = true;
+    struct Ctx {
+        __m512 lut;  // d * (j - 8)
+    };
+    static inline void scalars(const uint8_t* b, float* s) { s[0] = fp16_to_f32(b); }
+    static inline __m512 table(const float* s) {
+        return _mm512_mul_ps(_mm512_set1_ps(s[0]), _mm512_sub_ps(iota16(), _mm512_set1_ps(8.0f)));
     }
+    static inline void prepare(const uint8_t* b, Ctx& ctx) {
+        float s[2];
+        scalars(b, s);
+        ctx.lut = table(s);
+    }
+    static inline void lookup(const uint8_t* b, const __m512 lut, __m512 out[2]) { lookup_nibbles(b + 2, lut, out); }
+    static inline void decode(const uint8_t* b, int, const Ctx& ctx, __m512 out[2]) { lookup(b, ctx.lut, out); }
 };
 
 struct W4_1 {
     static constexpr int QK = 32, BYTES = 20, UNIT = 1;
-    using Ctx = NoCtx;
-    static inline void prepare(const uint8_t*, Ctx&) {}
-    static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
-        const __m128 dm = fp16x2_to_f32(b);
-        const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
-        nibbles(b + 4, out);
-        for (int i = 0; i < 2; ++i) out[i] = _mm512_fmadd_ps(d, out[i], m);
+    static constexpr bool TABLED = true;
+    struct Ctx {
+        __m512 lut;  // fma(d, j, m)
+    };
+    static inline void scalars(const uint8_t* b, float* s) {
+        _mm_storel_pi(reinterpret_cast<__m64*>(s), fp16x2_to_f32(b));
     }
+    static inline __m512 table(const float* s) {
+        return _mm512_fmadd_ps(_mm512_set1_ps(s[0]), iota16(), _mm512_set1_ps(s[1]));
+    }
+    static inline void prepare(const uint8_t* b, Ctx& ctx) {
+        alignas(8) float s[2];
+        scalars(b, s);
+        ctx.lut = table(s);
+    }
+    static inline void lookup(const uint8_t* b, const __m512 lut, __m512 out[2]) { lookup_nibbles(b + 4, lut, out); }
+    static inline void decode(const uint8_t* b, int, const Ctx& ctx, __m512 out[2]) { lookup(b, ctx.lut, out); }
+};
+
+template <class F, class = void>
+struct is_tabled {
+    static constexpr bool value = false;
+};
+template <class F>
+struct is_tabled<F, decltype(void(F::TABLED))> {
+    static constexpr bool value = F::TABLED;
 };
 
 struct W4_K {
@@ -144,16 +182,17 @@ struct W4_K {
             ctx.dm[j] = dmin * static_cast<float>(mn);
         }
     }
-    // Sub-blocks 2c and 2c+1 together: the low and high nibbles of the same 32 bytes.
+    // Sub-blocks 2c and 2c+1 together: the low and high nibbles of the same 32 bytes, each
+    // through its sub-block's table fmsub(d, j, dm).
     static inline void decode(const uint8_t* b, int c, const Ctx& ctx, __m512 out[4]) {
         const uint8_t* q = b + 16 + 32 * c;
-        const __m512i m4 = _mm512_set1_epi32(0x0F);
-        const __m512 d0 = _mm512_set1_ps(ctx.d[2 * c]), dm0 = _mm512_set1_ps(ctx.dm[2 * c]);
-        const __m512 d1 = _mm512_set1_ps(ctx.d[2 * c + 1]), dm1 = _mm512_set1_ps(ctx.dm[2 * c + 1]);
+        const __m512 lut0 = _mm512_fmsub_ps(_mm512_set1_ps(ctx.d[2 * c]), iota16(), _mm512_set1_ps(ctx.dm[2 * c]));
+        const __m512 lut1 =
+            _mm512_fmsub_ps(_mm512_set1_ps(ctx.d[2 * c + 1]), iota16(), _mm512_set1_ps(ctx.dm[2 * c + 1]));
         for (int i = 0; i < 2; ++i) {
             const __m512i v = _mm512_cvtepu8_epi32(load16(q + 16 * i));
-            out[i] = _mm512_fmsub_ps(d0, _mm512_cvtepi32_ps(_mm512_and_si512(v, m4)), dm0);
-            out[2 + i] = _mm512_fmsub_ps(d1, _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), dm1);
+            out[i] = _mm512_permutexvar_ps(v, lut0);
+            out[2 + i] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut1);
         }
     }
 };
@@ -216,8 +255,51 @@ struct WF32 {
 
 // ---------------------------------------------------------------- decode (small m)
 
+// decode_cols for a TABLED format: the same fma sequence per output, with each block's
+// scalars converted beforehand, SPAN blocks per column at a time.
+template <class F, int M, int G>
+static void decode_cols_tabled(const Problem& p, int64_t c0) {
+    constexpr int64_t SPAN = 64;
+    __m512 acc[M][G];
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+    const uint8_t* rows[G];
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    const int64_t blocks = p.k / F::QK;
+    alignas(64) float s[G][2 * SPAN];
+    for (int64_t b0 = 0; b0 < blocks; b0 += SPAN) {
+        const int64_t nb = blocks - b0 < SPAN ? blocks - b0 : SPAN;
+        for (int g = 0; g < G; ++g) {
+            prefetch_block(rows[g] + b0 * F::BYTES + PREFETCH_BYTES, static_cast<int>(nb * F::BYTES));
+            for (int64_t j = 0; j < nb; ++j) F::scalars(rows[g] + (b0 + j) * F::BYTES, s[g] + 2 * j);
+        }
+        for (int64_t j = 0; j < nb; ++j) {
+            const int64_t sb = b0 + j;
+            const float* xk = p.x + sb * F::QK;
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) {
+                __m512 wv[2];
+                F::lookup(rows[g] + sb * F::BYTES, F::table(s[g] + 2 * j), wv);
+#pragma GCC unroll 8
+                for (int r = 0; r < M; ++r)
+#pragma GCC unroll 2
+                    for (int i = 0; i < 2; ++i)
+                        acc[r][g] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + r * p.k + 16 * i), wv[i], acc[r][g]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) store_sums<G>(acc[r], p.out + r * p.n + c0);
+}
+
 template <class F, int M, int G>
 static void decode_cols(const Problem& p, int64_t c0) {
+    if constexpr (is_tabled<F>::value) {
+        decode_cols_tabled<F, M, G>(p, c0);
+        return;
+    }
     __m512 acc[M][G];
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
