@@ -29,6 +29,8 @@ from agentkv.hal.specs import (  # noqa: F401
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer
 
 BackendClass = Literal["reference", "approx"]
@@ -290,6 +292,17 @@ class Backend(ABC):
         outputs weighted by the router in the token's own top-k order, add the shared expert.
         A token's bits never depend on which other tokens share the call."""
         raise NotImplementedError(f"{self.name}: moe_ffn")
+
+    def decoder_blocks(
+        self, h: Tensor, x: Tensor, layers: Sequence[DecoderLayer], specs: Sequence[BlockSpec], meta: AttnMeta,
+        kv: Any, final_norm: Weight,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """Every decoder block in order (`decoder_block` each): block i ends in block i+1's
+        attention norm, the last in `final_norm`. -> (h, the final norm's output)."""
+        for i, layer in enumerate(layers):
+            next_norm = layers[i + 1].attention.norm if i + 1 < len(layers) else final_norm
+            h, x = self.decoder_block(h, x, layer, specs[i], meta, kv, i, next_norm)
+        return h, x
 
     def decoder_block(
         self,

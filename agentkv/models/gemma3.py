@@ -137,11 +137,8 @@ class Gemma3Model(Model):
         be, cfg = self.backend, self.config
         h = be.scale(be.embedding(self.embed, token_ids), self.embed_scale)  # [n, d]
         x = self._norm(h, self.layers[0].attention.norm)
-        for i, layer in enumerate(self.layers):
-            # sandwich norms: each residual add is h + post_norm(delta), then the next norm
-            # (ffn_norm; the next layer's attn_norm; the final norm after the last layer)
-            next_norm = self.layers[i + 1].attention.norm if i + 1 < len(self.layers) else self.norm
-            h, x = be.decoder_block(h, x, layer, self.blocks[i], meta, kv, i, next_norm)
+        # sandwich norms: each residual add is h + post_norm(delta), then the next norm
+        h, x = be.decoder_blocks(h, x, self.layers, self.blocks, meta, kv, self.norm)
         logits = be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
         if cfg.final_logit_softcap:
             logits = be.softcap(logits, cfg.final_logit_softcap)

@@ -103,10 +103,7 @@ class LlamaModel(Model):
         be = self.backend
         h = be.embedding(self.embed, token_ids)  # [n, d]
         x = be.rms_norm(h, self.layers[0].attention.norm, self.hparams.norm_eps)
-        for i, layer in enumerate(self.layers):
-            # each block ends in the next norm: the next layer's attn_norm, then the final norm
-            next_norm = self.layers[i + 1].attention.norm if i + 1 < len(self.layers) else self.norm
-            h, x = be.decoder_block(h, x, layer, self.blocks[i], meta, kv, i, next_norm)
+        h, x = be.decoder_blocks(h, x, self.layers, self.blocks, meta, kv, self.norm)
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
 
     def _windowed(self, i: int) -> bool:

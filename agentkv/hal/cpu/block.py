@@ -73,6 +73,47 @@ class CompiledBlocks:
         normed = block.run(hs, x.raw.contiguous(), cos, sin, rows.positions, rows.slots, tables, row_seq, row_pos)
         return Tensor(hs), Tensor(normed)
 
+    def decoder_blocks(self, h, x, layers, specs, meta, kv, final_norm) -> tuple[Tensor, Tensor]:
+        """Every block as one compiled call (layer.cpp's DecoderStack: each block's run in
+        turn, so the same bits, minus a Python round trip per block) when every block
+        compiles; else one call per block."""
+        own_block = type(self).decoder_block is CompiledBlocks.decoder_block  # a subclass's own wins
+        compiled = self._compiled_stack(layers, specs, kv, final_norm) if own_block else None
+        if compiled is None:
+            return super().decoder_blocks(h, x, layers, specs, meta, kv, final_norm)
+        stack, ropes = compiled
+        rows = step_rows(meta)
+        tables = [self._rope_full_tables(rope, rows.max_pos) for rope in ropes]
+        hs = h.raw.contiguous()
+        cos, sin = [t[0] for t in tables], [t[1] for t in tables]
+        normed = stack.run(hs, x.raw.contiguous(), cos, sin, rows.positions, rows.slots, *kernel_meta(meta))
+        return Tensor(hs), Tensor(normed)
+
+    def _compiled_stack(self, layers, specs, kv: TorchKV, final_norm: Weight):
+        """(the DecoderStack of these layers, the distinct rope specs it indexes), built once
+        per KV store and kernel mode; None when some block does not compile."""
+        entry = kv.decoder_blocks.get("stack")
+        if (
+            entry is not None
+            and entry[3] == self.int8
+            and entry[2] is final_norm
+            and len(entry[0]) == len(layers)
+            and all(a is b for a, b in zip(entry[0], layers))
+            and all(a is b for a, b in zip(entry[1], specs))
+        ):
+            return entry[4]
+        blocks = []
+        for i, layer in enumerate(layers):
+            next_norm = layers[i + 1].attention.norm if i + 1 < len(layers) else final_norm
+            blocks.append(self._compiled_block(layer, specs[i], kv, i, next_norm))
+        compiled = None
+        if all(b is not None for b in blocks):
+            ropes = tuple(dict.fromkeys(spec.attention.rope for spec in specs))
+            index = [ropes.index(spec.attention.rope) for spec in specs]
+            compiled = (self._kernels.DecoderStack(blocks=blocks, rope=index, tables=len(ropes)), ropes)
+        kv.decoder_blocks["stack"] = (tuple(layers), tuple(specs), final_norm, self.int8, compiled)
+        return compiled
+
     def _compiled_block(self, layer: DecoderLayer, spec: BlockSpec, kv: TorchKV, index: int, next_norm: Weight):
         """The kernel library's DecoderBlock for this layer, built once per KV store; None
         where the block needs something it does not do (an FFN that is not dense, an

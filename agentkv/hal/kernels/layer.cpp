@@ -1,4 +1,5 @@
-// One decoder block (llama family, gemma3) as one call from Python.
+// One decoder block (llama family, gemma3) as one call from Python, and a model's whole stack
+// of them as one call (DecoderStack).
 //
 // It runs the checked ops of bindings.cpp in the order of hal's Backend.decoder_block
 // default, on the same tensors, so the output bits are that path's; what it saves are the
@@ -82,6 +83,34 @@ struct DecoderBlock {
     }
 };
 
+// The whole stack of blocks as one call: block i's output is block i+1's normed input, so
+// the blocks' bits are those of one run() per block; it saves a Python round trip (rope
+// tables, step tensors, argument conversion) per block. rope[i] picks block i's cos/sin
+// from the lists passed per step (gemma3's local and global layers have their own).
+struct DecoderStack {
+    std::vector<DecoderBlock> blocks;
+    std::vector<int64_t> rope;
+
+    at::Tensor run(at::Tensor h, at::Tensor x, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
+                   const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& block_tables,
+                   const at::Tensor& row_seq, const at::Tensor& row_pos) const {
+        for (size_t i = 0; i < blocks.size(); ++i) {
+            const int64_t r = rope[i];
+            x = blocks[i].run(h, x, cos[r], sin[r], positions, slots, block_tables, row_seq, row_pos);
+        }
+        return x;
+    }
+};
+
+DecoderStack decoder_stack(std::vector<DecoderBlock> blocks, std::vector<int64_t> rope, int64_t tables) {
+    TORCH_CHECK(!blocks.empty() && blocks.size() == rope.size(), "a decoder stack needs one rope index per block, got ",
+                blocks.size(), " blocks and ", rope.size(), " indices");
+    for (size_t i = 0; i < rope.size(); ++i)
+        TORCH_CHECK(rope[i] >= 0 && rope[i] < tables, "block ", i, "'s rope index ", rope[i], " is outside the ",
+                    tables, " rope tables");
+    return DecoderStack{std::move(blocks), std::move(rope)};
+}
+
 }  // namespace
 
 void bind_layer(pybind11::module_& m) {
@@ -122,6 +151,13 @@ void bind_layer(pybind11::module_& m) {
              py::arg("cache"), py::arg("config"))
         .def("run", &DecoderBlock::run, py::call_guard<py::gil_scoped_release>(),
              "one block: h updated in place, returns the next norm's output",
+             py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("slots"),
+             py::arg("block_tables"), py::arg("row_seq"), py::arg("row_pos"));
+    py::class_<DecoderStack>(m, "DecoderStack")
+        .def(py::init(&decoder_stack), py::kw_only(), py::arg("blocks"), py::arg("rope"), py::arg("tables"))
+        .def("__len__", [](const DecoderStack& s) { return s.blocks.size(); })
+        .def("run", &DecoderStack::run, py::call_guard<py::gil_scoped_release>(),
+             "every block in order: h updated in place, returns the last block's next-norm output",
              py::arg("h"), py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("slots"),
              py::arg("block_tables"), py::arg("row_seq"), py::arg("row_pos"));
 }

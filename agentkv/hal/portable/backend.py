@@ -59,7 +59,8 @@ class TorchKV:
         self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)
         self.k_blocks = tuple(t.view(blocks) for t in self.k_slots)
         self.v_blocks = tuple(t.view(blocks) for t in self.v_slots)
-        self.decoder_blocks: dict[int, tuple] = {}  # layer -> (DecoderLayer, spec, next_norm, compiled block, int8)
+        # layer -> (DecoderLayer, spec, next_norm, compiled block, int8); "stack" -> the whole stack's
+        self.decoder_blocks: dict[int | str, tuple] = {}
 
 
 def _silu(x: torch.Tensor) -> torch.Tensor:
