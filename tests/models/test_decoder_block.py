@@ -1,7 +1,8 @@
 """The cpu backend's compiled decoder block (hal/kernels/layer.cpp) runs the same kernels in
 the same order as Backend.decoder_block's composition of single ops, and the whole stack of
-them runs as one call (DecoderStack): logits and KV are equal bit for bit, on both real models (llama with fused q/k/v; gemma3 with post norms, q/k norms,
-local/global rope and layers whose q/k/v stay separate)."""
+them runs as one call (DecoderStack): logits and KV are equal bit for bit, on both real models
+(llama with fused q/k/v; gemma3 with post norms, q/k norms, local/global rope and layers whose
+q/k/v stay separate)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def run(model: str, compiled: bool, monkeypatch) -> tuple[list[np.ndarray], torc
         kv = llm.engine.runner.kv
         used = sum(entry[3] is not None for key, entry in kv.decoder_blocks.items() if key != "stack")
         stack = kv.decoder_blocks["stack"][4]  # the whole stack as one call, when every block compiled
-        assert (stack is not None) == compiled and (not compiled or len(stack[0]) == len(llm.engine.runner.model.layers))
+        assert (stack is not None) == compiled
+        assert not compiled or len(stack[0]) == len(llm.engine.runner.model.layers)
         return llm.engine.recorded.pop(out.request_id), kv.k.clone(), used
 
 
