@@ -137,7 +137,7 @@ def serve_flags(args: argparse.Namespace) -> list[str]:
 
 async def measure(base: str, model: str, figures: list[str], p: Prompts, s: Sizes) -> dict[str, Any]:
     """The figures on one running server (the warm-up first, not timed)."""
-    await http.decode(base, model, p.warm_up, 4)
+    await http.decode(base, model, p.warm_up, 4, repeats=1)
     out: dict[str, Any] = {}
     for figure in figures:
         log(f"  {figure} ...")

@@ -148,11 +148,19 @@ async def ttft(base: str, model: str, prompt: str, depth_len: int) -> dict[str, 
     }
 
 
-async def decode(base: str, model: str, prompt: str, decode_len: int) -> dict[str, Any]:
-    """Single-stream decode tokens/s after a short prompt (first token to finish)."""
+async def decode(base: str, model: str, prompt: str, decode_len: int, repeats: int = 3) -> dict[str, Any]:
+    """Single-stream decode tokens/s after a short prompt (first token to finish): the median
+    of `repeats` streams one after another, so one slow moment of a shared VM does not make
+    the figure (every arm runs the same repeats); each stream's figure is kept."""
     async with client(base) as http:
-        s = await complete(http, body(model, prompt, decode_len))
-    return {"decode_tok_s": s.decode_tok_s, "tokens": s.num_tokens, "finish_reason": s.finish_reason}
+        runs = [await complete(http, body(model, prompt, decode_len)) for _ in range(repeats)]
+    rates = [s.decode_tok_s for s in runs]
+    return {
+        "decode_tok_s": statistics.median(r for r in rates if r is not None) if any(rates) else None,
+        "runs_tok_s": rates,
+        "tokens": runs[-1].num_tokens,
+        "finish_reason": runs[-1].finish_reason,
+    }
 
 
 def max_overlap(streams: list[Stream]) -> int:

@@ -42,6 +42,7 @@ def test_long_bench_both_servers_tiny(tmp_path):
         assert res["replay"]["requests"] == AGENTS * TURNS and res["replay"]["wall_s"] > 0
         assert res["replay"]["completion_tokens"] > 0 and res["ttft"]["ttft_s"] > 0
         assert res["decode"]["tokens"] > 1 and res["decode"]["decode_tok_s"] > 0
+        assert len(res["decode"]["runs_tok_s"]) == 3  # the median of three streams
         assert res["streams"]["streams"] == STREAMS and res["streams"]["tokens"] > 0
     # agentkv decodes exactly what was asked, and its prefix cache works over HTTP: every
     # request after turn 0 reuses at least the shared prefix's full blocks.
