@@ -114,11 +114,11 @@ static inline void lookup_nibbles(const uint8_t* qs, const __m512 lut, __m512 ou
     out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), lut);
 }
 
-// W4_0 and W4_1 are also TABLED: the decode path first converts a span of each column's
-// block scalars to f32 (`scalars`, into a stack array), then builds each block's table from
-// that array (`table`: broadcasts straight from memory), instead of converting and
-// shuffling the fp16 scalars in registers per block. `prepare` builds the same table from
-// the same f32 values for the prefill path.
+// W4_0, W4_1 and W5_0 are also TABLED: the decode path first converts a span of each
+// column's block scalars to f32 (`scalars`, into a stack array), then `lookup` builds each
+// block's table from that array (broadcasts straight from memory), instead of converting and
+// shuffling the fp16 scalars in registers per block. The prefill path's `decode` yields the
+// same values.
 struct W4_0 {
     static constexpr int QK = 32, BYTES = 18, UNIT = 1;
     static constexpr bool TABLED = true;
@@ -134,8 +134,8 @@ struct W4_0 {
         scalars(b, s);
         ctx.lut = table(s);
     }
-    static inline void lookup(const uint8_t* b, const __m512 lut, __m512 out[2]) { lookup_nibbles(b + 2, lut, out); }
-    static inline void decode(const uint8_t* b, int, const Ctx& ctx, __m512 out[2]) { lookup(b, ctx.lut, out); }
+    static inline void lookup(const uint8_t* b, const float* s, __m512 out[2]) { lookup_nibbles(b + 2, table(s), out); }
+    static inline void decode(const uint8_t* b, int, const Ctx& ctx, __m512 out[2]) { lookup_nibbles(b + 2, ctx.lut, out); }
 };
 
 struct W4_1 {
@@ -155,8 +155,8 @@ struct W4_1 {
         scalars(b, s);
         ctx.lut = table(s);
     }
-    static inline void lookup(const uint8_t* b, const __m512 lut, __m512 out[2]) { lookup_nibbles(b + 4, lut, out); }
-    static inline void decode(const uint8_t* b, int, const Ctx& ctx, __m512 out[2]) { lookup(b, ctx.lut, out); }
+    static inline void lookup(const uint8_t* b, const float* s, __m512 out[2]) { lookup_nibbles(b + 4, table(s), out); }
+    static inline void decode(const uint8_t* b, int, const Ctx& ctx, __m512 out[2]) { lookup_nibbles(b + 4, ctx.lut, out); }
 };
 
 template <class F, class = void>
@@ -223,6 +223,7 @@ struct W6_K {
 // Weight i's fifth bit is bit i of the little-endian u32 qh: straight into a lane mask.
 struct W5_0 {
     static constexpr int QK = 32, BYTES = 22, UNIT = 1;
+    static constexpr bool TABLED = true;
     using Ctx = NoCtx;
     static inline void prepare(const uint8_t*, Ctx&) {}
     static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
@@ -239,6 +240,25 @@ struct W5_0 {
         const __m512i q1 = _mm512_mask_add_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
         out[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q0), d16);
         out[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q1), d16);
+    }
+    static inline void scalars(const uint8_t* b, float* s) { s[0] = fp16_to_f32(b); }
+    // The 32 codes' values d * (q - 16) as two 16-entry tables (codes 0-15: d * (j - 16);
+    // 16-31: d * j), each the one rounding of the same exact product that decode's fma rounds;
+    // the fifth bit picks the table (bit 4 of a vpermt2ps index).
+    static inline void lookup(const uint8_t* b, const float* s, __m512 out[2]) {
+        const __m512 d = _mm512_set1_ps(s[0]);
+        const __m512 low = _mm512_mul_ps(d, _mm512_sub_ps(iota16(), _mm512_set1_ps(16.0f)));
+        const __m512 high = _mm512_mul_ps(d, iota16());
+        uint16_t qh0, qh1;  // the fifth bits of weights 0-15 and 16-31, each loaded into a mask
+        std::memcpy(&qh0, b + 2, 2);
+        std::memcpy(&qh1, b + 4, 2);
+        const __m512i a = _mm512_cvtepu8_epi32(load16(b + 6)), sixteen = _mm512_set1_epi32(16);
+        const __m512i i0 =
+            _mm512_mask_or_epi32(_mm512_and_si512(a, _mm512_set1_epi32(0x0F)), static_cast<__mmask16>(qh0), a, sixteen);
+        const __m512i hi = _mm512_srli_epi32(a, 4);
+        const __m512i i1 = _mm512_mask_or_epi32(hi, static_cast<__mmask16>(qh1), hi, sixteen);
+        out[0] = _mm512_permutex2var_ps(low, i0, high);
+        out[1] = _mm512_permutex2var_ps(low, i1, high);
     }
 };
 
@@ -281,7 +301,7 @@ static void decode_cols_tabled(const Problem& p, int64_t c0) {
 #pragma GCC unroll 8
             for (int g = 0; g < G; ++g) {
                 __m512 wv[2];
-                F::lookup(rows[g] + sb * F::BYTES, F::table(s[g] + 2 * j), wv);
+                F::lookup(rows[g] + sb * F::BYTES, s[g] + 2 * j, wv);
 #pragma GCC unroll 8
                 for (int r = 0; r < M; ++r)
 #pragma GCC unroll 2
