@@ -299,8 +299,9 @@ class Backend(ABC):
     ) -> tuple[Tensor, Tensor]:  # fmt: skip
         """Every decoder block in order (`decoder_block` each): block i ends in block i+1's
         attention norm, the last in `final_norm`. -> (h, the final norm's output)."""
-        for i, layer in enumerate(layers):
-            next_norm = layers[i + 1].attention.norm if i + 1 < len(layers) else final_norm
+        from agentkv.hal.blocks import next_norms
+
+        for i, (layer, next_norm) in enumerate(zip(layers, next_norms(layers, final_norm))):
             h, x = self.decoder_block(h, x, layer, specs[i], meta, kv, i, next_norm)
         return h, x
 

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from agentkv.hal.base import RopeSpec, Tensor, Weight
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from agentkv.hal.base import Backend
 
 GATED_ACTS = ("silu", "gelu_tanh", "gelu")
@@ -285,6 +287,11 @@ class DecoderLayer:
             raise MissingWeight(f"DecoderLayer.attention: expected AttentionWeights, got {self.attention!r}")
         if not isinstance(getattr(self.ffn, "norm", None), Weight):
             raise MissingWeight(f"DecoderLayer.ffn: {type(self.ffn).__name__} has no norm weight")
+
+
+def next_norms(layers: Sequence[DecoderLayer], final_norm: Weight) -> list[Weight]:
+    """The norm each block ends in: the next layer's attention norm, the last block's `final_norm`."""
+    return [layer.attention.norm for layer in layers[1:]] + [final_norm]
 
 
 def weights_of(obj: Any) -> dict[str, Weight | None]:

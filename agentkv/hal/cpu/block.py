@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor, Weight
-from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer, DenseFFN, DenseFFNSpec, Projection
+from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer, DenseFFN, DenseFFNSpec, Projection, next_norms
 from agentkv.hal.portable.backend import GLU_KINDS, TorchKV, _stacked
 from agentkv.hal.portable.steps import kernel_meta, step_rows
 from agentkv.hal.rope import rope_tables
@@ -102,10 +102,8 @@ class CompiledBlocks:
             and all(a is b for a, b in zip(entry[1], specs))
         ):
             return entry[4]
-        blocks = []
-        for i, layer in enumerate(layers):
-            next_norm = layers[i + 1].attention.norm if i + 1 < len(layers) else final_norm
-            blocks.append(self._compiled_block(layer, specs[i], kv, i, next_norm))
+        norms = next_norms(layers, final_norm)
+        blocks = [self._compiled_block(layer, specs[i], kv, i, norms[i]) for i, layer in enumerate(layers)]
         compiled = None
         if all(b is not None for b in blocks):
             ropes = tuple(dict.fromkeys(spec.attention.rope for spec in specs))

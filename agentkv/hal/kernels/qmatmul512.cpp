@@ -275,18 +275,24 @@ struct WF32 {
 
 // ---------------------------------------------------------------- decode (small m)
 
+// A decode_cols call's start: zeroed accumulators and the weight rows of columns c0 .. c0+G.
+template <int M, int G>
+static inline void start_cols(const Problem& p, int64_t c0, __m512 (&acc)[M][G], const uint8_t* (&rows)[G]) {
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+}
+
 // decode_cols for a TABLED format: the same fma sequence per output, with each block's
 // scalars converted beforehand, SPAN blocks per column at a time.
 template <class F, int M, int G>
 static void decode_cols_tabled(const Problem& p, int64_t c0) {
     constexpr int64_t SPAN = 64;
     __m512 acc[M][G];
-#pragma GCC unroll 8
-    for (int r = 0; r < M; ++r)
-#pragma GCC unroll 4
-        for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
     const uint8_t* rows[G];
-    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    start_cols<M, G>(p, c0, acc, rows);
     const int64_t blocks = p.k / F::QK;
     alignas(64) float s[G][2 * SPAN];
     for (int64_t b0 = 0; b0 < blocks; b0 += SPAN) {
@@ -321,12 +327,8 @@ static void decode_cols(const Problem& p, int64_t c0) {
         return;
     }
     __m512 acc[M][G];
-#pragma GCC unroll 8
-    for (int r = 0; r < M; ++r)
-#pragma GCC unroll 4
-        for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
     const uint8_t* rows[G];
-    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    start_cols<M, G>(p, c0, acc, rows);
     constexpr int SUBS = F::QK / 32;
     const int64_t blocks = p.k / F::QK;
     for (int64_t sb = 0; sb < blocks; ++sb) {
