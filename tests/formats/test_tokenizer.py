@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import gguf
 import pytest
-from gguf import GGUFReader
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,7 +46,7 @@ def _smollm2_file() -> Path:
 
 
 def _metadata(path: Path) -> dict:
-    return {k: f.contents() for k, f in GGUFReader(path).fields.items()}
+    return {k: f.contents() for k, f in gguf.GGUFReader(path).fields.items()}
 
 
 def _hf_gguf(path: Path):
