@@ -279,24 +279,55 @@ static inline void score_block(const AttentionArgs& a, const float* const* q, co
     }
 }
 
-template <typename KT, int CHUNKS>
-static void scores_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
-                        float* const* out) {
+// The 4 K rows of a step as every query group reads them: as they are (f32, or f16 past
+// MAX_HD), or f16 widened to f32 once into `rows` (exact), so each group of 4 queries loads
+// them instead of widening them again: 12 times a chunk for SmolLM2's 48 queries, each two
+// micro-ops on the FMA ports. Attention over 3,192 keys, 192 rows, one thread: 20.6 -> 18.6 ms.
+constexpr int64_t MAX_HD = 256;  // the widest head widened (Gemma-3's 256)
+
+template <typename KT>
+static inline void step_rows(const AttentionArgs&, const KT* const* k, float*, const KT** out) {
+    for (int t = 0; t < KEYS_AT_ONCE; ++t) out[t] = k[t];
+}
+
+static inline void step_rows(const AttentionArgs& a, const uint16_t* const* k, float* rows, const float** out) {
+    const int64_t chunks = (a.hd + 15) / 16, full = a.hd / 16;
+    const __mmask16 tail = first_lanes(a.hd - 16 * full);
+    for (int t = 0; t < KEYS_AT_ONCE; ++t) {
+        float* row = rows + t * 16 * chunks;
+        for (int64_t c = 0; c < chunks; ++c) _mm512_store_ps(row + 16 * c, load_kv(k[t], c, full, tail));
+        out[t] = row;
+    }
+}
+
+template <typename KT, typename RT, int CHUNKS>
+static void scores_many_of(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                           float* const* out) {
     const KT* k_cache = KVRows<KT>::k(a);
+    alignas(64) float rows[KEYS_AT_ONCE * MAX_HD];
     for (int64_t j = 0; j < len; j += KEYS_AT_ONCE) {
         const KT* k[KEYS_AT_ONCE];
         for (int t = 0; t < KEYS_AT_ONCE; ++t) {
             prefetch_span(k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
             k[t] = k_cache + where[j + t];
         }
+        const RT* kr[KEYS_AT_ONCE];
+        step_rows(a, k, rows, kr);
         for (int g = 0; g < nq;) {
             switch (nq - g >= 4 ? 4 : nq - g >= 2 ? 2 : 1) {
-                case 4: score_block<KT, 4, CHUNKS>(a, q + g, k, out + g, j); g += 4; break;
-                case 2: score_block<KT, 2, CHUNKS>(a, q + g, k, out + g, j); g += 2; break;
-                default: score_block<KT, 1, CHUNKS>(a, q + g, k, out + g, j); g += 1; break;
+                case 4: score_block<RT, 4, CHUNKS>(a, q + g, kr, out + g, j); g += 4; break;
+                case 2: score_block<RT, 2, CHUNKS>(a, q + g, kr, out + g, j); g += 2; break;
+                default: score_block<RT, 1, CHUNKS>(a, q + g, kr, out + g, j); g += 1; break;
             }
         }
     }
+}
+
+template <typename KT, int CHUNKS>
+static void scores_many(const AttentionArgs& a, int nq, const float* const* q, const int64_t* where, int64_t len,
+                        float* const* out) {
+    if (a.hd <= MAX_HD) scores_many_of<KT, float, CHUNKS>(a, nq, q, where, len, out);
+    else scores_many_of<KT, KT, CHUNKS>(a, nq, q, where, len, out);
     if (a.softcap > 0.0f)
         for (int qq = 0; qq < nq; ++qq)
             for (int64_t j = 0; j < len; ++j) out[qq][j] = a.softcap * std::tanh(out[qq][j] / a.softcap);
