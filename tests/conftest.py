@@ -53,8 +53,9 @@ def _one_gguf_reader_per_packaged_model():
             key = os.path.realpath(path)
             if cls is SharedReader and mode == "r" and key in packaged:
                 if key not in shared:
-                    shared[key] = super().__new__(cls)
-                    original.__init__(shared[key], path, mode)
+                    reader = super().__new__(cls)
+                    original.__init__(reader, path, mode)  # kept only once it has read the file
+                    shared[key] = reader
                 return shared[key]
             return super().__new__(cls)
 
