@@ -11,6 +11,7 @@ max_model_len to what the pool holds, and the log says so."""
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from typing import Any
 
 from agentkv.commands.config_flags import add_engine_arguments, config_from_args
 from agentkv.runtime.config import parse_size
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,15 +89,31 @@ def api_keys(args: argparse.Namespace) -> dict[str, str | None] | None:
     return keys or None
 
 
+def freeze_heap() -> int:
+    """Collect, then move every object alive into the permanent generation, so that no later
+    collection scans them. What a load leaves (the model's Python objects, the tokenizer's
+    vocabulary: ~290K tracked objects for SmolLM2, ~450K for Gemma-3) otherwise makes each full
+    collection hold the GIL for 110-140 ms, which stalls the engine thread and every stream at
+    once. vLLM freezes its heap after start-up the same way. Only the serve command calls this:
+    it owns its process (an app built inside a test process must not freeze its host's heap).
+    Returns how many objects are frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def loader(args: argparse.Namespace) -> Any:
     """A zero-argument engine builder, so the app can load in the background. The config is
-    built (and a bad flag value raises its ValueError) now, before anything loads."""
+    built (and a bad flag value raises its ValueError) now, before anything loads. Once the
+    engine is built, the heap it leaves is frozen (freeze_heap)."""
     from agentkv.runtime.async_engine import AsyncEngine
 
     config = config_from_args(args)
 
     def load() -> AsyncEngine:
-        return AsyncEngine.from_config(config)
+        engine = AsyncEngine.from_config(config)
+        log.info("froze %d objects left by the load out of collections", freeze_heap())
+        return engine
 
     return load
 

@@ -49,3 +49,27 @@ def test_witness_ops_pass(backend):
 def test_witness_without_cuda_is_skip_and_nonzero():
     r = agentkv("witness", "--backend", "torch-cuda")
     assert r.returncode != 0 and "SKIP" in r.stdout and "CUDA" in r.stdout
+
+
+# Run in a child: freezing is process-wide, and the test process's own heap must stay collectable.
+SERVE_LOAD = """
+import argparse, gc, json
+from agentkv.commands.serve import add_arguments, loader
+parser = argparse.ArgumentParser()
+add_arguments(parser)
+args = parser.parse_args(["smollm2", "--max-model-len", "256", "--kv-cache-blocks", "32"])
+before = gc.get_freeze_count()
+engine = loader(args)()
+frozen = gc.get_freeze_count()
+print(json.dumps({"before": before, "frozen": frozen, "tracked": len(gc.get_objects())}))
+"""
+
+
+def test_the_serve_loader_leaves_its_heap_frozen_out_of_collections():
+    r = subprocess.run([sys.executable, "-c", SERVE_LOAD], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    counts = json.loads(r.stdout.splitlines()[-1])
+    # nothing was frozen before the load; after it, the tokenizer's vocabulary alone (49,152
+    # entries) is more than a full collection would otherwise scan of what is still tracked
+    assert counts["before"] == 0
+    assert counts["frozen"] > 49152 > counts["tracked"]
