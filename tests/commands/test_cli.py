@@ -69,7 +69,7 @@ def test_the_serve_loader_leaves_its_heap_frozen_out_of_collections():
     r = subprocess.run([sys.executable, "-c", SERVE_LOAD], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     counts = json.loads(r.stdout.splitlines()[-1])
-    # nothing was frozen before the load; after it, the tokenizer's vocabulary alone (49,152
-    # entries) is more than a full collection would otherwise scan of what is still tracked
+    # nothing was frozen before the load; after it, more objects are frozen than the tokenizer's
+    # 49,152-entry vocabulary, and fewer than that are left for a collection to scan
     assert counts["before"] == 0
     assert counts["frozen"] > 49152 > counts["tracked"]
