@@ -91,13 +91,18 @@ class AgentkvArm(Arm):
             self.engine.add_request(rid, p, params)
             rids.append(rid)
         first: dict[str, float] = {}
+        merged: dict[str, Any] = {}
         final: dict[str, tuple[Any, float]] = {}
         while len(final) < len(rids):
             for out in self.engine.step():
                 now = time.perf_counter()
                 first.setdefault(out.request_id, now)
+                if out.request_id in merged:
+                    merged[out.request_id].merge(out)
+                else:
+                    merged[out.request_id] = out
                 if out.finished:
-                    final[out.request_id] = (out, now)
+                    final[out.request_id] = (merged[out.request_id], now)
         return [
             Result(
                 len(p),

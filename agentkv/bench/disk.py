@@ -106,11 +106,12 @@ def _no_writes(block: int) -> bytes:
 def read_arm(spec: dict) -> dict:
     """The disk tier alone: read and verify every block of the prefix, page cache dropped."""
     from agentkv.cache.disk_tier import DiskTier
+    from agentkv.runtime.kv_disk import tenant_of
 
     engine = _engine(spec)
     ids = lcg(spec["prefix_len"], SEED, engine.vocab_size)
-    disk, namespace = engine.disk, (engine.model_name, None)
-    files = sorted(disk.dir.glob("*.kvb"))
+    disk, namespace = engine.disk.tier, (engine.model_name, None)
+    files = sorted(disk.dir.glob("g-*/*.kvb"))
     for path in files:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -118,7 +119,7 @@ def read_arm(spec: dict) -> dict:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-    tier = DiskTier(disk.dir.parent, disk.fingerprint, disk.capacity_bytes, _no_writes)
+    tier = DiskTier(disk.dir.parent, disk.fingerprint, disk.capacity_bytes, _no_writes, tenant_of)
     num_blocks = (len(ids) - 1) // BLOCK_SIZE
     t0 = time.perf_counter()
     payloads = tier.fetch(namespace, ids, 0, num_blocks)
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prefix_len < 2 * BLOCK_SIZE:
         raise ValueError(f"--prefix-len {args.prefix_len} must be >= {2 * BLOCK_SIZE}")
     out = Path(args.out)
-    if args.kv_cache_dir and any(Path(args.kv_cache_dir).glob("kv-v*/*.kvb")):
+    if args.kv_cache_dir and any(Path(args.kv_cache_dir).glob("kv-v*/g-*/*.kvb")):
         raise ValueError(f"--kv-cache-dir {args.kv_cache_dir} already holds block files; the cold arm needs none")
     scratch = Path(tempfile.mkdtemp(prefix="agentkv-bench-disk-"))  # arm specs, slot files, default KV dir
     spec = {"model": args.model, "backend": args.backend, "weights": args.weights, "prefix_len": args.prefix_len}

@@ -45,14 +45,14 @@ def _turn(engine, rid: str, ids: list[int], max_tokens: int) -> tuple[list[int],
     from agentkv.runtime.params import SamplingParams
 
     engine.add_request(rid, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0))
-    final = None
+    answer: list[int] = []
     for out in engine.step():  # the prefill step, which samples the first token
-        final = out if out.finished else final
+        answer += out.token_ids
     t0 = time.perf_counter()
     while engine.has_unfinished():
         for out in engine.step():
-            final = out if out.finished else final
-    return final.token_ids, time.perf_counter() - t0
+            answer += out.token_ids
+    return answer, time.perf_counter() - t0
 
 
 def _session(engine, name: str, turns: tuple[str, ...], max_tokens: int) -> list[tuple[list[int], list[int], float]]:

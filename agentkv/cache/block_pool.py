@@ -3,6 +3,9 @@
 The pool only counts references; the KV tensors themselves live behind the backend, indexed
 by the same `BlockId`. A block is shared by whoever holds a reference to it (running
 requests, radix tree nodes) and returns to the free list when the last reference is freed.
+References the prefix cache holds are counted apart too (`cache=True`), so the number of
+blocks only the cache holds — what eviction could return — is kept as it changes, O(1) per
+reference, instead of by walking the tree.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ class BlockPool:
             raise ValueError(f"num_blocks={num_blocks} must be >= 1")
         self.num_blocks = num_blocks
         self._refcounts = [0] * num_blocks
+        self._cache_refs = [0] * num_blocks  # of a block's references, those the cache holds
         self._free: list[int] = list(range(num_blocks))  # already a valid heap
+        self.num_cached_only = 0  # used blocks whose every reference is the cache's
 
     @property
     def num_free(self) -> int:
@@ -55,22 +60,35 @@ class BlockPool:
             self._refcounts[block] = 1
         return blocks
 
-    def incref(self, block: BlockId) -> None:
-        """Add a reference to a block in use (sharing it); a free block cannot be shared."""
+    def incref(self, block: BlockId, *, cache: bool = False) -> None:
+        """Add a reference to a block in use (sharing it); a free block cannot be shared.
+        `cache`: the reference is the prefix cache's."""
         if self._refcounts[block] <= 0:
             raise RuntimeError(f"incref of free block {block}: bug")
+        was = self._refcounts[block] == self._cache_refs[block]
         self._refcounts[block] += 1
+        if cache:
+            self._cache_refs[block] += 1
+        self.num_cached_only += (self._refcounts[block] == self._cache_refs[block]) - was
 
-    def free(self, blocks: Iterable[BlockId]) -> int:
-        """Drop one reference to each block; returns how many went back to the free list."""
+    def free(self, blocks: Iterable[BlockId], *, cache: bool = False) -> int:
+        """Drop one reference to each block (the cache's, with `cache`); returns how many
+        went back to the free list."""
         num_returned = 0
+        refs, cache_refs = self._refcounts, self._cache_refs
         for block in blocks:
-            if self._refcounts[block] <= 0:
-                raise RuntimeError(f"free of free block {block}: bug")
-            self._refcounts[block] -= 1
-            if self._refcounts[block] == 0:
+            if refs[block] <= 0 or (cache and cache_refs[block] <= 0):
+                raise RuntimeError(f"free of free block {block}{' (cache reference)' if cache else ''}: bug")
+            was = refs[block] == cache_refs[block]
+            refs[block] -= 1
+            if cache:
+                cache_refs[block] -= 1
+            if refs[block] == 0:
                 heapq.heappush(self._free, block)
                 num_returned += 1
+                self.num_cached_only -= was
+            else:
+                self.num_cached_only += (refs[block] == cache_refs[block]) - was
         return num_returned
 
     def check_integrity(self) -> None:
@@ -85,3 +103,11 @@ class BlockPool:
         for block, count in enumerate(self._refcounts):
             if count < 0 or (count == 0) != (block in free):
                 raise RuntimeError(f"block {block} refcount {count} vs free list: bug")
+            if not 0 <= self._cache_refs[block] <= count:
+                raise RuntimeError(f"block {block}: {self._cache_refs[block]} cache references of {count}: bug")
+        cached_only = sum(1 for b, n in enumerate(self._refcounts) if n and n == self._cache_refs[b])
+        if cached_only != self.num_cached_only:
+            raise RuntimeError(f"num_cached_only={self.num_cached_only}, counted {cached_only}: bug")
+
+    def cache_refcount(self, block: BlockId) -> int:
+        return self._cache_refs[block]

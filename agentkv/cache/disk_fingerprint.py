@@ -3,10 +3,10 @@
 Two engines whose fingerprints differ may compute different bits for the same tokens, so a
 block written by one is never served to the other. The fingerprint covers:
 
-    model      SHA-256 of every byte of the model file (a folder: each file, by name), so
-               the tensor data and the hyperparameters read from the metadata (rope base,
-               norm eps, ...) are both covered; computed once per (path, size, mtime)
-    backend    its identity (name, device, ISA, kernel build) and its fingerprint (+ dtypes)
+    parts      the engine's named entries (runtime/fingerprint.py: FINGERPRINT_PARTS): the
+               model's bytes (SHA-256 of every byte of the file, or of each file of a folder,
+               computed once per path + size + mtime: `weights_digest`), the backend's
+               identity, the dtypes, the weights mode, the libraries and the CPU's ISA
     KV layout  block size, layers, kv heads, head dim, dtype, and LAYOUT_VERSION
 
 The cache namespace (tenant, adapter, model name) is not part of it: it salts the root of
@@ -24,16 +24,14 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-LAYOUT_VERSION = 1  # bump when the file format or the block byte layout changes
+LAYOUT_VERSION = 2  # bump when the file format or the block byte layout changes
 DIGESTS_FILE = "weights-digests.json"  # next to the blocks: path|size|mtime_ns -> digest
 _CHUNK = 1 << 22
 log = logging.getLogger(__name__)
 
 
 class Fingerprint(NamedTuple):
-    weights_digest: str
-    backend_identity: tuple[str | None, ...]  # hal Identity as plain values
-    backend_fingerprint: str
+    parts: tuple[tuple[str, str], ...]  # (name, value): the engine's FINGERPRINT_PARTS
     block_size: int
     kv_shape: tuple[int, int, int]  # (num_layers, num_kv_heads, head_dim)
     kv_dtype: str
@@ -44,9 +42,7 @@ class Fingerprint(NamedTuple):
         """Hex SHA-256 over every field, in order (stable across processes and machines)."""
         text = json.dumps(
             [
-                self.weights_digest,
-                list(self.backend_identity),
-                self.backend_fingerprint,
+                [list(part) for part in self.parts],
                 self.block_size,
                 list(self.kv_shape),
                 self.kv_dtype,
@@ -113,15 +109,9 @@ def weights_digest(path: Path, cache_dir: Path) -> str:
     return digest
 
 
-def fingerprint_for(
-    model_path: Path, cache_dir: Path, backend: object, block_size: int, kv_spec: object
-) -> Fingerprint:
-    """The fingerprint of `backend` (a hal Backend: its `identity`, `fingerprint`, `kv_dtype`)
-    running the model at `model_path` with a KV store shaped like `kv_spec` (a hal KVSpec).
-    Duck-typed so that cache/ imports no backend. Reads the model's bytes unless
-    `cache_dir` already holds their digest for the same path, size and mtime."""
-    identity = tuple(backend.identity)  # type: ignore[attr-defined]
+def fingerprint_for(parts: tuple[tuple[str, str], ...], block_size: int, kv_spec: object) -> Fingerprint:
+    """The fingerprint of an engine with fingerprint `parts` (its "kv_dtype" entry is the
+    element type of the files) and a KV store shaped like `kv_spec` (a hal KVSpec;
+    duck-typed so that cache/ imports no backend)."""
     shape = (kv_spec.num_layers, kv_spec.num_kv_heads, kv_spec.head_dim)  # type: ignore[attr-defined]
-    return Fingerprint(
-        weights_digest(model_path, cache_dir), identity, backend.fingerprint, block_size, shape, backend.kv_dtype
-    )  # type: ignore[attr-defined]
+    return Fingerprint(tuple(parts), block_size, shape, dict(parts)["kv_dtype"])

@@ -13,7 +13,8 @@ File. One block per file, named `<h[j] hex>.kvb`:
 
     | MAGIC (4) | header length u32le | header (JSON) | payload | SHA-256 of all before (32) |
 
-The header states the layout version, fingerprint, key, namespace, token ids, payload shape
+The header states the layout version, fingerprint, key, the SHA-256 of the namespace and of
+the block's token ids (never the tenant, salt or tokens themselves), payload shape
 `[num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]`, dtype and payload length.
 """
 
@@ -35,8 +36,8 @@ class BlockHeader(NamedTuple):
     layout_version: int
     fingerprint: str  # hex
     key: str  # hex h[j]
-    namespace: str  # JSON text
-    token_ids: tuple[int, ...]
+    namespace: str  # hex SHA-256 of the namespace's JSON text
+    tokens: str  # hex SHA-256 of the block's token ids as int32le
     shape: tuple[int, ...]
     dtype: str
     payload_bytes: int
@@ -72,6 +73,12 @@ def namespace_text(namespace: Hashable) -> str | None:
     if isinstance(namespace, tuple) and "prompt-logprobs" in namespace:
         return None
     return json.dumps(namespace)
+
+
+def digest_of(namespace: str, token_ids: Sequence[int]) -> tuple[str, str]:
+    """The header's digests of a namespace's JSON text and of one block's token ids."""
+    packed = struct.pack(f"<{len(token_ids)}i", *token_ids)
+    return hashlib.sha256(namespace.encode()).hexdigest(), hashlib.sha256(packed).hexdigest()
 
 
 def root_hash(fingerprint: str, namespace: str) -> bytes:

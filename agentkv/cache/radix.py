@@ -14,6 +14,9 @@ valid furthest. A caller only ever writes past its own `cached_len`, into blocks
 alone (a hit that ends mid-block is copied first: see `share`).
 
 Entries in different namespaces (cache_salt, model, adapter) never share: one root each.
+No per-step cost grows with the tree: eviction pops a heap of candidate leaves kept as the
+tree changes (stale entries are skipped, and dropped when the heap passes twice the tree),
+and the pool counts the blocks only the tree holds (`BlockPool.num_cached_only`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
 from agentkv.cache.block_pool import BlockId, BlockPool
+from agentkv.cache.pins import Pin, PinBudget, PinTable
+from agentkv.cache.radix_check import check_tree, tree_nodes
+from agentkv.cache.tokens import common_prefix_len
 
 
 class Node:
@@ -75,20 +80,6 @@ class SharedPrefix(NamedTuple):
     copies: list[tuple[BlockId, BlockId]]  # (src, dst) for backend.copy_blocks
 
 
-COMPARE_SLICE = 256  # tokens compared at once, in C, by common_prefix_len
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """Length of the common prefix of `a` and `b[start:]`: slices compared as tuples, then
-    token by token only inside the one that differs (no Python work per matched token)."""
-    limit = max(min(len(a), len(b) - start), 0)
-    for i in range(0, limit, COMPARE_SLICE):
-        j = min(i + COMPARE_SLICE, limit)
-        if tuple(a[i:j]) != tuple(b[start + i : start + j]):
-            return next(k for k in range(i, j) if a[k] != b[start + k])
-    return limit
-
-
 class RadixCache:
     """Token-exact prefix cache over a `BlockPool`; holds one pool reference per block
     listed by each node. Single-threaded: the scheduler calls it between steps."""
@@ -97,10 +88,13 @@ class RadixCache:
         if block_size < 1:
             raise ValueError(f"block_size={block_size} must be >= 1")
         self._now = now  # seconds, for pin expiry only (LRU order uses the logical clock)
-        self._pins: dict[int, tuple[Node, float]] = {}  # node_id -> (locked node, expires at)
+        self.pins = PinTable()  # read-only outside: pin and unpin_expired change it
         self.pool = pool
         self.block_size = block_size
         self._roots: dict[Hashable, Node] = {}
+        self._root_ns: dict[int, Hashable] = {}  # root node_id -> its namespace
+        self._heap: list[tuple[int, int, Node]] = []  # eviction candidates (last_access, node_id)
+        self.num_nodes = 0  # non-root nodes in the tree
         self._ids = itertools.count()
         self._clock = 0  # logical LRU clock, bumped by match and insert
         self.queried_tokens = 0
@@ -116,6 +110,7 @@ class RadixCache:
         if node is None:
             node = Node(None, 0, (), [], next(self._ids), 0)
             self._roots[namespace] = node
+            self._root_ns[node.node_id] = namespace
         return node
 
     def _blocks_of(self, start: int, end: int) -> range:
@@ -143,6 +138,12 @@ class RadixCache:
         root.last_access = self._clock
         for node, _ in path:
             node.last_access = self._clock
+            self._offer(node)
+
+    def _offer(self, node: Node) -> None:
+        """Make `node` an eviction candidate at its current LRU time, if it can be evicted."""
+        if self._evictable(node):
+            heapq.heappush(self._heap, (node.last_access, node.node_id, node))
 
     def match(
         self, namespace: Hashable, tokens: Sequence[int], max_len: int | None = None, *, record: bool = True
@@ -182,6 +183,7 @@ class RadixCache:
         node = match.last_node
         while node is not None:
             node.last_access = self._clock
+            self._offer(node)
             node = node.parent
         self.queried_tokens += num_queried
         self.hit_tokens += match.cached_len
@@ -213,11 +215,8 @@ class RadixCache:
 
     def insert(self, namespace: Hashable, tokens: Sequence[int], block_table: Sequence[BlockId]) -> int:
         """Cache `tokens`, whose KV is in `block_table`; returns how many tokens were new.
-
-        Mutates the tree: splits a node where `tokens` diverge inside its edge and adds one
-        leaf for the new suffix, increfing the blocks it lists. Nodes already present keep
-        their own blocks, so a cached prefix is never listed twice.
-        """
+        Mutates: splits a node where `tokens` diverge inside its edge and adds one leaf for
+        the new suffix, increfing the blocks it lists (a cached prefix is never listed twice)."""
         return self.insert_node(namespace, tokens, block_table)[0]
 
     def insert_node(self, namespace: Hashable, tokens: Sequence[int], block_table: Sequence[BlockId]):
@@ -239,9 +238,11 @@ class RadixCache:
             parent = self._split(node, matched) if matched < len(node.tokens) else node
         blocks = [block_table[j] for j in self._blocks_of(depth, len(tokens))]
         for block in blocks:
-            self.pool.incref(block)
+            self.pool.incref(block, cache=True)
         leaf = Node(parent, depth, tuple(tokens[depth:]), blocks, next(self._ids), self._clock)
         parent.children[tokens[depth]] = leaf
+        self.num_nodes += 1
+        self._offer(leaf)
         return len(tokens) - depth, leaf
 
     def _split(self, node: Node, num_upper: int) -> Node:
@@ -261,8 +262,9 @@ class RadixCache:
         upper_blocks = node.blocks[: (split_at - 1) // self.block_size - first + 1]
         lower_blocks = node.blocks[split_at // self.block_size - first :]
         if split_at % self.block_size:
-            self.pool.incref(lower_blocks[0])
+            self.pool.incref(lower_blocks[0], cache=True)
         upper = Node(node.parent, node.start, node.tokens[:num_upper], upper_blocks, next(self._ids), node.last_access)
+        self.num_nodes += 1
         node.parent.children[node.tokens[0]] = upper
         node.parent = upper
         node.start, node.tokens, node.blocks = split_at, node.tokens[num_upper:], lower_blocks
@@ -277,11 +279,13 @@ class RadixCache:
         if node.lock_ref <= 0:
             raise RuntimeError(f"unlock of unlocked {node}: bug")
         node.lock_ref -= 1
+        self._offer(node)
 
-    def pin(self, namespace: Hashable, tokens: Sequence[int], ttl_s: float) -> int:
+    def pin(self, namespace: Hashable, tokens: Sequence[int], ttl_s: float, budget: PinBudget | None = None) -> int:
         """Keep the cached prefix of `tokens` from eviction for `ttl_s` seconds (mutates: locks
         the deepest node of the match once, or extends its expiry); returns the pinned length,
-        0 when nothing of `tokens` is cached. A pin holds that node whole, and its ancestors."""
+        0 when nothing of `tokens` is cached or when a new pin would pass `budget` (blocks held
+        by pins in all and in `namespace`). A pin holds that node whole, and its ancestors."""
         if not ttl_s > 0:
             raise ValueError(f"ttl_s={ttl_s!r} is out of range: allowed > 0 seconds")
         self.unpin_expired()
@@ -290,36 +294,50 @@ class RadixCache:
         if match.cached_len == 0 or node is None or node.parent is None:
             return 0
         expires_at = self._now() + ttl_s
-        held = self._pins.get(node.node_id)
+        held = self.pins.get(node)
         if held is None:
+            num_blocks = -(-node.end // self.block_size)
+            if budget is not None and not self.pins.fits(namespace, num_blocks, budget):
+                return 0
             self.lock(node)
-        else:
-            expires_at = max(expires_at, held[1])
-        self._pins[node.node_id] = (node, expires_at)
+            held = Pin(node, expires_at, namespace, num_blocks)
+        self.pins.put(held._replace(expires_at=max(expires_at, held.expires_at)))
         return match.cached_len
 
-    def unpin_expired(self) -> int:
-        """Unlock the pins whose time is up (mutates); returns how many were released."""
-        now = self._now()
-        expired = [key for key, (_, until) in self._pins.items() if until <= now]
-        for key in expired:
-            self.unlock(self._pins.pop(key)[0])
-        return len(expired)
+    def unpin_expired(self, *, everything: bool = False) -> int:
+        """Unlock the pins whose time is up (all, with `everything`); returns how many."""
+        nodes = self.pins.take_expired(self._now(), everything)
+        for node in nodes:
+            self.unlock(node)
+        return len(nodes)
 
     @property
     def num_pins(self) -> int:
-        return len(self._pins)
+        return len(self.pins)
 
-    def _nodes(self) -> list[Node]:
-        """Every non-root node, parents before children, in a deterministic order."""
-        out: list[Node] = []
-        stack = list(self._roots.values())
-        while stack:
+    def pin_wait_s(self) -> float | None:
+        """Seconds until the earliest live pin expires (None without pins)."""
+        expiry = self.pins.next_expiry()
+        return None if expiry is None else max(0.0, expiry - self._now())
+
+    def namespaces(self) -> list[Hashable]:
+        return list(self._roots)
+
+    def evict_namespace(self, namespace: Hashable) -> int:
+        """Drop everything `namespace` holds that no request locks, its pins released and
+        nothing written back (a flush: mutates); returns the blocks returned to the pool."""
+        for node in self.pins.take_namespace(namespace):
+            self.unlock(node)
+        root, on_evict, self.on_evict = self._roots.get(namespace), self.on_evict, None
+        order, stack = [], [root] if root is not None else []
+        while stack:  # parents before children; reversed, every child goes before its parent
             node = stack.pop()
-            if node.parent is not None:
-                out.append(node)
-            stack.extend(node.children[key] for key in sorted(node.children, reverse=True))
-        return out
+            order.append(node)
+            stack.extend(node.children.values())
+        num_freed = sum(self._drop(n) for n in reversed(order) if self._evictable(n))
+        self.on_evict = on_evict
+        self.evicted_blocks += num_freed
+        return num_freed
 
     @staticmethod
     def _evictable(node: Node) -> bool:
@@ -335,26 +353,36 @@ class RadixCache:
         first; live ones hold their nodes.
         """
         self.unpin_expired()
-        heap = [(n.last_access, n.node_id, n) for n in self._nodes() if self._evictable(n)]
-        heapq.heapify(heap)
         num_freed = 0
+        heap = self._heap
         while num_freed < num_blocks and heap:
-            _, _, node = heapq.heappop(heap)
-            parent = node.parent
-            assert parent is not None
-            if self.on_evict is not None:
-                self.on_evict(node)
-            del parent.children[node.tokens[0]]
-            node.parent = None
-            num_freed += self.pool.free(node.blocks)
-            node.blocks = []
-            if self._evictable(parent):
-                heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
+            last_access, _, node = heapq.heappop(heap)
+            if last_access != node.last_access or not self._evictable(node):
+                continue  # stale: touched, locked, grown or dropped since it was offered
+            num_freed += self._drop(node)
         self.evicted_blocks += num_freed
-        # Drop empty namespaces too: a per-request namespace must not leak its root.
-        for namespace, root in list(self._roots.items()):
-            if not root.children and not root.lock_ref:
-                del self._roots[namespace]
+        if len(heap) > 2 * self.num_nodes + 64:
+            self._heap = [(n.last_access, n.node_id, n) for n in tree_nodes(self) if self._evictable(n)]
+            heapq.heapify(self._heap)
+        return num_freed
+
+    def _drop(self, node: Node) -> int:
+        """Remove the leaf `node` (its blocks' cache references too); returns blocks freed."""
+        parent = node.parent
+        assert parent is not None
+        if self.on_evict is not None:
+            self.on_evict(node)
+        del parent.children[node.tokens[0]]
+        node.parent = None
+        self.num_nodes -= 1
+        num_freed = self.pool.free(node.blocks, cache=True)
+        node.blocks = []
+        if parent.parent is None:
+            # Drop an empty namespace too: a per-request namespace must not leak its root.
+            if not parent.children and not parent.lock_ref:
+                del self._roots[self._root_ns.pop(parent.node_id)]
+        else:
+            self._offer(parent)
         return num_freed
 
     def path_of(self, node: Node) -> tuple[Hashable, list[int]]:
@@ -363,37 +391,8 @@ class RadixCache:
         while root.parent is not None:
             edges.append(root.tokens)
             root = root.parent
-        namespace = next(ns for ns, r in self._roots.items() if r is root)
-        return namespace, [t for edge in reversed(edges) for t in edge]
-
-    def block_refs(self) -> Counter[BlockId]:
-        """How many references the tree holds on each block."""
-        refs: Counter[BlockId] = Counter()
-        for node in self._nodes():
-            refs.update(node.blocks)
-        return refs
-
-    @property
-    def num_cached_tokens(self) -> int:
-        return sum(len(node.tokens) for node in self._nodes())
+        return self._root_ns[root.node_id], [t for edge in reversed(edges) for t in edge]
 
     def check_integrity(self) -> None:
-        """Spans, child keys and parent links agree; each node lists exactly the blocks of
-        its span; the pool holds at least the tree's references (requests hold the rest)."""
-        for root in self._roots.values():
-            if root.parent is not None or root.tokens or root.blocks or root.start != 0:
-                raise RuntimeError(f"bad root {root}: bug")
-        for node in self._nodes():
-            parent = node.parent
-            assert parent is not None
-            if not node.tokens or node.start != parent.end:
-                raise RuntimeError(f"{node} does not continue {parent}: bug")
-            if parent.children.get(node.tokens[0]) is not node:
-                raise RuntimeError(f"{node} is not its parent's child: bug")
-            if len(node.blocks) != len(self._blocks_of(node.start, node.end)):
-                raise RuntimeError(f"{node} lists the wrong number of blocks: bug")
-            if node.lock_ref < 0:
-                raise RuntimeError(f"{node} has a negative lock count: bug")
-        for block, count in self.block_refs().items():
-            if self.pool.refcount(block) < count:
-                raise RuntimeError(f"block {block}: tree holds {count} refs, pool {self.pool.refcount(block)}: bug")
+        """Everything kept incrementally, recounted (cache/radix_check.py)."""
+        check_tree(self)

@@ -66,8 +66,8 @@ def _stream(engine) -> str:
     text = ""
     while engine.has_unfinished():
         for out in engine.step():
-            sys.stdout.write(out.delta_text)
+            sys.stdout.write(out.text)
             sys.stdout.flush()
-            text = out.text
+            text += out.text
     sys.stdout.write("\n")
     return text

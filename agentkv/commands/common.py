@@ -8,7 +8,7 @@ from agentkv.commands.config_flags import add_engine_arguments
 from agentkv.runtime.params import SamplingParams
 
 # The engine knobs of the offline commands: every knob but the serving ones (the name an HTTP
-# client uses, the bound on queued HTTP requests).
+# client uses, the bound on queued HTTP requests, a stalled stream's bound, the pin budgets).
 OFFLINE_KNOBS = (
     "backend",
     "weights",

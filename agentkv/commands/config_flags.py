@@ -93,6 +93,9 @@ FLAGS: dict[str, Flag] = {
         ),
         Flag("num_speculative_tokens", "most tokens drafted per request per step"),
         Flag("max_queued_requests", "requests that may wait beyond --max-num-seqs; more get 429 (default: no bound)"),
+        Flag("stream_stall_timeout", "end a stream whose client reads nothing for this many seconds", parse=float),
+        Flag("max_pinned_blocks", "KV blocks cache_control pins may hold in all (default: half the pool)"),
+        Flag("max_pinned_blocks_per_tenant", "KV blocks one tenant's pins may hold (default: a quarter of the pool)"),
     )
 }
 

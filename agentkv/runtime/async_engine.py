@@ -24,10 +24,12 @@ import numpy as np
 
 from agentkv.formats.generation_config import read_generation_config
 from agentkv.runtime.config import EngineConfig, engine_config
-from agentkv.runtime.engine import Engine
+from agentkv.runtime.engine import ALL_TENANTS, Engine
 from agentkv.runtime.errors import EngineDeadError, QueueFullError
-from agentkv.runtime.outputs import EngineStats, RequestOutput
+from agentkv.runtime.kv_disk import CLOSE_BOUND_S
+from agentkv.runtime.outputs import EngineStats
 from agentkv.runtime.params import SamplingParams
+from agentkv.runtime.streams import Collector, RequestStream
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,16 @@ class Shutdown:
 
 
 @dataclass(frozen=True, slots=True)
+class FlushCache:
+    """Drop one tenant's cached KV (a `kv_disk.tenant_of` group), or all with ALL_TENANTS;
+    the RAM blocks freed are set on `done`, a future of `loop`."""
+
+    tenant: object
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
+
+
+@dataclass(frozen=True, slots=True)
 class PinPrefix:
     """Keep the cached prefix of `token_ids` from eviction for `ttl_s`; the pinned length (or
     the engine's ValueError) is set on `done`, a future of `loop`."""
@@ -68,7 +80,7 @@ class PinPrefix:
     done: asyncio.Future
 
 
-EngineMessage = AddRequest | AbortRequest | PinPrefix | Shutdown
+EngineMessage = AddRequest | AbortRequest | PinPrefix | FlushCache | Shutdown
 
 
 def _served_len(engine: Engine) -> int:
@@ -104,7 +116,7 @@ class AsyncEngine:
         self.generation_config = read_generation_config(engine.source.path)  # {} for GGUF
         self._inbox: queue.SimpleQueue[EngineMessage] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Collector]] = {}
         self._thread: threading.Thread | None = None
         self._stop = False
         self._dead: BaseException | None = None
@@ -131,9 +143,12 @@ class AsyncEngine:
             self._thread.start()
 
     async def shutdown(self) -> None:
+        """Stop the engine thread; it writes the KV disk tier back within its bound first."""
         self._send(Shutdown())
         if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 10)
+            await asyncio.to_thread(self._thread.join, CLOSE_BOUND_S + 10)
+            if self._thread.is_alive():
+                log.error("the engine thread did not stop within %.0f s", CLOSE_BOUND_S + 10)
 
     @property
     def is_alive(self) -> bool:
@@ -158,7 +173,7 @@ class AsyncEngine:
         or cancelling the stream before its end aborts the request."""
         self.engine.validate(prompt_ids, params)
         rid = request_id or uuid.uuid4().hex
-        q: asyncio.Queue = asyncio.Queue()
+        collector = Collector(self.config.stream_stall_s, lambda: self._send(AbortRequest(rid)))
         with self._streams_lock:  # against the engine thread ending between check and register
             if self._dead is not None:
                 raise EngineDeadError(f"engine stopped: {self._dead!r}")
@@ -169,9 +184,9 @@ class AsyncEngine:
             limit = self.max_in_flight
             if limit is not None and len(self._streams) >= limit:
                 raise QueueFullError(len(self._streams), limit)
-            self._streams[rid] = (asyncio.get_running_loop(), q)
+            self._streams[rid] = (asyncio.get_running_loop(), collector)
         self._send(AddRequest(rid, list(prompt_ids), params, constraint, namespace, index))
-        return RequestStream(self, rid, q)
+        return RequestStream(self._release, rid, collector)
 
     @property
     def max_in_flight(self) -> int | None:
@@ -198,6 +213,13 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
         self._send(PinPrefix(list(token_ids), namespace, ttl_s, loop, done))
+        return await done
+
+    async def flush_cache(self, tenant: object = ALL_TENANTS) -> int:
+        """Engine.flush_cache, applied by the engine thread between steps."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        self._send(FlushCache(tenant, loop, done))
         return await done
 
     async def embed(self, batch: list[list[int]]) -> list[list[float]]:
@@ -228,8 +250,13 @@ class AsyncEngine:
     def _deliver(self, rid: str, item) -> None:
         target = self._streams.get(rid)
         if target is not None:
-            loop, q = target
-            loop.call_soon_threadsafe(q.put_nowait, item)
+            loop, collector = target
+            try:
+                loop.call_soon_threadsafe(collector.put, item)
+            except RuntimeError:  # its event loop is closed: nobody will ever read it
+                with self._streams_lock:
+                    self._streams.pop(rid, None)
+                self.engine.abort(rid)  # engine thread: frees its KV now
 
     def _apply(self) -> None:
         """Apply every queued message (engine thread only). An unknown message is a bug: it
@@ -248,6 +275,9 @@ class AsyncEngine:
                         self._deliver(rid, out)
                 case PinPrefix():
                     self._pin(message)
+                case FlushCache(tenant=tenant, loop=loop, done=done):
+                    freed = self.engine.flush_cache(tenant)
+                    loop.call_soon_threadsafe(done.set_result, freed)
                 case Shutdown():
                     self._end_streams(None)
                     return
@@ -281,6 +311,9 @@ class AsyncEngine:
                     continue
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)
+                if not self.engine.progressed:  # nothing could run: wait for a change, don't spin
+                    self._wake.wait(self.engine.idle_wait_s())
+                    self._wake.clear()
         except BaseException as e:  # noqa: BLE001 — reported to every waiting stream
             log.exception("engine thread died")
             self._end_streams(e)
@@ -294,44 +327,3 @@ class AsyncEngine:
         why = f"engine stopped: {error!r}" if error is not None else "engine was shut down"
         for rid in waiting:
             self._deliver(rid, EngineDeadError(why))
-
-
-class RequestStream:
-    """One admitted request's outputs, as an async iterator (event loop only). Leaving early
-    — `aclose()`, a cancelled `__anext__`, or the stream being dropped — aborts the request
-    and frees its KV."""
-
-    def __init__(self, owner: AsyncEngine, request_id: str, q: asyncio.Queue) -> None:
-        self.request_id = request_id
-        self._owner, self._queue = owner, q
-        self._done = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            item = await self._queue.get()
-        except BaseException:  # cancelled while waiting: the caller left
-            self._end(finished=False)
-            raise
-        if isinstance(item, BaseException):
-            self._end(finished=True)  # the engine refused or lost it: nothing to abort
-            raise item
-        if item.finished:
-            self._end(finished=True)
-        return item
-
-    async def aclose(self) -> None:
-        self._end(finished=False)
-
-    def _end(self, finished: bool) -> None:
-        if not self._done:
-            self._done = True
-            self._owner._release(self.request_id, finished)
-
-    def __del__(self) -> None:
-        if not self._done:
-            self._end(finished=False)

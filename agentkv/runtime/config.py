@@ -56,12 +56,19 @@ class CacheConfig:
     # rounded once at the store, and a cache hit still gives the cold run's bits. "f32" keeps
     # the K/V the model computed, unrounded.
     dtype: str = "f16"
+    # KV blocks that prefix pins (Anthropic `cache_control` breakpoints) may hold, in all and
+    # per tenant; None = half and a quarter of the pool. Past either, a pin is not taken (the
+    # response says so), so pins can never hold the blocks a request needs to run.
+    max_pinned_blocks: int | None = None
+    max_pinned_blocks_per_tenant: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         _check_int("num_blocks", self.num_blocks, 1, optional=True)
         _check_int("memory_bytes", self.memory_bytes, 1, optional=True)
         _check_int("disk_bytes", self.disk_bytes, 1)
+        _check_int("max_pinned_blocks", self.max_pinned_blocks, 0, optional=True)
+        _check_int("max_pinned_blocks_per_tenant", self.max_pinned_blocks_per_tenant, 0, optional=True)
         check_kv_dtype(self.dtype, "kv_cache_dtype")
         for name in ("enable_prefix_cache", "write_through"):
             if not isinstance(getattr(self, name), bool):
@@ -97,6 +104,9 @@ class EngineConfig:
     num_speculative_tokens: int = 6
     # Requests that may wait for a running slot (beyond max_num_seqs); None = no bound.
     max_queued_requests: int | None = None
+    # A stream whose reader takes nothing for this long while output waits is ended (its KV
+    # freed); until then unread outputs merge into one (runtime/streams.py). None = never.
+    stream_stall_s: float | None = 300.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -108,6 +118,9 @@ class EngineConfig:
         check_activation_dtype(self.activation_dtype)
         _check_int("max_model_len", self.max_model_len, 2, optional=True)
         _check_int("max_queued_requests", self.max_queued_requests, 0, optional=True)
+        stall = self.stream_stall_s
+        if stall is not None and (isinstance(stall, bool) or not isinstance(stall, (int, float)) or not stall > 0):
+            raise ValueError(f"stream_stall_s={stall!r} is out of range: allowed None or a number of seconds > 0")
         if not isinstance(self.cache, CacheConfig):
             raise ValueError(f"cache={self.cache!r} must be a CacheConfig")
         if not isinstance(self.scheduler, SchedulerConfig):
@@ -151,6 +164,9 @@ KNOBS: dict[str, Knob] = {
         Knob("max_num_batched_tokens", "scheduler", "max_num_batched_tokens"),
         Knob("chunk_size", "scheduler", "chunk_size"),
         Knob("max_queued_requests", "", "max_queued_requests"),
+        Knob("stream_stall_timeout", "", "stream_stall_s"),
+        Knob("max_pinned_blocks", "cache", "max_pinned_blocks"),
+        Knob("max_pinned_blocks_per_tenant", "cache", "max_pinned_blocks_per_tenant"),
     )
 }
 _SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig}

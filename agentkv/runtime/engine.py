@@ -1,167 +1,110 @@
 """The engine loop: admit requests, step the scheduler, run the model, sample, stream.
 
-Synchronous and single-threaded by design; `AsyncEngine` drives it from its own thread.
+Synchronous and single-threaded by design; `AsyncEngine` drives it from its own thread. Its
+collaborators are objects it holds, each built here with what it needs:
+
+    Engine ── scheduler (sched/) ── cache + pool (cache/), disk tier (read side)
+      ├─ runner (model + KV store)          ├─ speculation (drafters per namespace, verify)
+      └─ disk (runtime/kv_disk.py: write side, loads, close, flush)
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
-import math
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from agentkv.cache import BlockPool, RadixCache
-from agentkv.formats.chat_template import load_chat_template
-from agentkv.formats.errors import ChatTemplateError
-from agentkv.formats.resolve import open_model
-from agentkv.formats.tokenizer import IncrementalDecoder, load_tokenizer
-from agentkv.hal.identity import describe
-from agentkv.hal.registry import lookup
-from agentkv.models.base import LoadOptions
-from agentkv.models.registry import load_model
-from agentkv.runtime.config import DEFAULT_KV_MEMORY, EngineConfig
-from agentkv.runtime.engine_state import EngineState
+from agentkv.cache.pins import PinBudget
+from agentkv.formats.tokenizer import IncrementalDecoder
+from agentkv.runtime.config import EngineConfig
+from agentkv.runtime.engine_state import compute_stats
 from agentkv.runtime.errors import InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError
-from agentkv.runtime.kv_disk import open_disk, write_through
-from agentkv.runtime.outputs import Counters, RequestOutput, TokenLogprob
+from agentkv.runtime.fingerprint import fingerprint_parts
+from agentkv.runtime.kv_disk import KVDisk, tenant_of
+from agentkv.runtime.loading import load, pool_size, weights_summary
+from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
 from agentkv.runtime.params import SamplingParams
+from agentkv.runtime.request import Request
 from agentkv.runtime.runner import Chunk, ModelRunner
 from agentkv.runtime.sampler import SamplingState, check_logits, logsumexp, sample, token_logprob, top_logprobs
-from agentkv.runtime.speculation import SpeculativeEngine
+from agentkv.runtime.speculation import Speculation
 from agentkv.runtime.stop import StopChecker
 from agentkv.sched import Scheduler, SeqStatus, Sequence
-from agentkv.sched.draft import DraftLength, make_drafter
 
 log = logging.getLogger(__name__)
+IDLE_WAIT_S = 1.0  # longest wait of an engine with work it cannot start (AsyncEngine)
+ALL_TENANTS = object()  # flush_cache(ALL_TENANTS): every namespace
 
 
-@dataclass(slots=True)
-class _Request:
-    request_id: str
-    seq: Sequence
-    params: SamplingParams
-    sampling: SamplingState
-    stop: StopChecker
-    detok: IncrementalDecoder
-    constraint: Any = None
-    text: str = ""
-    sent_chars: int = 0
-    sent_tokens: int = 0
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    first_sent: bool = False
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    arrival: float = 0.0
-    draft: DraftLength | None = None  # None: this request never drafts
-
-
-class Engine(SpeculativeEngine, EngineState):
+class Engine:
     """One model, one KV store, one scheduler. Not thread-safe: one thread calls it, except
     `validate` and `stats`, which any thread may call.
 
     Failure isolation: a refused request raises a ValueError subclass from `add_request`
-    and leaves nothing registered; a request that fails inside a step ends alone with a
-    RequestOutput of finish_reason "error" and its `error` message (see runtime.errors),
-    while the rest of the batch runs on with the tokens it would have had alone."""
+    and leaves nothing registered; a request that fails inside a step (its sampling, grammar
+    or detokenizer) ends alone with a RequestOutput of finish_reason "error" and its `error`
+    message (see runtime.errors), while the rest of the batch runs on with the tokens it
+    would have had alone; a step whose block copies, disk loads or model run raise fails the
+    requests of that step alone and the engine goes on; a failing drafter switches
+    speculation off and a failing disk write turns the tier read-only, both logged."""
 
     def __init__(self, config: EngineConfig):
         self.config = config
         t0 = time.perf_counter()
-        self.source = open_model(config.model)
-        backend = self.backend = lookup(config.backend, config.cache.dtype, config.activation_dtype)
-        log.info("%s, kv %s, activations %s", describe(backend.identity), backend.kv_dtype, backend.activation_dtype)
-        self.model = load_model(self.source, self.backend, LoadOptions(weights=config.weights))
-        self.tokenizer = load_tokenizer(self.source)
-        try:
-            self.chat_template = load_chat_template(self.source)
-        except ChatTemplateError:
-            self.chat_template = None
+        self.source, self.backend, self.model, self.tokenizer, self.chat_template = load(config)
         hp = self.model.hparams
         self.model_name = config.served_model_name or config.model
         self.max_model_len = min(config.max_model_len or hp.context_len, hp.context_len)
         self.vocab_size = self.model.vocab_size
         self.is_embedding = self.model.is_embedding
         self.block_size = config.cache.block_size
-        self.num_blocks = self._num_blocks()
-        self._check_pool_fits()
+        self.num_blocks = pool_size(config, self.model, self.max_model_len)
         self.pool = BlockPool(self.num_blocks)
         self.cache = RadixCache(self.pool, self.block_size)
         self.runner = None if self.is_embedding else ModelRunner(self.model, self.num_blocks, self.block_size)
-        self.disk = open_disk(self)
-        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, self.disk)
+        self.disk = self._open_disk()
+        tier = self.disk.tier if self.disk is not None else None
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, tier)
         self.counters = Counters()
-        self.drafter = make_drafter(config.speculative) if config.speculative else None
+        spec = config.speculative
+        self.speculation = Speculation(spec, config.num_speculative_tokens, self.counters) if spec else None
         # Tests of the exactness contract read the sampled logits rows: request id -> rows.
         self.record_logits = False
         self.recorded: dict[str, list[np.ndarray]] = {}
-        self._requests: dict[str, _Request] = {}
-        self._by_seq: dict[int, _Request] = {}
+        if self.speculation is not None:
+            self.speculation.record = self._record
+        self._requests: dict[str, Request] = {}
+        self._by_seq: dict[int, Request] = {}
         self._seq_ids = itertools.count()
-        self._stats = self._compute_stats()
+        self.progressed = True  # whether the last step ran anything (AsyncEngine idles when not)
+        self._stats = compute_stats(self)
+        load_s = time.perf_counter() - t0
+        summary = weights_summary(self.source, self.model)
         log.info(
             "loaded %s (%s, %s backend) in %.1fs; KV: %d blocks x %d tokens; %s",
-            config.model,
-            hp.arch,
-            self.backend.name,
-            time.perf_counter() - t0,
-            self.num_blocks,
-            self.block_size,
-            self.weights_summary(),
+            *(config.model, hp.arch, self.backend.name, load_s, self.num_blocks, self.block_size, summary),
         )
 
-    def weights_summary(self) -> str:
-        """Which tensors stayed quantized and which fell back to f32 (for the load log)."""
-        from agentkv.formats.quants import QUANT_NAMES
-
-        infos = {n: self.source.tensor(n) for n in self.model.weight_formats}
-        src = {n: info.qtype for n, info in infos.items()}
-        kept = sum(1 for n, q in self.model.weight_formats.items() if q == src[n] and q not in (0, 1))
-        fell = sorted(  # vectors (norms, biases) are f32 by design, whatever the file holds
-            {
-                QUANT_NAMES.get(src[n], str(src[n]))
-                for n, q in self.model.weight_formats.items()
-                if q != src[n] and len(infos[n].shape) > 1
-            }
-        )
-        return f"{kept} weights resident quantized" + (f", dequantized to f32: {', '.join(fell)}" if fell else "")
-
-    def _num_blocks(self) -> int:
+    def _open_disk(self) -> KVDisk | None:
         cc = self.config.cache
-        if cc.num_blocks is not None:
-            return cc.num_blocks
-        per_block = self.model.kv_spec(1, self.block_size).bytes_per_block
-        budget = cc.memory_bytes or DEFAULT_KV_MEMORY
-        needed = math.ceil(self.max_model_len / self.block_size) + 1
-        num = budget // per_block
-        if num < needed and cc.memory_bytes is not None:
-            raise ValueError(
-                f"kv cache memory {budget} bytes holds {num} blocks, fewer than one "
-                f"max_model_len sequence needs ({needed}); raise it or lower max_model_len"
-            )
-        return max(int(num), needed)
-
-    def _check_pool_fits(self) -> None:
-        """The KV pool should hold one max_model_len sequence. When max_model_len was asked
-        for explicitly, a smaller pool is a contradiction and raises; when it is the model's
-        own context, the engine warns and refuses (KVCapacityError at add_request) only the
-        requests that need more than the whole pool."""
-        capacity = self.num_blocks * self.block_size
-        if capacity >= self.max_model_len:
-            return
-        message = (
-            f"the KV pool holds {self.num_blocks} blocks x {self.block_size} = {capacity} "
-            f"tokens, fewer than one max_model_len sequence ({self.max_model_len} tokens); "
-            f"raise --kv-cache-blocks / --kv-cache-memory or lower --max-model-len"
-        )
-        if self.config.max_model_len is not None:
-            raise ValueError(message)
-        log.warning("%s; requests needing more than %d tokens will be refused", message, capacity)
+        if cc.disk_dir is None or self.runner is None:
+            return None
+        parts = fingerprint_parts(self, Path(cc.disk_dir))
+        kv, backend = self.runner.kv, self.backend
+        io = (lambda b: backend.read_block(kv, b), lambda b, payload: backend.write_block(kv, b, payload))
+        spec = self.model.kv_spec(1, self.block_size)
+        disk = KVDisk(cc.disk_dir, cc.disk_bytes, parts, spec, io, cc.write_through)
+        disk.attach(self.cache)
+        log.info("%s", disk.describe())
+        return disk
 
     # -- requests -------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -202,22 +145,14 @@ class Engine(SpeculativeEngine, EngineState):
         ns = (self.model_name, namespace)
         if params.prompt_logprobs is not None:
             ns = (*ns, "prompt-logprobs", request_id)  # every prompt row's logits are needed: no hit
-        seq = Sequence(
-            seq_id=next(self._seq_ids), namespace=ns, prompt_ids=list(map(int, prompt_ids)), max_tokens=max_tokens
-        )
-        req = _Request(
-            request_id,
-            seq,
-            params,
-            SamplingState.create(params, prompt_ids, index),
-            StopChecker(replace(params, max_tokens=max_tokens), self.tokenizer.eos_ids),
-            IncrementalDecoder(self.tokenizer, params.skip_special_tokens),
-            constraint,
-            arrival=time.perf_counter(),
-        )
+        ids = list(map(int, prompt_ids))
+        seq = Sequence(seq_id=next(self._seq_ids), namespace=ns, prompt_ids=ids, max_tokens=max_tokens)
+        stop = StopChecker(replace(params, max_tokens=max_tokens), self.tokenizer.eos_ids)
+        detok = IncrementalDecoder(self.tokenizer, params.skip_special_tokens)
+        req = Request(request_id, seq, params, SamplingState.create(params, prompt_ids, index), stop, detok, constraint)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
-        req.draft = self._draft_length(params, constraint)
+        req.draft = self.speculation.draft_length(params, constraint) if self.speculation is not None else None
         self.scheduler.add(seq)  # the last step that can raise: register only after it
         self._requests[request_id] = req
         self._by_seq[seq.seq_id] = req
@@ -229,12 +164,15 @@ class Engine(SpeculativeEngine, EngineState):
         req = self._requests.get(request_id)
         if req is None:
             return None
-        if req.seq.status in (SeqStatus.RUNNING, SeqStatus.WAITING):
-            self.scheduler.abort(req.seq.seq_id)
-        req.finish_reason = "abort"
+        self._end(req, "abort")
         out = self._emit(req, finished=True)
         self._publish_stats()
         return out
+
+    def _end(self, req: Request, reason: str) -> None:
+        if req.seq.status in (SeqStatus.RUNNING, SeqStatus.WAITING):
+            self.scheduler.abort(req.seq.seq_id)
+        req.finish_reason = reason
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -242,31 +180,60 @@ class Engine(SpeculativeEngine, EngineState):
     # -- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule and run one batch; return outputs of requests that made progress, or
-        that ended with an error (finish_reason "error"); publishes a fresh `stats()`."""
+        that ended with an error (finish_reason "error"); publishes a fresh `stats()` and sets
+        `progressed` (False: nothing could run, e.g. every block is held)."""
         if self.runner is None:
             return []  # an embedding model: add_request refused every generation
-        if self.drafter is not None:
-            self._propose_drafts()
+        if self.speculation is not None:
+            self.speculation.propose(self._requests.values())
         plan = self.scheduler.schedule()
-        self.runner.copy_blocks(list(plan.copies))
-        self._apply_loads(plan.loads)
-        if not plan.chunks:
+        self.progressed = bool(plan.chunks)
+        outputs = self._transfer(plan)  # copies and disk loads: a failure ends its request alone
+        scheduled = [sc for sc in plan.chunks if sc.seq.status is SeqStatus.RUNNING]
+        chunks = [self._chunk(sc) for sc in scheduled]
+        try:
+            logits = self.runner.run(chunks) if chunks else None
+        except Exception as exc:  # noqa: BLE001 — the batch's requests fail, the engine goes on
+            log.error("the model run of a step of %d chunks failed: %r", len(chunks), exc)
+            self.counters.step_failures += 1
+            outputs += [self._fail(self._by_seq[sc.seq.seq_id], exc) for sc in scheduled]
+            chunks = []
+        if not chunks:
+            self.scheduler.on_tokens({})  # closes the step: copy sources unpinned, ended chunks skipped
             self._publish_stats()
-            return []
-        chunks = []
-        for sc in plan.chunks:
-            req = self._by_seq[sc.seq.seq_id]
-            in_prompt = req.prompt_logprobs is not None and sc.start < len(sc.seq.prompt_ids)
-            want = "all" if in_prompt or sc.draft else ("last" if sc.samples else None)
-            chunks.append(Chunk(sc.token_ids, sc.start, sc.seq.block_table, want))
-        logits = self.runner.run(chunks)
+            return outputs
         self.counters.steps += 1
         self.counters.computed_tokens += sum(len(c.token_ids) for c in chunks)
-        if self.disk is not None and self.config.cache.write_through:
-            write_through(self.disk, plan.chunks, self.block_size)
-        outputs = self._consume(plan.chunks, chunks, logits)
+        if self.disk is not None:
+            self.disk.after_step(scheduled)
+        outputs += self._consume(scheduled, chunks, logits)
         self._publish_stats()
         return outputs
+
+    def _transfer(self, plan) -> list[RequestOutput]:
+        """Run the step's block copies and disk loads, one request's at a time; a request
+        whose transfer raises ends with the error (its blocks are its own), the rest run."""
+        owner = {b: sc.seq.seq_id for sc in plan.chunks for b in sc.seq.block_table}
+        jobs = [(dst, functools.partial(self.runner.copy_blocks, [(src, dst)])) for src, dst in plan.copies]
+        if self.disk is not None:
+            jobs += [(block, functools.partial(self.disk.apply_loads, [(block, data)])) for block, data in plan.loads]
+        outputs = []
+        for block, job in jobs:
+            req = self._by_seq.get(owner.get(block, -1))
+            if req is None or req.seq.status is not SeqStatus.RUNNING:
+                continue
+            try:
+                job()
+            except Exception as exc:  # noqa: BLE001
+                self.counters.step_failures += 1
+                outputs.append(self._fail(req, exc))
+        return outputs
+
+    def _chunk(self, sc) -> Chunk:
+        req = self._by_seq[sc.seq.seq_id]
+        in_prompt = req.prompt_logprobs is not None and sc.start < len(sc.seq.prompt_ids)
+        want = "all" if in_prompt or sc.draft else ("last" if sc.samples else None)
+        return Chunk(sc.token_ids, sc.start, sc.seq.block_table, want)
 
     def _consume(self, scheduled, chunks, logits) -> list[RequestOutput]:
         """Sample each row on its own; a request whose row fails is aborted before the
@@ -291,40 +258,40 @@ class Engine(SpeculativeEngine, EngineState):
         )
         for req, result in sampled:
             try:
-                verified = isinstance(result, list)
-                outputs.append(self._advance_verified(req, result) if verified else self._advance(req, result))
+                outputs.append(self._advance(req, result if isinstance(result, list) else [result]))
             except Exception as e:  # noqa: BLE001 — e.g. a grammar or detokenizer error
                 outputs.append(self._fail(req, e))
         return outputs
 
-    def _sample_chunk(self, req: _Request, sc, want: str, rows: np.ndarray):
+    def _sample_chunk(self, req: Request, sc, want: str, rows: np.ndarray):
         """Prompt logprobs of `rows` when asked, and the sample of the last row when the
         chunk samples (None otherwise; a list of samples for a verification chunk). Raises
         for this request alone."""
         if sc.draft:
-            return self._verify(req, sc, rows)
+            return self.speculation.verify(req, sc, rows)
         if want == "all":
             self._prompt_logprobs(req, sc.start, rows)
         if not sc.samples:
             return None
-        if self.record_logits:
-            self.recorded.setdefault(req.request_id, []).append(rows[-1].copy())
+        self._record(req.request_id, rows[-1])
         return sample(rows[-1], req.params, req.sampling, self._allowed(req))
 
-    def _fail(self, req: _Request, error: Exception) -> RequestOutput:
+    def _record(self, request_id: str, row: np.ndarray) -> None:
+        if self.record_logits:
+            self.recorded.setdefault(request_id, []).append(row.copy())
+
+    def _fail(self, req: Request, error: Exception) -> RequestOutput:
         """End one request whose step raised (mutates: frees its KV); the others go on."""
         log.warning("request %s failed: %r", req.request_id, error)
-        if req.seq.status in (SeqStatus.RUNNING, SeqStatus.WAITING):
-            self.scheduler.abort(req.seq.seq_id)
-        req.finish_reason = "error"
+        self._end(req, "error")
         out = self._emit(req, finished=True)
         out.error = f"{type(error).__name__}: {error}"
         return out
 
-    def _allowed(self, req: _Request) -> np.ndarray | None:
+    def _allowed(self, req: Request) -> np.ndarray | None:
         return req.constraint.allowed_mask() if req.constraint is not None else None
 
-    def _prompt_logprobs(self, req: _Request, start: int, rows: np.ndarray) -> None:
+    def _prompt_logprobs(self, req: Request, start: int, rows: np.ndarray) -> None:
         check_logits(rows)
         prompt = req.seq.prompt_ids
         k = req.params.prompt_logprobs or 0
@@ -338,63 +305,81 @@ class Engine(SpeculativeEngine, EngineState):
                 TokenLogprob(tok, token_logprob(logits_row[tok], lse), top_logprobs(logits_row, lse, k))
             )
 
-    def _advance(self, req: _Request, result) -> RequestOutput:
-        finished = self._take(req, result)
-        if finished:
+    def _advance(self, req: Request, results: list) -> RequestOutput:
+        """Take the sampled tokens (one, or a verification's accepted ones) one by one as
+        plain decode would; a stop among them drops the rest (their KV is rolled back)
+        before the request finishes."""
+        for j, result in enumerate(results):
+            if not req.take(result, self.counters):
+                continue
+            num_dropped = len(results) - j - 1
+            if num_dropped:
+                self.scheduler.trim_output(req.seq.seq_id, len(req.sampling.output_ids))
+                if self.record_logits:
+                    del self.recorded[req.request_id][-num_dropped:]
             self.scheduler.finish(req.seq.seq_id, req.finish_reason)
-        return self._emit(req, finished)
+            return self._emit(req, True)
+        return self._emit(req, False)
 
-    def _take(self, req: _Request, result) -> bool:
-        """Append one sampled token to the request: logprobs, grammar, text, stop checks
-        (mutates the request, not the scheduler). Returns whether the request finished."""
-        tok = result.token_id
-        req.sampling.append(tok)
-        self.counters.generation_tokens += 1
-        if req.params.logprobs is not None:
-            req.logprobs.append(TokenLogprob(tok, result.logprob, result.top_logprobs))
-        if req.constraint is not None:
-            req.constraint.accept(tok)
-        new_text = req.detok.push(tok)
-        decision = req.stop.check(tok, req.text + new_text, new_text)
-        if decision.finished and isinstance(decision.matched, int):
-            # A stop token's text is not part of the answer (a stop id's only when asked).
-            if not (req.params.include_stop_str_in_output and tok in req.params.stop_token_ids):
-                new_text = ""
-        req.text += new_text
-        if decision.trim_text_to is not None:
-            req.text = req.text[: decision.trim_text_to]
-        finished = decision.finished
-        if not finished and req.constraint is not None and req.constraint.is_finished():
-            finished, req.finish_reason = True, "stop"
-        if decision.finished:
-            req.finish_reason, req.stop_reason = decision.reason, decision.matched
-        if finished and decision.trim_text_to is None and decision.matched is None:
-            req.text += req.detok.flush()
-        return finished
-
-    def _emit(self, req: _Request, finished: bool) -> RequestOutput:
-        hold = 0 if finished else req.stop.holdback_len(req.text)
-        upto = max(req.sent_chars, len(req.text) - hold)
-        delta = req.text[req.sent_chars : upto]
-        ids = req.sampling.output_ids
-        out = RequestOutput(
-            request_id=req.request_id,
-            prompt_len=len(req.seq.prompt_ids),
-            cached_len=req.seq.cached_len,
-            text=req.text[:upto],
-            delta_text=delta,
-            token_ids=list(ids),
-            delta_token_ids=list(ids[req.sent_tokens :]),
-            logprobs=req.logprobs[req.sent_tokens :] if req.params.logprobs is not None else None,
-            prompt_logprobs=req.prompt_logprobs if not req.first_sent else None,
-            finished=finished,
-            finish_reason=req.finish_reason if finished else None,
-            stop_reason=req.stop_reason if finished else None,
-        )
-        req.sent_chars, req.sent_tokens, req.first_sent = upto, len(ids), True
+    def _emit(self, req: Request, finished: bool) -> RequestOutput:
+        out = req.emit(finished)
         if finished:
             self._requests.pop(req.request_id, None)
             self._by_seq.pop(req.seq.seq_id, None)
-            if self.drafter is not None:
-                self.drafter.end(req.seq.seq_id, req.seq.all_ids)
+            if self.speculation is not None:
+                self.speculation.end(req)
         return out
+
+    # -- the cache and introspection --------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """The counters and gauges as of the end of the last step, add or abort. Thread-safe:
+        the engine thread publishes a new immutable snapshot after each of those."""
+        return self._stats
+
+    def _publish_stats(self) -> None:
+        self._stats = compute_stats(self)  # one reference swap: readers see old or new
+
+    def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
+        """Keep the cached prefix of `token_ids` (in a request `namespace`) from eviction for
+        `ttl_s` seconds (mutates the cache); returns how many tokens are pinned, 0 when none
+        are cached or a new pin would pass the pin budget (in all, or the namespace's)."""
+        cc = self.config.cache
+        budget = PinBudget(
+            self.num_blocks // 2 if cc.max_pinned_blocks is None else cc.max_pinned_blocks,
+            self.num_blocks // 4 if cc.max_pinned_blocks_per_tenant is None else cc.max_pinned_blocks_per_tenant,
+        )
+        pinned = self.cache.pin((self.model_name, namespace), list(map(int, token_ids)), ttl_s, budget)
+        self._publish_stats()
+        return pinned
+
+    def idle_wait_s(self) -> float:
+        """How long a loop whose last step ran nothing may sleep before anything can change
+        by itself (the next pin's expiry; add, abort and pin wake it anyway)."""
+        wait = self.cache.pin_wait_s()
+        return IDLE_WAIT_S if wait is None else min(IDLE_WAIT_S, wait)
+
+    def flush_cache(self, tenant: object = ALL_TENANTS) -> int:
+        """Drop the cached KV of one tenant (a `tenant_of` group such as "tenant:NAME", or
+        "shared"), or of all with ALL_TENANTS, from RAM (its pins too; running requests keep
+        what they use) and from the disk tier (mutates); returns the RAM blocks freed."""
+        num_freed = 0
+        for namespace in self.cache.namespaces():
+            if tenant is ALL_TENANTS or tenant_of(namespace) == tenant:
+                num_freed += self.cache.evict_namespace(namespace)
+        if self.disk is not None:
+            self.disk.remove(None if tenant is ALL_TENANTS else str(tenant))
+        self._publish_stats()
+        return num_freed
+
+    def free_cache(self) -> int:
+        """Evict every unlocked cached block (mutates); returns how many returned to the pool."""
+        num_freed = self.cache.evict(self.num_blocks)
+        self._publish_stats()
+        return num_freed
+
+    def close(self) -> int:
+        """Write back what the RAM cache holds (unlocked entries), flush the disk tier within
+        its bound and stop its writer; returns the blocks left unwritten. Idempotent; called
+        by the engine thread when it stops (SIGTERM: the server's shutdown), or by a
+        synchronous owner."""
+        return self.disk.close(self.cache) if self.disk is not None else 0

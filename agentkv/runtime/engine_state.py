@@ -1,76 +1,36 @@
-"""The engine's introspection and cache upkeep: the published stats snapshot, prefix pins,
-freeing the cache, the disk tier's loads and close."""
+"""The engine's published stats snapshot: counters and gauges, each kept as it changes, so
+building one costs the same however large the cache is."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from typing import Any
 
 from agentkv.runtime.outputs import EngineStats
 
 
-class EngineState:
-    """Mixed into `Engine`, whose state (cache, pool, scheduler, counters, disk, backend) it reads;
-    every method runs on the engine thread except `stats`, which any thread may call."""
-
-    # -- introspection --------------------------------------------------------------------
-    def stats(self) -> EngineStats:
-        """The counters and gauges as of the end of the last step, add or abort. Thread-safe:
-        the engine thread publishes a new immutable snapshot after each of those, so a
-        reader (the server's /metrics) never walks the radix tree while it changes."""
-        return self._stats
-
-    def _publish_stats(self) -> None:
-        self._stats = self._compute_stats()  # one reference swap: readers see old or new
-
-    def _compute_stats(self) -> EngineStats:
-        """Engine thread only: walks the radix tree."""
-        c = self.cache
-        return EngineStats(
-            num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting,
-            kv_blocks_used=self.pool.num_used,
-            kv_blocks_free=self.pool.num_free,
-            prefix_queried_tokens=c.queried_tokens,
-            prefix_hit_tokens=c.hit_tokens,
-            evicted_blocks=c.evicted_blocks,
-            preemptions=self.scheduler.preemptions,
-            prompt_tokens=self.counters.prompt_tokens,
-            generation_tokens=self.counters.generation_tokens,
-            computed_tokens=self.counters.computed_tokens,
-            kv_blocks_cached=sum(1 for b, n in c.block_refs().items() if self.pool.refcount(b) == n),
-            backend=self.backend.name,
-            isa=self.backend.identity.isa,
-            kernel_build=self.backend.identity.kernel_build,
-            disk=self.disk.stats() if self.disk is not None else None,
-            spec_drafted_tokens=self.counters.spec_drafted_tokens,
-            spec_accepted_tokens=self.counters.spec_accepted_tokens,
-            spec_verify_steps=self.counters.spec_verify_steps,
-        )
-
-    def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
-        """Keep the cached prefix of `token_ids` (in a request `namespace`) from eviction for
-        `ttl_s` seconds (mutates the cache); returns how many tokens are pinned."""
-        return self.cache.pin((self.model_name, namespace), list(map(int, token_ids)), ttl_s)
-
-    def free_cache(self) -> int:
-        """Evict every unlocked cached block (mutates); returns how many returned to the pool."""
-        num_freed = self.cache.evict(self.num_blocks)
-        self._publish_stats()
-        return num_freed
-
-    # -- the disk tier (runtime/kv_disk.py) ---------------------------------------------
-    def _apply_loads(self, loads) -> None:
-        """Write the disk payloads the scheduler planned into their fresh blocks (before the step)."""
-        for block, payload in loads:
-            self.backend.write_block(self.runner.kv, block, payload)
-
-    def close(self) -> None:
-        """Write back what the RAM cache holds (unlocked entries; write-through has them
-        already), flush the disk tier and stop its writer. Idempotent; called by the engine
-        thread when it stops (SIGTERM: the server's shutdown), or by a synchronous owner."""
-        if self.disk is None:
-            return
-        if not self.config.cache.write_through:
-            self.disk.wait_when_full = True
-            self.cache.evict(self.num_blocks)
-        self.disk.close()
+def compute_stats(engine: Any) -> EngineStats:
+    """A fresh snapshot of `engine` (an Engine; engine thread only; walks nothing)."""
+    c, counters, identity = engine.cache, engine.counters, engine.backend.identity
+    return EngineStats(
+        num_running=engine.scheduler.num_running,
+        num_waiting=engine.scheduler.num_waiting,
+        kv_blocks_used=engine.pool.num_used,
+        kv_blocks_free=engine.pool.num_free,
+        prefix_queried_tokens=c.queried_tokens,
+        prefix_hit_tokens=c.hit_tokens,
+        evicted_blocks=c.evicted_blocks,
+        preemptions=engine.scheduler.preemptions,
+        prompt_tokens=counters.prompt_tokens,
+        generation_tokens=counters.generation_tokens,
+        computed_tokens=counters.computed_tokens,
+        kv_blocks_cached=engine.pool.num_cached_only,
+        backend=engine.backend.name,
+        isa=identity.isa,
+        kernel_build=identity.kernel_build,
+        disk=engine.disk.stats() if engine.disk is not None else None,
+        spec_drafted_tokens=counters.spec_drafted_tokens,
+        spec_accepted_tokens=counters.spec_accepted_tokens,
+        spec_verify_steps=counters.spec_verify_steps,
+        kv_blocks_pinned=c.pins.num_blocks,
+        step_failures=counters.step_failures,
+    )

@@ -60,3 +60,12 @@ class QueueFullError(RuntimeError):
             f"the server is at capacity: {num_in_flight} requests in flight, "
             f"limit {limit} (max_num_seqs + max_queued_requests); retry later"
         )
+
+
+class StreamStalledError(RuntimeError):
+    """A reader left its request's output unread past the bound; the request was ended so its
+    KV and its place in the batch go to readers that keep up."""
+
+    def __init__(self, stall_s: float):
+        self.stall_s = stall_s
+        super().__init__(f"the client read nothing of this stream for over {stall_s:g} s; the request was ended")

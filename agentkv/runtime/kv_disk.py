@@ -1,55 +1,106 @@
-"""The engine's side of the KV disk tier: opening it under the engine's fingerprint, and
-write-through of the blocks a step filled. The tier itself is `agentkv.cache.disk_tier`."""
+"""The engine's side of the KV disk tier (`agentkv.cache.disk_tier`): opening it under the
+engine fingerprint, write-through of the blocks a step filled, writing loaded blocks into the
+KV store, write-back at close within a bound, and flushing a tenant's blocks.
+
+Failures stay here: a block that cannot be read from the KV store for writing turns the tier
+read-only (logged, counted); the engine runs on with RAM only."""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+from agentkv.cache import RadixCache
 from agentkv.cache.disk_fingerprint import fingerprint_for
-from agentkv.cache.disk_tier import DiskTier
-
-if TYPE_CHECKING:
-    from agentkv.runtime.engine import Engine
-    from agentkv.sched.scheduler import ScheduledChunk
+from agentkv.cache.disk_tier import DiskStats, DiskTier
+from agentkv.sched import ScheduledChunk
 
 log = logging.getLogger(__name__)
+CLOSE_BOUND_S = 30.0  # write-back at shutdown waits at most this long, then says what it left
 
 
-def open_disk(engine: Engine) -> DiskTier | None:
-    """The disk tier `engine.config.cache.disk_dir` asks for (None without one, or for an
-    embedding model), keyed by the model's bytes, the backend and the KV layout. Write-back
-    (the default) hooks it into the radix cache's eviction; write-through is `write_through`."""
-    cc = engine.config.cache
-    runner = engine.runner
-    if cc.disk_dir is None or runner is None:
-        return None
-    backend = engine.backend
-    fingerprint = fingerprint_for(
-        engine.source.path, Path(cc.disk_dir), backend, engine.block_size, engine.model.kv_spec(1, engine.block_size)
-    )
-    disk = DiskTier(Path(cc.disk_dir), fingerprint, cc.disk_bytes, lambda block: backend.read_block(runner.kv, block))
-    if not cc.write_through:
-        engine.cache.on_evict = disk.evict_listener(engine.cache)
-    stats = disk.stats()
-    log.info(
-        "KV disk tier %s (%s): %d files, %d of %d bytes",
-        disk.dir,
-        "write-through" if cc.write_through else "write-back",
-        stats.num_files,
-        stats.used_bytes,
-        cc.disk_bytes,
-    )
-    return disk
+def tenant_of(namespace: Hashable) -> str:
+    """The group a namespace's blocks are filed under on disk: its tenant (the engine's
+    namespace is (model, request namespace), the server's is ("tenant", tenant, salt))."""
+    inner = namespace[1] if isinstance(namespace, tuple) and len(namespace) > 1 else None
+    tenant = inner[1] if isinstance(inner, tuple) and len(inner) > 1 and inner[0] == "tenant" else None
+    return f"tenant:{tenant}" if tenant is not None else "shared"
 
 
-def write_through(disk: DiskTier, scheduled: list[ScheduledChunk], block_size: int) -> None:
-    """Offer the full blocks each chunk of the step just run has completed (their KV is
-    computed; call it before the scheduler ends any of them)."""
-    for sc in scheduled:
-        end = sc.start + sc.num_tokens
-        filled = range(sc.start // block_size, end // block_size)
-        if filled:
-            seq = sc.seq
-            disk.offer(seq.namespace, seq.all_ids[:end], {j: seq.block_table[j] for j in filled})
+class KVDisk:
+    """The disk tier as the engine holds it: the tier, the KV store's block I/O, the mode."""
+
+    def __init__(
+        self,
+        directory: str,
+        capacity_bytes: int,
+        fingerprint_parts: Sequence[tuple[str, str]],
+        kv_spec: Any,
+        block_io: tuple[Callable[[int], bytes], Callable[[int, bytes], None]],
+        write_through: bool,
+    ) -> None:
+        self.read_block, self.write_block = block_io
+        fingerprint = fingerprint_for(tuple(fingerprint_parts), kv_spec.block_size, kv_spec)
+        self.tier = DiskTier(Path(directory), fingerprint, capacity_bytes, self._read, tenant_of)
+        self.write_through = write_through
+        self.block_size = kv_spec.block_size
+
+    def _read(self, block: int) -> bytes:
+        return self.read_block(block)
+
+    def attach(self, cache: RadixCache) -> None:
+        """Write-back (unless write-through): blocks go to disk as the RAM cache evicts them."""
+        if not self.write_through:
+            cache.on_evict = self._guarded(self.tier.evict_listener(cache))
+
+    def _guarded(self, offer: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            try:
+                return offer(*args)
+            except Exception as exc:  # noqa: BLE001 — a failing write never fails a step
+                self.tier.fail("offering blocks", exc)
+                return 0
+
+        return call
+
+    def after_step(self, chunks: list[ScheduledChunk]) -> None:
+        """Write-through: offer the full blocks each chunk of the step just run completed
+        (their KV is computed; call it before the scheduler ends any of them)."""
+        if not self.write_through:
+            return
+        offer = self._guarded(self.tier.offer)
+        for sc in chunks:
+            end = sc.start + sc.num_tokens
+            filled = range(sc.start // self.block_size, end // self.block_size)
+            if filled:
+                seq = sc.seq
+                offer(seq.namespace, seq.all_ids[:end], {j: seq.block_table[j] for j in filled})
+
+    def apply_loads(self, loads: list[tuple[int, bytes]]) -> None:
+        """Write the payloads the scheduler planned into their fresh blocks (before the step)."""
+        for block, payload in loads:
+            self.write_block(block, payload)
+
+    def remove(self, group: str | None) -> int:
+        """Delete the blocks of one tenant group (`tenant_of`), or all with None."""
+        return self.tier.remove(group)
+
+    def close(self, cache: RadixCache | None = None, timeout_s: float = CLOSE_BOUND_S) -> int:
+        """Write back what the RAM `cache` holds (none without it; write-through has it
+        already), flush within `timeout_s`, stop the writer; returns the blocks left unwritten."""
+        deadline = time.monotonic() + timeout_s
+        if cache is not None and not self.write_through:
+            self.tier.wait_until = deadline
+            cache.evict(cache.pool.num_blocks)
+        return self.tier.close(max(0.0, deadline - time.monotonic()))
+
+    def stats(self) -> DiskStats:
+        return self.tier.stats()
+
+    def describe(self) -> str:
+        stats = self.tier.stats()
+        mode = "write-through" if self.write_through else "write-back"
+        return f"KV disk tier {self.tier.dir} ({mode}): {stats.num_files} files, {stats.used_bytes} bytes"

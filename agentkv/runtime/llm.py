@@ -62,21 +62,18 @@ class LLM:
         return self.generate([ids], params)[0]
 
     def _drain(self, order: list[str]) -> list[RequestOutput]:
-        """Step until every request in `order` finished; whole logprob lists in the results."""
-        final: dict[str, RequestOutput] = {}
-        prompt_lps: dict[str, list] = {}
-        lps: dict[str, list] = {rid: [] for rid in order}
-        while len(final) < len(order):
+        """Step until every request in `order` finished; each result merges all of that
+        request's outputs (the whole text, token ids and logprobs)."""
+        merged: dict[str, RequestOutput] = {}
+        num_finished = 0
+        wanted = set(order)
+        while num_finished < len(order):
             for out in self.engine.step():
-                if out.request_id not in lps:  # another caller's request on this engine
+                if out.request_id not in wanted:  # another caller's request on this engine
                     continue
-                if out.prompt_logprobs is not None:
-                    prompt_lps[out.request_id] = out.prompt_logprobs
-                if out.logprobs is not None:
-                    lps[out.request_id].extend(out.logprobs)
-                if out.finished:
-                    final[out.request_id] = out
-        for rid, out in final.items():
-            out.prompt_logprobs = prompt_lps.get(rid)
-            out.logprobs = lps[rid] if out.logprobs is not None else None
-        return [final[rid] for rid in order]
+                num_finished += out.finished
+                if out.request_id in merged:
+                    merged[out.request_id].merge(out)
+                else:
+                    merged[out.request_id] = out
+        return [merged[rid] for rid in order]

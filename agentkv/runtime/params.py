@@ -18,6 +18,12 @@ REPETITION_PENALTY_MIN, REPETITION_PENALTY_MAX = 1e-3, 1e3
 TEMPERATURE_LIMIT = 100.0
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
+# Stop strings cost each step O(new characters x strings) (runtime/stop.py) and their
+# automata O(total length) to build: bounded well above any client library's use (OpenAI
+# allows 4 strings; LangChain, LiteLLM and the agent SDKs send a handful).
+MAX_STOP_STRINGS = 64
+MAX_STOP_LEN = 1024
+MAX_STOP_TOKEN_IDS = 1024
 
 _FLOAT_RANGES = {
     "temperature": f"[0, {TEMPERATURE_LIMIT:g}]",
@@ -148,12 +154,20 @@ class SamplingParams:
                 raise _bad(name, getattr(self, name), _FLOAT_RANGES[name])
 
     def _validate_collections(self) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise _bad("stop", f"<{len(self.stop)} strings>", f"at most {MAX_STOP_STRINGS} stop strings")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise _bad("stop_token_ids", f"<{len(self.stop_token_ids)} ids>", f"at most {MAX_STOP_TOKEN_IDS} ids")
         for token_id, bias in self.logit_bias:
             if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
                 raise _bad(f"logit_bias[{token_id}]", bias, f"[{-LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise _bad("stop", s, "non-empty strings")
+            if len(s) > MAX_STOP_LEN:
+                raise _bad(
+                    "stop", f"<a string of {len(s)} characters>", f"strings of at most {MAX_STOP_LEN} characters"
+                )
         for token_id in self.stop_token_ids:
             if not _is_int(token_id) or token_id < 0:
                 raise _bad("stop_token_ids", token_id, "ints >= 0")

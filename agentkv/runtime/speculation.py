@@ -11,46 +11,89 @@ the first mismatch:
 
 The kernels give a row the same bits at any chunk size (docs/design.md, the exactness
 contract) and seeded draws are keyed by position (runtime/sampler.py), so the tokens and
-logprobs are those of plain decode, bit for bit."""
+logprobs are those of plain decode, bit for bit.
+
+Drafts come only from the request's own namespace (its tenant, salt): a drafter's history is
+kept per namespace, so the acceptance a request sees, and its timing, never depend on another
+tenant's prompts. A drafter that raises is switched off with a logged error: drafts only ever
+cost time, so the engine goes on without them.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
 
 import numpy as np
 
+from agentkv.runtime.outputs import Counters
+from agentkv.runtime.request import Request
 from agentkv.runtime.sampler import SampleResult, sample
 from agentkv.sched import ScheduledChunk, SeqStatus
-from agentkv.sched.draft import Drafter, DraftLength
+from agentkv.sched.draft import Drafter, DraftLength, make_drafter
 
-if TYPE_CHECKING:
-    from agentkv.runtime.engine import _Request
-    from agentkv.runtime.outputs import RequestOutput
+log = logging.getLogger(__name__)
+MAX_NAMESPACES = 256  # drafters kept at once, one per namespace (each bounds its own history)
 
 
-class SpeculativeEngine:
-    """The engine's speculation methods, kept apart from the plain step. Uses the host's
-    `drafter`, `_requests`, `scheduler`, `counters`, `record_logits` and `recorded`."""
+class Speculation:
+    """The engine's drafter per namespace and the verification of its drafts."""
 
-    drafter: Drafter | None
+    def __init__(self, drafter_name: str, limit: int, counters: Counters) -> None:
+        self.drafter_name, self.limit, self.counters = drafter_name, limit, counters
+        self._drafters: OrderedDict[Hashable, Drafter] = OrderedDict()  # namespace -> its own, LRU
+        self.enabled = True
+        self.record: Callable[[str, np.ndarray], None] | None = None  # tests: every sampled row
 
-    def _draft_length(self, params, constraint) -> DraftLength | None:
+    def draft_length(self, params, constraint) -> DraftLength | None:
         """The request's adaptive draft length, or None when it never drafts: speculation
         off, the request opted out, or structured output (its mask follows each token)."""
-        if self.drafter is None or not params.speculative or constraint is not None:
+        if not self.enabled or not params.speculative or constraint is not None:
             return None
-        return DraftLength(self.config.num_speculative_tokens)
+        return DraftLength(self.limit)
 
-    def _propose_drafts(self) -> None:
+    def _drafter(self, namespace: Hashable):
+        drafter = self._drafters.get(namespace)
+        if drafter is None:
+            drafter = self._drafters[namespace] = make_drafter(self.drafter_name)
+            if len(self._drafters) > MAX_NAMESPACES:  # the oldest tenant's history goes
+                self._drafters.popitem(last=False)
+        self._drafters.move_to_end(namespace)
+        return drafter
+
+    def propose(self, requests: Iterable[Request]) -> None:
         """Give every decoding request that drafts its draft for this step (mutates seqs)."""
-        for req in self._requests.values():
-            seq = req.seq
-            if req.draft is None or seq.status is not SeqStatus.RUNNING or not seq.is_decoding:
-                continue
-            k = min(req.draft.next(), seq.max_tokens - len(seq.output_ids) - 1)
-            seq.draft_ids = self.drafter.propose(seq.seq_id, seq.all_ids, k) if k > 0 else []
+        if not self.enabled:
+            return
+        try:
+            for req in requests:
+                seq = req.seq
+                if req.draft is None or seq.status is not SeqStatus.RUNNING or not seq.is_decoding:
+                    continue
+                k = min(req.draft.next(), seq.max_tokens - len(seq.output_ids) - 1)
+                seq.draft_ids = self._drafter(seq.namespace).propose(seq.seq_id, seq.all_ids, k) if k > 0 else []
+        except Exception as exc:  # noqa: BLE001 — drafts are an optimisation: go on without them
+            self._disable(exc, requests)
 
-    def _verify(self, req: _Request, sc: ScheduledChunk, rows: np.ndarray) -> list[SampleResult]:
+    def _disable(self, exc: Exception, requests: Iterable[Request]) -> None:
+        log.error("speculative decoding switched off: the %s drafter failed: %r", self.drafter_name, exc)
+        self.enabled = False
+        for req in requests:
+            req.seq.draft_ids, req.draft = [], None
+
+    def end(self, req: Request) -> None:
+        """The request finished or was aborted: its drafter forgets it (and may learn)."""
+        if not self.enabled:
+            return
+        drafter = self._drafters.get(req.seq.namespace)
+        try:
+            if drafter is not None:
+                drafter.end(req.seq.seq_id, req.seq.all_ids)
+        except Exception as exc:  # noqa: BLE001
+            self._disable(exc, [])
+
+    def verify(self, req: Request, sc: ScheduledChunk, rows: np.ndarray) -> list[SampleResult]:
         """Sample the rows `[1 + k, vocab]` of a verification chunk in order; returns the
         accepted draft tokens' samples and the one after them. Leaves `req.sampling` as it
         was (the caller appends what it keeps); learns the draft length."""
@@ -59,8 +102,8 @@ class SpeculativeEngine:
         results: list[SampleResult] = []
         try:
             for i, row in enumerate(rows):
-                if self.record_logits:
-                    self.recorded.setdefault(req.request_id, []).append(row.copy())
+                if self.record is not None:
+                    self.record(req.request_id, row)
                 result = sample(row, req.params, state, None)
                 results.append(result)
                 if i == len(sc.draft) or result.token_id != sc.draft[i]:
@@ -74,18 +117,3 @@ class SpeculativeEngine:
         self.counters.spec_accepted_tokens += num_accepted
         self.counters.spec_verify_steps += 1
         return results
-
-    def _advance_verified(self, req: _Request, results: list[SampleResult]) -> RequestOutput:
-        """Take the verified tokens one by one as plain decode would; a stop among them
-        drops the rest (their KV is rolled back) before the request finishes."""
-        for j, result in enumerate(results):
-            if not self._take(req, result):
-                continue
-            num_dropped = len(results) - j - 1
-            if num_dropped:
-                self.scheduler.trim_output(req.seq.seq_id, len(req.sampling.output_ids))
-                if self.record_logits:
-                    del self.recorded[req.request_id][-num_dropped:]
-            self.scheduler.finish(req.seq.seq_id, req.finish_reason)
-            return self._emit(req, True)
-        return self._emit(req, False)

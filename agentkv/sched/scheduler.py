@@ -3,71 +3,21 @@ admission through the prefix cache, eviction then preemption when KV blocks run 
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from agentkv.cache import BlockId, BlockPool, MatchResult, Node, RadixCache, common_prefix_len
 from agentkv.cache.disk_tier import DiskTier
 from agentkv.sched.config import CacheView, SchedulerConfig
-from agentkv.sched.ending import SequenceEnding
+from agentkv.sched.integrity import check_scheduler
+from agentkv.sched.plan import ScheduledChunk, SchedulerOutput, _Step
 from agentkv.sched.sequence import SeqId, SeqStatus, Sequence
-from agentkv.sched.speculation import SpeculativeScheduling
+from agentkv.sched.speculation import DraftBlocks
+
+log = logging.getLogger(__name__)
 
 
-class ScheduledChunk(NamedTuple):
-    """Compute KV for seq.all_ids[start:start + num_tokens] at positions start.. into
-    seq.block_table; when `samples`, the last row's logits sample the next token.
-
-    A verification chunk (non-empty `draft`) is a decode row followed by the draft:
-
-        tokens:     | all_ids[start] | draft[0] ... draft[k-1] |   num_tokens = 1 + k
-        logits:     every row; row i samples the token after draft[:i]
-    """
-
-    seq: Sequence
-    start: int
-    num_tokens: int
-    samples: bool
-    draft: tuple[int, ...] = ()
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The tokens this chunk computes (the draft included)."""
-        if self.draft:
-            return [*self.seq.ids(self.start, self.start + 1), *self.draft]
-        return self.seq.ids(self.start, self.start + self.num_tokens)
-
-
-class SchedulerOutput(NamedTuple):
-    chunks: list[ScheduledChunk]
-    copies: list[tuple[BlockId, BlockId]]  # run backend.copy_blocks(kv, copies) first
-    preempted: list[SeqId]  # lost their blocks this step; they will recompute
-    loads: list[tuple[BlockId, bytes]] = []  # disk-tier payloads: backend.write_block first
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(chunk.num_tokens for chunk in self.chunks)
-
-
-@dataclass(slots=True)
-class _Step:
-    budget: int
-    chunks: dict[SeqId, ScheduledChunk] = field(default_factory=dict)
-    copies: list[tuple[BlockId, BlockId]] = field(default_factory=list)
-    preempted: list[SeqId] = field(default_factory=list)
-    loads: list[tuple[BlockId, bytes]] = field(default_factory=list)
-
-    @property
-    def budget_left(self) -> int:
-        return self.budget - sum(chunk.num_tokens for chunk in self.chunks.values())
-
-    def add(self, seq: Sequence, num_tokens: int) -> None:
-        samples = seq.num_computed + num_tokens == seq.num_tokens
-        self.chunks[seq.seq_id] = ScheduledChunk(seq, seq.num_computed, num_tokens, samples)
-
-
-class Scheduler(SpeculativeScheduling, SequenceEnding):
+class Scheduler:
     """Decides, step by step, which tokens of which sequences to compute.
 
     Protocol per step: `schedule()`, the runner computes the chunks, `on_tokens(sampled)`;
@@ -102,6 +52,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
         self._last: SchedulerOutput | None = None
         self._num_arrivals = 0
         self.preemptions = 0
+        self.drafts = DraftBlocks(pool, self.block_size)  # speculation's blocks
 
     @property
     def num_running(self) -> int:
@@ -144,7 +95,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
             if step.budget_left == 0:
                 break
             if seq.status is SeqStatus.RUNNING and seq.is_decoding:
-                draft = self._take_draft(seq, step.budget_left) if seq.draft_ids else ()
+                draft = self.drafts.take_draft(seq, step.budget_left) if seq.draft_ids else ()
                 if draft:
                     step.chunks[seq.seq_id] = ScheduledChunk(seq, seq.num_computed, 1 + len(draft), True, draft)
                 else:
@@ -172,9 +123,10 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
                 seq.block_table.extend(blocks)
                 break
             victim = max(self.running, key=lambda s: s.arrival)
-            if victim is seq and len(self.running) == 1 and self._unlock(seq):
+            if victim is seq and len(self.running) == 1 and (self._unlock(seq) or self._unpin_all(seq)):
                 # Alone, its own lock is what still pins blocks: the path's interior nodes
-                # keep boundary blocks its table has copies of. Drop it and evict again.
+                # keep boundary blocks its table has copies of; or prefix pins hold them.
+                # Drop the lock (then the pins) and evict again.
                 continue
             self._preempt(victim, step)
             if victim is seq:
@@ -250,13 +202,27 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
     def _start(self, seq: Sequence, step: _Step) -> bool:
         """Admit `seq` if its first chunk's blocks can be had, evicting but never
         preempting. With nothing running nobody will ever free a block, so when even the
-        locked matched path does not leave room, drop the cache and start cold."""
+        locked matched path does not leave room, drop the cache and start cold; when prefix
+        pins are what still holds the pool, they are released (a pin is a hint: a request
+        that fits the pool always runs). A retry happens only when something was freed."""
         if self._try_start(seq, step):
             return True
         if self.running or self.cache is None:
             return False
+        if self.cache.evict(self.pool.num_blocks) and self._try_start(seq, step):
+            return True
+        if not self._unpin_all(seq):
+            return False
         self.cache.evict(self.pool.num_blocks)
         return self._try_start(seq, step)
+
+    def _unpin_all(self, seq: Sequence) -> bool:
+        """Release every prefix pin, because `seq`, alone, cannot get its blocks otherwise (a
+        pin is a hint: a request that fits the pool always runs). False when none was held."""
+        if self.cache is None or not self.cache.unpin_expired(everything=True):
+            return False
+        log.warning("prefix pins held the KV blocks seq %d needs to run: released", seq.seq_id)
+        return True
 
     def _try_start(self, seq: Sequence, step: _Step) -> bool:
         """Match the cache, lock the path, build `seq`'s block table (shared full blocks, a
@@ -294,7 +260,12 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
             return []
         first = match.cached_len // self.block_size
         max_blocks = (seq.num_tokens - 1) // self.block_size - first
-        return self.disk.fetch(seq.namespace, seq.all_ids, first, max_blocks)
+        try:
+            return self.disk.fetch(seq.namespace, seq.all_ids, first, max_blocks)
+        except Exception as exc:  # noqa: BLE001 — a tier that fails to read is a miss, then off
+            log.error("KV disk tier switched off for this engine: reading failed: %r", exc)
+            self.disk = None
+            return []
 
     def _lock_prefix(self, seq: Sequence) -> MatchResult:
         """Match the longest cached prefix leaving one token to compute, and lock it. A peek:
@@ -349,7 +320,7 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
             if chunk.samples and seq.seq_id not in sampled:
                 raise ValueError(f"no sampled token for seq {seq.seq_id}")
             if chunk.draft:
-                self._on_verified(chunk, sampled[seq.seq_id])
+                self.drafts.on_verified(chunk, sampled[seq.seq_id])
                 continue
             seq.num_computed += chunk.num_tokens
             if chunk.samples:
@@ -367,3 +338,34 @@ class Scheduler(SpeculativeScheduling, SequenceEnding):
         self.cache.lock(node)
         self._unlock(seq)
         self._locks[seq.seq_id] = node
+
+    # -- leaving -----------------------------------------------------------------------------
+    def finish(self, seq_id: SeqId, reason: str) -> Sequence:
+        """End a sequence normally: its computed tokens go to the cache, its blocks and
+        lock are released. Returns the finished sequence."""
+        return self._end(seq_id, SeqStatus.FINISHED, reason, insert=True)
+
+    def abort(self, seq_id: SeqId) -> Sequence:
+        """End a sequence at once, waiting or running, without caching its tokens."""
+        return self._end(seq_id, SeqStatus.ABORTED, "abort", insert=False)
+
+    def _end(self, seq_id: SeqId, status: SeqStatus, reason: str, insert: bool) -> Sequence:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise KeyError(f"seq {seq_id} is not scheduled")
+        if seq.status is SeqStatus.RUNNING:
+            self._release(seq, insert)
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.status = status
+        seq.finish_reason = reason
+        return seq
+
+    def trim_output(self, seq_id: SeqId, num_output: int) -> None:
+        """Keep the first `num_output` output tokens of a running sequence (DraftBlocks)."""
+        self.drafts.trim_output(self._seqs[seq_id], num_output)
+
+    def check_integrity(self) -> None:
+        """Pool, tree and every block's holders agree (sched/integrity.py)."""
+        check_scheduler(self)

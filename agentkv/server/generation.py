@@ -43,7 +43,9 @@ class ChoiceStreams:
 
     def __init__(self, state: ServerState, engine: EngineClient, jobs: list[Job]) -> None:
         self._state, self._engine, self._jobs = state, engine, jobs
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        # Bounded: a consumer that stops reading (a client that stopped reading its socket)
+        # stops the pumps, and each request's stream then merges what it has not read.
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=len(jobs))
         self._tasks: list[asyncio.Task[None]] = []
         self._streams: list[Any] = []
         self._pending = len(jobs)
@@ -106,25 +108,17 @@ class ChoiceStreams:
         raise StopAsyncIteration
 
     def _record(self, index: int, out: Any) -> None:
-        self._timers[self._by_index[index]].tokens(time.perf_counter(), len(out.delta_token_ids))
+        self._timers[self._by_index[index]].tokens(time.perf_counter(), len(out.token_ids))
         if out.finished:
-            self._state.metrics.observe_generation(
-                out.prompt_len, out.cached_len, len(out.token_ids), out.finish_reason
-            )
+            self._state.metrics.observe_generation(out.prompt_len, out.cached_len, out.num_tokens, out.finish_reason)
 
 
 async def collect(streams: ChoiceStreams) -> dict[int, Any]:
-    """Run to the end; the last output of each choice, with logprobs accumulated over steps."""
-    last: dict[int, Any] = {}
-    logprobs: dict[int, list[Any]] = {}
-    prompt_logprobs: dict[int, Any] = {}
+    """Run to the end; per choice, all of its outputs merged (the whole text, ids, logprobs)."""
+    merged: dict[int, Any] = {}
     async for index, out in streams:
-        if out.logprobs:
-            logprobs.setdefault(index, []).extend(out.logprobs)
-        if out.prompt_logprobs is not None:
-            prompt_logprobs[index] = out.prompt_logprobs
-        last[index] = out
-    for index, out in last.items():
-        out.logprobs = logprobs.get(index, out.logprobs)
-        out.prompt_logprobs = prompt_logprobs.get(index, out.prompt_logprobs)
-    return last
+        if index in merged:
+            merged[index].merge(out)
+        else:
+            merged[index] = out
+    return merged

@@ -79,7 +79,7 @@ async def _jobs(
 
 def _usage(outs: list[Any]) -> Usage:
     prompt_len = outs[0].prompt_len
-    completion = sum(len(o.token_ids) for o in outs)
+    completion = sum(o.num_tokens for o in outs)
     cached = max(o.cached_len for o in outs)
     return Usage(
         prompt_tokens=prompt_len,
@@ -147,7 +147,7 @@ async def _chunks(
 
     async for index, out in streams:
         logprobs = chat_logprobs(out.logprobs, text_of) if req.logprobs and out.logprobs else None
-        events = parsers[index].feed(out.delta_text)
+        events = parsers[index].feed(out.text)
         if out.finished:
             events += parsers[index].finish()
         for delta in _deltas(events):

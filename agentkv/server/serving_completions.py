@@ -63,7 +63,7 @@ def _choice(
 
 def _usage(outs: dict[int, Any], n: int, keep: bool) -> Usage:
     prompt = sum(o.prompt_len for i, o in outs.items() if i % n == 0)
-    completion = sum(len(o.token_ids) for o in outs.values()) if keep else 0
+    completion = sum(o.num_tokens for o in outs.values()) if keep else 0
     cached = sum(o.cached_len for i, o in outs.items() if i % n == 0)
     return Usage(
         prompt_tokens=prompt,
@@ -104,18 +104,16 @@ async def _chunks(
 
     async for index, out in streams:
         prompt_ids = prompts[index // req.n]
-        text, logprobs = (out.delta_text, None) if keep else ("", None)
+        text, logprobs = (out.text, None) if keep else ("", None)
         if req.logprobs is not None and keep:
-            logprobs = completion_logprobs(out.logprobs or [], out.delta_token_ids, text_of)
+            logprobs = completion_logprobs(out.logprobs or [], out.token_ids, text_of)
         if req.echo and index not in echoed:
             echoed.add(index)
             text = text_of.tokenizer_decode(prompt_ids) + text
             if req.logprobs is not None:
                 entries = out.prompt_logprobs or [None] * len(prompt_ids)
                 pre = completion_logprobs(entries, prompt_ids, text_of)
-                logprobs = completion_logprobs(
-                    out.logprobs or [], out.delta_token_ids if keep else [], text_of, into=pre
-                )
+                logprobs = completion_logprobs(out.logprobs or [], out.token_ids if keep else [], text_of, into=pre)
         if out.finished:
             finals[index] = out
         reason = (out.finish_reason if keep else "length") if out.finished else None

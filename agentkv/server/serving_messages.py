@@ -110,7 +110,7 @@ async def create_message(state: ServerState, req: MessagesRequest, tenant: str |
         content=content,
         stop_reason=reason,
         stop_sequence=sequence,
-        usage=usage_of(out.prompt_len, out.cached_len, pinned, len(out.token_ids)),
+        usage=usage_of(out.prompt_len, out.cached_len, pinned, out.num_tokens),
     )
 
 
@@ -203,7 +203,7 @@ async def _events(
     yield event("ping", {})
     out = first
     async for out in _then(first, streams):
-        events = parser.feed(out.delta_text) + (parser.finish() if out.finished else [])
+        events = parser.feed(out.text) + (parser.finish() if out.finished else [])
         for ev in events:
             for frame in blocks.feed(ev):
                 yield frame
@@ -211,7 +211,7 @@ async def _events(
         yield frame
     pinned = await _pin(prep)
     reason, sequence = stop_reason(out, len(parser.calls), req.stop_sequences)
-    usage = usage_of(out.prompt_len, out.cached_len, pinned, len(out.token_ids)).model_dump()
+    usage = usage_of(out.prompt_len, out.cached_len, pinned, out.num_tokens).model_dump()
     yield event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage})
     yield event("message_stop", {})
 

@@ -166,7 +166,7 @@ def _finish(
     body.output = items
     body.status = "incomplete" if incomplete else "completed"
     body.incomplete_details = IncompleteDetails(reason="max_output_tokens") if incomplete else None
-    body.usage = usage_of(out.prompt_len, out.cached_len, len(out.token_ids))
+    body.usage = usage_of(out.prompt_len, out.cached_len, out.num_tokens)
     body.completed_at = int(time.time())
     if req.store:
         calls = [i for i in items if isinstance(i, FunctionCallOut)]
@@ -192,7 +192,7 @@ async def _events(
         parser, items = OutputParser(prep.spec), OutputItems(write)
         out = None
         async for _, out in streams:
-            for ev in parser.feed(out.delta_text) + (parser.finish() if out.finished else []):
+            for ev in parser.feed(out.text) + (parser.finish() if out.finished else []):
                 for frame in items.feed(ev):
                     yield frame
         incomplete = out.finish_reason == "length"

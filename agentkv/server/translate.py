@@ -10,7 +10,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from agentkv.runtime.client import EngineClient
-from agentkv.runtime.errors import EngineDeadError, InvalidTokenError, PromptTooLongError, QueueFullError
+from agentkv.runtime.errors import (
+    EngineDeadError,
+    InvalidTokenError,
+    PromptTooLongError,
+    QueueFullError,
+    StreamStalledError,
+)
 from agentkv.runtime.params import SamplingParams
 from agentkv.server.errors import (
     APIError,
@@ -143,6 +149,8 @@ def engine_error(exc: Exception) -> APIError:
         return engine_dead(str(exc))
     if isinstance(exc, QueueFullError):
         return rate_limited(str(exc))
+    if isinstance(exc, StreamStalledError):
+        return APIError(408, str(exc), type="timeout_error", code="stream_stalled")
     if isinstance(exc, ValueError):
         return from_value_error(exc)
     raise exc

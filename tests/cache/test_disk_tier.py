@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import struct
+import subprocess
 
 import pytest
 
@@ -25,7 +27,8 @@ NS = ("model", None)
 
 
 def fingerprint(weights: str = "w" * 64, isa: str = "avx512") -> Fingerprint:
-    return Fingerprint(weights, ("cpu", "cpu", isa, "build1"), "fp", BS, SHAPE, "f32")
+    parts = (("model", weights), ("backend", "cpu"), ("isa", isa), ("kv_dtype", "f32"))
+    return Fingerprint(parts, BS, SHAPE, "f32")
 
 
 def store(num_blocks: int) -> dict[int, bytes]:
@@ -69,13 +72,11 @@ def test_fingerprint_digest_changes_with_every_field():
     variants = [
         base._replace(**{name: value})
         for name, value in (
-            ("weights_digest", "x" * 64),
-            ("backend_identity", ("cpu", "cpu", "avx2", "build1")),
-            ("backend_fingerprint", "fp2"),
+            ("parts", (("model", "x" * 64),)),
             ("block_size", 8),
             ("kv_shape", (2, 1, 4)),
             ("kv_dtype", "bf16"),
-            ("layout_version", 2),
+            ("layout_version", 3),
         )
     ]
     assert len({v.digest for v in [base, *variants]}) == len(variants) + 1
@@ -100,13 +101,15 @@ def test_written_blocks_survive_a_restart_from_the_index_alone(tmp_path):
 def test_file_is_self_describing(tmp_path):
     kv = store(2)
     t = written(tier(tmp_path, kv), [1, 2, 3, 4], {0: 1})
-    (path,) = t.dir.glob("*.kvb")
+    (path,) = t.dir.glob("g-*/*.kvb")
     data = path.read_bytes()
     assert data[:4] == b"AKVB"
     (text_len,) = struct.unpack_from("<I", data, 4)
     header = json.loads(data[8 : 8 + text_len])
-    assert header["token_ids"] == [1, 2, 3, 4] and header["shape"] == [2, 2, BS, 1, 3]
-    assert header["dtype"] == "f32" and header["layout_version"] == 1
+    assert header["tokens"] == hashlib.sha256(struct.pack("<4i", 1, 2, 3, 4)).hexdigest()
+    assert header["namespace"] == hashlib.sha256(b'["model", null]').hexdigest()
+    assert header["shape"] == [2, 2, BS, 1, 3]
+    assert header["dtype"] == "f32" and header["layout_version"] == 2
     assert header["fingerprint"] == fingerprint().digest and path.stem == header["key"]
     assert data[-32:] == hashlib.sha256(data[:-32]).digest()
 
@@ -119,7 +122,7 @@ def test_a_bad_file_is_counted_by_reason_deleted_and_never_served(tmp_path, dama
     tokens = list(range(12))
     t = written(tier(tmp_path, kv), tokens, {0: 1, 1: 2, 2: 3})
     t.close()
-    victim = t.dir / f"{t.keys(namespace_text(NS), tokens, 2)[1]}.kvb"
+    (victim,) = t.dir.glob(f"g-*/{t.keys(namespace_text(NS), tokens, 2)[1]}.kvb")
     data = victim.read_bytes()
     if damage == "flip":
         victim.write_bytes(data[:-40] + bytes([data[-40] ^ 1]) + data[-39:])
@@ -128,7 +131,7 @@ def test_a_bad_file_is_counted_by_reason_deleted_and_never_served(tmp_path, dama
     else:  # a file of another fingerprint put under this block's name
         other = written(tier(tmp_path / "other", kv, fp=fingerprint(isa="avx2")), tokens, {0: 1, 1: 4})
         other_key = other.keys(namespace_text(NS), tokens, 2)[1]
-        shutil.copy(other.dir / f"{other_key}.kvb", victim)
+        shutil.copy(next(other.dir.glob(f"g-*/{other_key}.kvb")), victim)
     if damage == "old":  # an intact file of an older layout version under this block's name
         victim.write_bytes(encode_block(decode_header(data)._replace(layout_version=0), kv[2]))
     again = tier(tmp_path, kv)
@@ -159,11 +162,21 @@ def test_stale_temporary_files_are_removed_at_start(tmp_path):
     kv = store(2)
     t = written(tier(tmp_path, kv), [1, 2, 3, 4], {0: 1})
     t.close()
-    (t.dir / ".deadbeef.123.tmp").write_bytes(b"half a block")
+    (group,) = t.dir.glob("g-*")
+    dead = _dead_pid()
+    (group / f".deadbeef.{dead}.tmp").write_bytes(b"half a block")
+    (group / f".cafef00d.{os.getpid()}.tmp").write_bytes(b"another live writer's block in flight")
     again = tier(tmp_path, kv)
     assert again.stats().ignored_files == 1 and again.stats().num_files == 1
     assert again.stats().ignored == (("stale_tmp", 1),)
-    assert not list(again.dir.glob("*.tmp"))
+    assert [p.name for p in again.dir.glob("g-*/*.tmp")] == [f".cafef00d.{os.getpid()}.tmp"]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def test_a_write_error_leaves_the_tier_read_only(tmp_path, caplog):
@@ -174,7 +187,7 @@ def test_a_write_error_leaves_the_tier_read_only(tmp_path, caplog):
     assert t.offer(NS, [1, 2, 3, 4], {0: 1}) == 1
     t.flush()
     assert t.stats().write_errors == 1 and t.stats().read_only
-    assert "RAM only" in caplog.text
+    assert "read-only from now" in caplog.text
     assert t.offer(NS, [5, 6, 7, 8], {0: 2}) == 0 and t.stats().dropped_writes == 1
     assert t.fetch(NS, [1, 2, 3, 4], 0, 1) == []
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentkv.cache import BlockPool, RadixCache, common_prefix_len
+from agentkv.cache.radix_check import num_cached_tokens, tree_nodes
 
 BS = 3
 NUM_BLOCKS = 24
@@ -97,7 +98,7 @@ class World:
         num_freed = self.cache.evict(num)
         assert num_freed == self.pool.num_free - num_free
         if num_freed < num:  # it stopped early only because nothing was left to drop
-            assert all(n.children or n.lock_ref for n in self.cache._nodes())
+            assert all(n.children or n.lock_ref for n in tree_nodes(self.cache))
         for ns, seqs in self.cached.items():
             kept = []
             for t in seqs:
@@ -128,4 +129,4 @@ def test_random_operations_keep_integrity_and_match_brute_force(ops):
     world.cache.evict(NUM_BLOCKS)
     world.check()
     assert world.pool.num_free == NUM_BLOCKS
-    assert world.cache.num_cached_tokens == 0
+    assert num_cached_tokens(world.cache) == 0

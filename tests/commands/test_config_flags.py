@@ -45,7 +45,13 @@ def test_flag_defaults_are_the_dataclass_defaults(module):
 def test_serve_has_every_knob_and_the_offline_commands_all_but_the_serving_ones():
     assert set(FLAGS) <= set(vars(parse(serve)))
     for module in (generate, chat):
-        assert set(FLAGS) - set(vars(parse(module))) == {"served_model_name", "max_queued_requests"}
+        assert set(FLAGS) - set(vars(parse(module))) == {
+            "served_model_name",
+            "max_queued_requests",
+            "stream_stall_timeout",
+            "max_pinned_blocks",
+            "max_pinned_blocks_per_tenant",
+        }
 
 
 def test_flags_build_the_config_they_name():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentkv.runtime.errors import InvalidTokenError, PromptTooLongError
+from agentkv.runtime.outputs import merge_into
 from agentkv.runtime.params import SamplingParams
 from tests.runtime.test_exactness import make_engine, qwen2_dir, run, tokens  # noqa: F401
 
@@ -111,8 +112,7 @@ def test_one_failing_request_does_not_disturb_others(qwen2_dir):  # noqa: F811
     outs = {}
     while engine.has_unfinished():
         for out in engine.step():
-            if out.finished:
-                outs[out.request_id] = out
+            merge_into(outs, out)
     assert outs["bad"].finish_reason == "error" and "grammar rejected" in outs["bad"].error
     assert outs["ok2"].token_ids == alone["ok"].token_ids and outs["ok2"].error is None
     engine.scheduler.check_integrity()

@@ -19,6 +19,7 @@ from agentkv.hal.cpu import CpuBackend
 from agentkv.hal.registry import register
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
+from agentkv.runtime.outputs import merge_into
 from agentkv.runtime.params import SamplingParams
 from agentkv.sched import SchedulerConfig
 from tests.models.helpers import tiny_hf_model
@@ -101,8 +102,7 @@ def run(engine: Engine, prompts: dict[str, list[int]], params=GREEDY) -> dict[st
     outs = {}
     while engine.has_unfinished():
         for out in engine.step():
-            if out.finished:
-                outs[out.request_id] = out
+            merge_into(outs, out)
     engine.scheduler.check_integrity()
     return {rid: engine.recorded.pop(rid) for rid in prompts}, outs
 

@@ -12,6 +12,7 @@ import pytest
 from agentkv.formats.quants.group32 import AgentQuantType
 from agentkv.hal.base import Layout, Weight
 from agentkv.hal.registry import register
+from agentkv.runtime.loading import weights_summary
 from tests.formats import quant_ckpt_writer as qw
 from tests.models.helpers import tiny_hf_model
 from tests.runtime.test_exactness import (
@@ -91,7 +92,7 @@ def test_quantized_weights_are_resident_in_their_group32_blocks(checkpoints, cas
     engine = make_engine(checkpoints[case])
     linears = {n: q for n, q in engine.model.weight_formats.items() if "attn_q" in n or "ffn_down" in n}
     assert linears and set(linears.values()) == {int(CASES[case][2])}
-    assert "dequantized to f32" not in engine.weights_summary()
+    assert "dequantized to f32" not in weights_summary(engine.source, engine.model)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -7,12 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agentkv.cache import radix, radix_check
 from agentkv.hal.cpu import CpuBackend
 from agentkv.hal.registry import register
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
 from agentkv.runtime.errors import KVCapacityError, NotAGeneratorError, PromptTooLongError
 from agentkv.runtime.llm import LLM
+from agentkv.runtime.outputs import merge_into
 from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.sampler import SamplingState, process_logits, sample
 from tests.runtime.test_exactness import make_engine, qwen2_dir, run, tokens  # noqa: F401
@@ -66,8 +68,7 @@ def drain(engine: Engine) -> dict:
     outs = {}
     while engine.has_unfinished():
         for out in engine.step():
-            if out.finished:
-                outs[out.request_id] = out
+            merge_into(outs, out)
         engine.scheduler.check_integrity()
     return outs
 
@@ -216,8 +217,11 @@ def test_stats_is_a_snapshot_that_never_walks_the_tree_when_read(qwen2_dir, monk
     snapshot = engine.stats()
     assert snapshot.num_running == 1 and snapshot.kv_blocks_used == 2 and snapshot.computed_tokens == 20
 
-    def walking():
-        raise AssertionError("stats() walked the radix tree from the reader's thread")
+    def walking(cache):
+        raise AssertionError("the stats walked the radix tree")
 
-    monkeypatch.setattr(engine.cache, "block_refs", walking)
+    monkeypatch.setattr(radix_check, "tree_nodes", walking)
+    monkeypatch.setattr(radix, "tree_nodes", walking)
     assert engine.stats() is snapshot  # a reader only takes the published reference
+    engine.step()  # and the engine thread builds the next one without a walk either
+    assert engine.stats() is not snapshot and engine.stats().kv_blocks_used == 2

@@ -82,7 +82,7 @@ def test_disk_tier_restores_f16_blocks_exactly(qwen2_dir, tmp_path):  # noqa: F8
     first = disk_engine(qwen2_dir, tmp_path, dtype="f16")
     disk_run(first, prompt)
     first.close()
-    files = list(first.disk.dir.glob("*.kvb"))
+    files = list(first.disk.tier.dir.glob("g-*/*.kvb"))
     assert len(files) == 199 // 16
     header_bytes = files[0].stat().st_size - first.model.kv_spec(1, 16).bytes_per_block
     assert 0 < header_bytes < 4096  # the payload is the f16 block: half the f32 one
@@ -99,13 +99,14 @@ def test_an_f32_block_file_never_loads_into_an_f16_cache(qwen2_dir, tmp_path):  
     disk_run(first, prompt)
     first.close()
     f16 = disk_engine(qwen2_dir, tmp_path, dtype="f16")
-    assert f16.disk.dir != first.disk.dir  # the fingerprint names the directory
+    assert f16.disk.tier.dir != first.disk.tier.dir  # the fingerprint names the directory
     assert disk_run(f16, prompt, "a")[0] == 0 and f16.disk.stats().hit_blocks == 0
     f16.close()
     # An f32 file planted where the f16 cache looks, under the name f16 would give the block:
-    key = f16.disk.keys(namespace_text_of(qwen2_dir), prompt, 1)[0]
-    f32_file = next(first.disk.dir.glob("*.kvb"))
-    (f16.disk.dir / f"{key}.kvb").write_bytes(f32_file.read_bytes())
+    key = f16.disk.tier.keys(namespace_text_of(qwen2_dir), prompt, 1)[0]
+    f32_file = next(first.disk.tier.dir.glob("g-*/*.kvb"))
+    group = f16.disk.tier.group((qwen2_dir, None))
+    (f16.disk.tier.dir / f"g-{group[:16]}" / f"{key}.kvb").write_bytes(f32_file.read_bytes())
     again = disk_engine(qwen2_dir, tmp_path, dtype="f16")
     assert disk_run(again, prompt, "b")[0] == 0
     assert again.disk.stats().ignored_files >= 1 and dict(again.disk.stats().ignored)["fingerprint"] >= 1

@@ -12,6 +12,7 @@ import pytest
 
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
+from agentkv.runtime.outputs import merge_into
 from agentkv.runtime.params import SamplingParams
 from agentkv.sched import SchedulerConfig
 from agentkv.sched.draft import DRAFTERS, NgramDrafter
@@ -57,14 +58,12 @@ def run(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]):
     request id -> (token ids, logprobs, finish reason, sampled logits rows)."""
     for rid, (ids, params) in requests.items():
         engine.add_request(rid, ids, params)
-    outs, lps = {}, {rid: [] for rid in requests}
+    outs = {}
     while engine.has_unfinished():
         for out in engine.step():
-            lps[out.request_id].extend(out.logprobs or [])
-            if out.finished:
-                outs[out.request_id] = out
+            merge_into(outs, out)
         engine.scheduler.check_integrity()
-    return {rid: (o.token_ids, lps[rid], o.finish_reason, engine.recorded.pop(rid)) for rid, o in outs.items()}
+    return {rid: (o.token_ids, o.logprobs or [], o.finish_reason, engine.recorded.pop(rid)) for rid, o in outs.items()}
 
 
 def same(a, b) -> bool:

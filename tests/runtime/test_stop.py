@@ -18,7 +18,7 @@ def _feed(checker: StopChecker, pieces: list[str], token_ids: list[int] | None =
     for step, piece in enumerate(pieces):
         text += piece
         token_id = token_ids[step] if token_ids else 100 + step
-        decision = checker.check(token_id, text, piece)
+        decision = checker.check(token_id, piece)
         if decision.finished:
             return text, decision, step
     return text, RUNNING, len(pieces)
@@ -26,27 +26,27 @@ def _feed(checker: StopChecker, pieces: list[str], token_ids: list[int] | None =
 
 def test_running_until_max_tokens_then_length() -> None:
     checker = StopChecker(SamplingParams(max_tokens=3), {EOS})
-    assert checker.check(10, "a", "a") == RUNNING
-    assert checker.check(11, "ab", "b") == RUNNING
-    assert checker.check(12, "abc", "c") == StopDecision(True, "length", None, None)
+    assert checker.check(10, "a") == RUNNING
+    assert checker.check(11, "b") == RUNNING
+    assert checker.check(12, "c") == StopDecision(True, "length", None, None)
 
 
 def test_eos_stops_unless_ignore_eos() -> None:
-    assert StopChecker(SamplingParams(), {EOS, 7}).check(7, "x", "x") == StopDecision(True, "stop", None, 7)
+    assert StopChecker(SamplingParams(), {EOS, 7}).check(7, "x") == StopDecision(True, "stop", None, 7)
     ignoring = StopChecker(SamplingParams(ignore_eos=True, max_tokens=5), {EOS})
-    assert ignoring.check(EOS, "x", "x") == RUNNING
+    assert ignoring.check(EOS, "x") == RUNNING
 
 
 def test_stop_token_ids_stop_even_with_ignore_eos() -> None:
     checker = StopChecker(SamplingParams(stop_token_ids=(9,), ignore_eos=True), {EOS})
-    assert checker.check(9, "x", "x") == StopDecision(True, "stop", None, 9)
+    assert checker.check(9, "x") == StopDecision(True, "stop", None, 9)
 
 
 def test_stop_beats_length_on_the_last_token() -> None:
     checker = StopChecker(SamplingParams(max_tokens=1), {EOS})
-    assert checker.check(EOS, "", "") == StopDecision(True, "stop", None, EOS)
+    assert checker.check(EOS, "") == StopDecision(True, "stop", None, EOS)
     strings = StopChecker(SamplingParams(max_tokens=1, stop=("a",)), {EOS})
-    assert strings.check(5, "xa", "xa") == StopDecision(True, "stop", 1, "a")
+    assert strings.check(5, "xa") == StopDecision(True, "stop", 1, "a")
 
 
 def test_stop_string_across_token_boundaries_is_trimmed() -> None:
@@ -72,28 +72,32 @@ def test_stop_string_inside_one_token_with_text_after_it() -> None:
 def test_earliest_completed_stop_string_wins() -> None:
     # "bc" completes at index 3, "abcd" at 5: a char-by-char check stops at "bc".
     checker = StopChecker(SamplingParams(stop=("abcd", "bc")), {EOS})
-    decision = checker.check(5, "xabcd", "xabcd")
+    decision = checker.check(5, "xabcd")
     assert decision == StopDecision(True, "stop", 2, "bc")
     # same end: the earlier start (the longer string) is trimmed
     tie = StopChecker(SamplingParams(stop=("bc", "abc")), {EOS})
-    assert tie.check(5, "xabc", "xabc") == StopDecision(True, "stop", 1, "abc")
+    assert tie.check(5, "xabc") == StopDecision(True, "stop", 1, "abc")
 
 
-def test_old_text_is_not_searched_again() -> None:
+def test_a_match_needs_every_char_fed() -> None:
     checker = StopChecker(SamplingParams(stop=("END",), max_tokens=10), {EOS})
-    # "END" lies wholly in old text (the caller has already seen it): no new match
-    assert checker.check(5, "END and more", " more") == RUNNING
+    assert checker.check(5, "EN") == RUNNING and checker.holdback_len() == 2
+    assert checker.check(6, "d END") == StopDecision(True, "stop", 4, "END")  # "ENd" is no match
+
+
+def test_a_step_costs_the_same_however_long_the_text_before_it() -> None:
+    """The checker keeps one state per stop string, not the text: feeding 200,000 characters
+    leaves it no bigger, and a stop string still completes across the last boundary."""
+    checker = StopChecker(SamplingParams(stop=("</tool>",), max_tokens=10**6), {EOS})
+    for i in range(20_000):
+        assert checker.check(100 + i, "abcdefg</t") == RUNNING
+    assert checker.holdback_len() == 3 and checker.num_chars == 200_000
+    assert checker.check(7, "ool>") == StopDecision(True, "stop", 200_000 - 3, "</tool>")
 
 
 def test_empty_new_text_never_matches() -> None:
     checker = StopChecker(SamplingParams(stop=("x",), max_tokens=10), {EOS})
-    assert checker.check(5, "x", "") == RUNNING
-
-
-def test_text_must_include_new_text() -> None:
-    checker = StopChecker(SamplingParams(stop=("x",)), {EOS})
-    with pytest.raises(RuntimeError, match="must end with new_text"):
-        checker.check(5, "abc", "zz")
+    assert checker.check(5, "") == RUNNING
 
 
 @pytest.mark.parametrize(
@@ -104,18 +108,22 @@ def test_text_must_include_new_text() -> None:
         ("hello <", 1),
         ("hello </to", 4),
         ("hello </tool", 6),
-        ("hello </tool>", 0),
+        ("</tx", 0),
         ("x\n", 1),
         ("<</", 2),
     ],
 )
 def test_holdback_len(text: str, expected: int) -> None:
-    checker = StopChecker(SamplingParams(stop=("</tool>", "\n\n")), {EOS})
-    assert checker.holdback_len(text) == expected
+    checker = StopChecker(SamplingParams(stop=("</tool>", "\n\n"), max_tokens=100), {EOS})
+    for i, c in enumerate(text):  # one character a token
+        assert checker.check(100 + i, c) == RUNNING
+    assert checker.holdback_len() == expected
 
 
 def test_holdback_without_stop_strings_is_zero() -> None:
-    assert StopChecker(SamplingParams(), {EOS}).holdback_len("anything") == 0
+    checker = StopChecker(SamplingParams(), {EOS})
+    checker.check(5, "anything")
+    assert checker.holdback_len() == 0
 
 
 PIECE = st.text(alphabet="ab<>/x", min_size=0, max_size=4)
@@ -134,11 +142,11 @@ def test_streamed_deltas_never_show_a_partial_stop_string(pieces: list[str]) -> 
     text2 = ""
     for piece in pieces:
         text2 += piece
-        d = streamer.check(1, text2, piece)
+        d = streamer.check(1, piece)
         if d.finished:
             sent += text2[len(sent) : d.trim_text_to]
             break
-        visible = len(text2) - streamer.holdback_len(text2)
+        visible = len(text2) - streamer.holdback_len()
         assert visible >= len(sent)
         sent += text2[len(sent) : visible]
     else:

@@ -106,8 +106,8 @@ def test_write_through_restart_is_exact_and_a_corrupt_file_is_recomputed(qwen2_d
     run(first, prompt)
     first.close()
     assert first.disk.stats().written_blocks == 199 // BS
-    key = first.disk.keys(namespace_text((qwen2_dir, None)), prompt, 7)[6]
-    victim = first.disk.dir / f"{key}.kvb"
+    key = first.disk.tier.keys(namespace_text((qwen2_dir, None)), prompt, 7)[6]
+    victim = next(first.disk.tier.dir.glob(f"g-*/{key}.kvb"))
     data = bytearray(victim.read_bytes())
     data[-100] ^= 0x40
     victim.write_bytes(bytes(data))
@@ -146,7 +146,7 @@ def test_working_set_five_times_the_ram_pool_hits_from_disk(qwen2_dir, cold, tmp
     e = engine(qwen2_dir, tmp_path, num_blocks=num_blocks, disk_bytes=disk_bytes)
     for i, p in enumerate(prompts):
         run(e, p, f"a{i}")
-    e.disk.flush()
+    e.disk.tier.flush()
     hits = []
     for i, p in enumerate(prompts):
         cached, rows = run(e, p, f"b{i}")
@@ -183,12 +183,12 @@ def test_kill_9_during_heavy_writing_then_restart_is_exact(qwen2_dir, cold, tmp_
     try:
         assert proc.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(list(tmp_path.glob("kv-v1-*/*.kvb"))) < 60:
+        while time.monotonic() < deadline and len(list(tmp_path.glob("kv-v2-*/g-*/*.kvb"))) < 60:
             time.sleep(0.05)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert len(list(tmp_path.glob("kv-v1-*/*.kvb"))) >= 60
+    assert len(list(tmp_path.glob("kv-v2-*/g-*/*.kvb"))) >= 60
     e = engine(qwen2_dir, tmp_path)
     for i in (0, 1):  # written before the kill: served from disk, exact
         prompt = transcript(100 + i, 300)

@@ -123,9 +123,10 @@ def test_served_warm_restart_is_exact(qwen2_dir, tmp_path):  # noqa: F811
     finally:
         assert first.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
     assert "Application shutdown complete" in first.log  # the graceful path ran
-    assert len(list(tmp_path.glob("kv-v1-*/*.kvb"))) >= 300 // 16  # SIGTERM wrote RAM back
-    files = sorted(tmp_path.glob("kv-v1-*/*.kvb"))
-    (files[0].parent / ".stale.1.tmp").write_bytes(b"what a writer killed mid-file leaves")
+    assert len(list(tmp_path.glob("kv-v2-*/g-*/*.kvb"))) >= 300 // 16  # SIGTERM wrote RAM back
+    files = sorted(tmp_path.glob("kv-v2-*/g-*/*.kvb"))
+    stale = files[0].parent / ".stale.999999999.tmp"  # a pid past pid_max: its writer is gone
+    stale.write_bytes(b"what a writer killed mid-file leaves")
     second = Server(qwen2_dir, "--kv-cache-dir", str(tmp_path))
     try:
         cached, got = completion(second.port, prompt)

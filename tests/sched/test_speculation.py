@@ -8,6 +8,7 @@ reset after a rejection, shows up as a wrong read."""
 
 import random
 
+from agentkv.cache.radix_check import block_refs
 from agentkv.sched import SeqStatus
 from tests.sched.test_scheduler import expected_output, make, next_token, seq
 
@@ -77,7 +78,7 @@ def test_random_drafts_give_plain_outputs_and_keep_the_pool_exact():
     for s in seqs:
         assert s.status is SeqStatus.FINISHED
         assert s.output_ids == expected_output(s.prompt_ids, len(s.output_ids))
-    assert sched.pool.num_used == sum(1 for _ in sched.cache.block_refs())
+    assert sched.pool.num_used == sum(1 for _ in block_refs(sched.cache))
 
 
 def test_rollback_frees_wholly_rejected_blocks_and_resets_the_length():
