@@ -103,7 +103,7 @@ class Cluster:
 
     def start(self) -> None:
         spec = self.spec
-        for port in spec.worker_ports:
+        for index, port in enumerate(spec.worker_ports):
             self.workers.append(
                 _spawn(
                     [
@@ -118,7 +118,7 @@ class Cluster:
                         str(port),
                         "--log-level",
                         "warning",
-                        *spec.worker_args,
+                        *own_tier(spec.worker_args, index, spec.replicas),
                     ]
                 )
             )
@@ -227,6 +227,21 @@ def wait_registered(spec: ClusterSpec, proc: subprocess.Popen, deadline: float) 
         if time.monotonic() > deadline:
             raise ClusterError(f"router at {spec.router_url} did not register {spec.worker_urls}")
         time.sleep(0.5)
+
+
+def own_tier(worker_args: tuple[str, ...], index: int, replicas: int) -> list[str]:
+    """Worker `index`'s flags: a `--kv-cache-dir DIR` becomes its own `DIR/worker-<index>`
+    (two engines writing one folder would enforce its budget twice and could not tell their
+    files apart at a restart), and `--kv-disk-size` its share of the budget."""
+    out = list(worker_args)
+    for i, flag in enumerate(out[:-1]):
+        if flag == "--kv-cache-dir":
+            out[i + 1] = os.path.join(out[i + 1], f"worker-{index}")
+        elif flag == "--kv-disk-size":
+            out[i + 1] = str(max(1, int(out[i + 1]) // replicas))
+    if "--kv-cache-dir" in out and "--kv-disk-size" not in out:
+        out += ["--kv-disk-size", str(max(1, knob_default("kv_disk_size") // replicas))]
+    return out
 
 
 def worker_flags(args: argparse.Namespace) -> list[str]:

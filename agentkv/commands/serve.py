@@ -58,6 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a quiet stream gets an SSE ': keep-alive' comment this often (default: 15)",
     )
     parser.add_argument(
+        "--public-metrics",
+        action="store_true",
+        help="serve /metrics without an API key even when keys are set (for a private scraper)",
+    )
+    parser.add_argument(
+        "--admin-api-key",
+        default=None,
+        metavar="KEY",
+        help="a key that may flush any tenant's prefix cache or all of it (POST /flush_cache)",
+    )
+    parser.add_argument(
         "--strict-request-fields",
         action="store_true",
         help="answer unknown request fields with a 400 (default: log and ignore)",
@@ -152,7 +163,11 @@ def run(args: argparse.Namespace) -> int:
         load = loader(args)
         keys = api_keys(args)
         limits = ServerLimits(
-            max_fanout=args.max_fanout, max_body_bytes=args.max_body_bytes, sse_keepalive_s=args.sse_keepalive_s
+            max_fanout=args.max_fanout,
+            max_body_bytes=args.max_body_bytes,
+            sse_keepalive_s=args.sse_keepalive_s,
+            public_metrics=args.public_metrics,
+            admin_key=args.admin_api_key,
         )
     except (ValueError, OSError) as exc:  # a bad flag value or keys file: say which, exit 2
         print(f"agentkv serve: {exc}", file=sys.stderr)

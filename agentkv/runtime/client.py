@@ -59,6 +59,10 @@ class EngineClient(Protocol):
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its KV; unknown ids are ignored."""
 
+    async def flush_cache(self, tenant: object) -> int:
+        """Drop one tenant's cached KV (RAM and disk), or all; returns the RAM blocks freed."""
+        ...
+
     async def pin_prefix(self, token_ids: list[int], namespace: Hashable = None, ttl_s: float = 300.0) -> int:
         """Keep the cached prefix of `token_ids` from eviction for `ttl_s` seconds; -> its length."""
 

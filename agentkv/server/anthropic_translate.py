@@ -98,7 +98,28 @@ def _blocks(role: str, blocks: list[Any], where: str) -> tuple[list[ChatMessage]
     return out, ttl
 
 
+MAX_BREAKPOINTS = 4  # Anthropic's limit on blocks with cache_control in one request
+
+
+def _check_breakpoints(req: MessagesRequest | CountTokensRequest) -> None:
+    """Anthropic's 400 for more cache_control blocks than it allows (each one is a pin the
+    server would hold, and a render of the conversation's head)."""
+    marks = [t.cache_control for t in req.tools or []]
+    marks += [b.cache_control for b in req.system] if isinstance(req.system, list) else []
+    marks += [
+        getattr(b, "cache_control", None) for m in req.messages if not isinstance(m.content, str) for b in m.content
+    ]
+    marks.append(getattr(req, "cache_control", None))
+    found = sum(mark is not None for mark in marks)
+    if found > MAX_BREAKPOINTS:
+        raise bad_request(
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {found}.",
+            param="cache_control",
+        )
+
+
 def conversation(req: MessagesRequest | CountTokensRequest) -> Conversation:
+    _check_breakpoints(req)
     messages, ttl = _system(req)
     breakpoints = [Breakpoint(max(len(messages), 1), ttl)] if ttl else []
     for i, msg in enumerate(req.messages):

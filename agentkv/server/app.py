@@ -36,6 +36,7 @@ from agentkv.server.schemas import (
     EmbeddingRequest,
     TokenizeRequest,
 )
+from agentkv.server.serving_admin import add_admin_routes, check_metrics_access
 from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
 from agentkv.server.serving_messages import count_tokens, create_message
@@ -58,6 +59,8 @@ _ENDPOINTS = {
     "/detokenize",
     "/health",
     "/metrics",
+    "/flush_cache",
+    "/reset_prefix_cache",
     *ROUTER_ENDPOINTS,
 }
 # Each API answers errors in its own shape.
@@ -174,20 +177,23 @@ def create_app(
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     def check_key(request: Request) -> None:
-        """Any route but /health and /metrics: a known key; its tenant names the cache."""
+        """Any route but /health, /metrics and the flush (each checks its own): a known key;
+        its tenant names the cache."""
         request.state.tenant = authenticate(state, request)
 
     auth = [Depends(check_key)]
     _add_anthropic_routes(app, state, auth)
     _add_responses_routes(app, state, auth)
     add_router_routes(app, state, auth)
+    add_admin_routes(app, state)
 
     @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
     async def health() -> Any:
         return health_response(state)
 
     @app.get("/metrics", response_class=Response)
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        check_metrics_access(state, request)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", response_model=r.ModelList, responses=ERRORS, dependencies=auth)

@@ -29,6 +29,10 @@ class ServerLimits:
     max_fanout: int = 64  # prompts x n: engine sequences one request may start
     max_body_bytes: int = 16 << 20
     sse_keepalive_s: float | None = 15.0  # a quiet stream gets `: keep-alive` this often
+    # /metrics needs an API key when keys are configured (its counters are every tenant's);
+    # True serves it to anyone, for a scraper on a private network.
+    public_metrics: bool = False
+    admin_key: str | None = None  # may flush any tenant's cache, or all (POST /flush_cache)
 
     def __post_init__(self) -> None:
         for name in ("max_fanout", "max_body_bytes"):

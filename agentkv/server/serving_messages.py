@@ -38,28 +38,41 @@ class Prepared(NamedTuple):
     namespace: Hashable = None  # the tenant's cache, where the pins go too
 
 
-async def _prepare(state: ServerState, req: MessagesRequest | CountTokensRequest, engine: Any) -> Prepared:
+async def _prepare(
+    state: ServerState, req: MessagesRequest | CountTokensRequest, engine: Any, with_pins: bool = True
+) -> Prepared:
     conv, policy = conversation(req), policy_of(req)
     template = state.chat_template()
     tools = policy.tools or None
-    prompt = render_chat(template, conv.messages, tools=tools)
-    ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
-    pins = []
-    for bp in conv.breakpoints:
-        try:
-            head = render_chat(template, conv.messages[: bp.num_messages], tools=tools, add_generation_prompt=False)
-        except APIError as exc:  # a template that refuses a partial conversation
-            log.info("cache_control breakpoint not pinned: %s", exc.message)
-            continue
-        head_ids = await asyncio.to_thread(engine.tokenizer.encode, head, False)
-        pins.append((common_prefix_len(head_ids, ids), bp.ttl_s))
+    heads = sorted({bp.num_messages for bp in conv.breakpoints}) if with_pins else []
+
+    def render() -> tuple[str, list[int], dict[int, list[int] | None]]:
+        """Off the event loop: the prompt and each distinct breakpoint head, rendered once."""
+        prompt = render_chat(template, conv.messages, tools=tools)
+        head_ids: dict[int, list[int] | None] = {}
+        for num in heads:
+            try:
+                head = render_chat(template, conv.messages[:num], tools=tools, add_generation_prompt=False)
+            except APIError as exc:  # a template that refuses a partial conversation
+                log.info("cache_control breakpoint not pinned: %s", exc.message)
+                head_ids[num] = None
+                continue
+            head_ids[num] = engine.tokenizer.encode(head, False)
+        return prompt, engine.tokenizer.encode(prompt, False), head_ids
+
+    prompt, ids, head_ids = await asyncio.to_thread(render)
+    pins = [
+        (common_prefix_len(head_ids[bp.num_messages], ids), bp.ttl_s)
+        for bp in conv.breakpoints
+        if with_pins and head_ids.get(bp.num_messages) is not None
+    ]
     thinks = template_thinks(template)
     return Prepared(engine, ids, OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt)), pins)
 
 
 async def count_tokens(state: ServerState, req: CountTokensRequest) -> CountTokensResponse:
     engine = check_model(state, req.model)
-    return CountTokensResponse(input_tokens=len((await _prepare(state, req, engine)).prompt_ids))
+    return CountTokensResponse(input_tokens=len((await _prepare(state, req, engine, with_pins=False)).prompt_ids))
 
 
 async def _pin(prep: Prepared) -> int:

@@ -9,11 +9,16 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import struct
 import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
+from agentkv.cache import disk_files
 from agentkv.cache.block_pool import BlockPool
 from agentkv.cache.disk_fingerprint import Fingerprint
 from agentkv.cache.disk_format import BlockHeader, block_hashes, encode_block, namespace_text, root_hash
@@ -207,3 +212,100 @@ def test_write_back_offers_the_full_blocks_of_each_evicted_node(tmp_path):
     t.flush()
     assert t.stats().written_blocks == 3  # [0..4), [4..8) and the sibling's [4..8)
     assert t.fetch(NS, tokens, 0, 2) == [kv[table[0]], kv[table[1]]]
+
+
+def test_a_writer_exception_of_any_kind_leaves_the_tier_read_only_and_flush_returning(tmp_path, monkeypatch, caplog):
+    kv = store(4)
+    t = tier(tmp_path, kv)
+
+    def broken(*args):
+        raise ValueError("encode_block bug")
+
+    monkeypatch.setattr("agentkv.cache.disk_tier.encode_block", broken)
+    assert t.offer(NS, list(range(8)), {0: 1, 1: 2}) == 2
+    done = threading.Event()
+    threading.Thread(target=lambda: (t.flush(), done.set()), daemon=True).start()
+    assert done.wait(10), "flush() never returned after the writer failed"
+    stats = t.stats()
+    assert stats.read_only and stats.write_errors == 1 and "encode_block bug" in caplog.text
+    assert t.offer(NS, [9, 9, 9, 9], {0: 3}) == 0 and t.stats().dropped_writes == 1
+    assert t.close() == 0  # the writer thread is still alive to be stopped
+
+
+def test_close_is_bounded_and_reports_what_it_could_not_write(tmp_path, monkeypatch, caplog):
+    kv = store(8)
+    t = tier(tmp_path, kv)
+    real = disk_files.write_file
+
+    def slow(path, data):
+        time.sleep(0.5)
+        real(path, data)
+
+    monkeypatch.setattr(disk_files, "write_file", slow)
+    assert t.offer(NS, list(range(4 * 6)), {j: j for j in range(6)}) == 6
+    t0 = time.monotonic()
+    left = t.close(timeout_s=0.2)
+    assert time.monotonic() - t0 < 2 and left >= 4
+    assert t.stats().unwritten_at_close == left and "not written at shutdown" in caplog.text
+
+
+def test_only_the_owner_can_read_the_files_and_a_tenant_group_is_flushed_whole(tmp_path):
+    kv = store(8)
+    t = DiskTier(tmp_path, fingerprint(), 1 << 20, kv.__getitem__, lambda ns: ns[1] or "shared")
+    t.offer(("model", "team-a"), [1, 2, 3, 4], {0: 1})
+    t.offer(("model", "team-b"), [1, 2, 3, 4], {0: 2})
+    t.flush()
+    files = sorted(t.dir.glob("g-*/*.kvb"))
+    assert len(files) == 2 and len({f.parent for f in files}) == 2
+    assert {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (t.dir, *[f.parent for f in files])} == {0o700}
+    assert all(b"team-a" not in f.read_bytes() and b"team-b" not in f.read_bytes() for f in files)
+    assert t.remove("team-a") == 1
+    assert t.fetch(("model", "team-a"), [1, 2, 3, 4], 0, 1) == []
+    assert t.fetch(("model", "team-b"), [1, 2, 3, 4], 0, 1) == [kv[2]]  # the other tenant's stays
+    assert t.remove(None) == 1 and not list(t.dir.glob("g-*/*.kvb"))
+
+
+def test_cluster_workers_get_their_own_tier_folder_and_budget_share():
+    from agentkv.commands.cluster import own_tier
+
+    args = ("--kv-cache-dir", "/data/kv", "--kv-disk-size", "1000", "--max-num-seqs", "4")
+    assert own_tier(args, 0, 2) == [
+        "--kv-cache-dir",
+        "/data/kv/worker-0",
+        "--kv-disk-size",
+        "500",
+        "--max-num-seqs",
+        "4",
+    ]
+    assert own_tier(args, 1, 2)[1] == "/data/kv/worker-1"
+    assert own_tier(("--kv-cache-dir", "/d"), 1, 4)[-2:] == ["--kv-disk-size", str((16 << 30) // 4)]
+    assert own_tier(("--max-num-seqs", "4"), 1, 2) == ["--max-num-seqs", "4"]
+
+
+WRITER = """
+import sys
+from tests.cache.test_disk_tier import NS, fingerprint, store, tier
+from pathlib import Path
+kv = store(8)
+t = tier(Path(sys.argv[1]), kv)
+print("ready", flush=True)
+for i in range(300):
+    t.offer(NS, [1000 + i] * 4, {0: i % 8})
+t.flush()
+print(t.stats().write_errors, t.stats().written_blocks, flush=True)
+"""
+
+
+def test_two_processes_on_one_folder_never_delete_each_others_writes(tmp_path):
+    """A second engine starting on a folder another one is writing to (what a restarting
+    cluster worker did) leaves the other's temporary files alone: none of its writes fails."""
+    child = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        for _ in range(30):  # restarts while the other writes
+            tier(tmp_path, store(1)).close()
+        errors, written = map(int, child.stdout.readline().split())
+    finally:
+        child.wait(timeout=60)
+    assert (errors, written) == (0, 300)
