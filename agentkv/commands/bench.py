@@ -22,6 +22,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "load": ("agentkv.bench.load", "concurrent streaming clients against a local server"),
     "spec": ("agentkv.bench.spec", "speculative decoding on copy-heavy and open-ended turns"),
     "cluster": ("agentkv.bench.cluster", "1, 2, 3 workers behind sglang-router: throughput, hit ratio"),
+    "soak": ("agentkv.bench.soak", "mixed traffic for a fixed time: RSS flat, no 5xx, no leaked block, exact answers"),
+    "stepcost": ("agentkv.bench.stepcost", "Python time per engine step with a small and a huge prefix cache"),
     "long": ("agentkv.bench.long", "long contexts and agent loops over HTTP vs llama_cpp.server: replay, TTFT, decode"),
 }
 
