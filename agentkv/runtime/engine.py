@@ -351,7 +351,7 @@ class Engine(SpeculativeEngine, EngineState):
         req.sampling.append(tok)
         self.counters.generation_tokens += 1
         if req.params.logprobs is not None:
-            req.logprobs.append(TokenLogprob(tok, result.logprob, result.top_logprobs))
+            req.logprobs.append(TokenLogprob(tok, result.logprob, result.top_logprobs, result.token_logits))
         if req.constraint is not None:
             req.constraint.accept(tok)
         new_text = req.detok.push(tok)
