@@ -132,7 +132,7 @@ class BertModel(Model):
         list already tokenised with its [CLS]/[SEP]). Sequences run together as one flat batch
         of rows, attention confined to each sequence; no padding, so nothing to mask."""
         hidden, seq_lens = self._hidden(token_id_lists, type_id_lists)
-        return _normalise(self._pool(hidden, seq_lens))
+        return l2_normalise(self._pool(hidden, seq_lens))
 
     def classify(self, token_id_lists: Sequence[Sequence[int]], type_id_lists=None) -> np.ndarray:
         """Raw classification logits `[batch, num_labels]` float32 of each sequence (a pair
@@ -217,6 +217,6 @@ class BertModel(Model):
         return np.stack([hidden[s : s + n].mean(axis=0, dtype=np.float32) for s, n in zip(starts, seq_lens)])
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
+def l2_normalise(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     return (x / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
