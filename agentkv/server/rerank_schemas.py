@@ -26,6 +26,7 @@ class RerankRequest(Request):
     documents: list[Document]
     top_n: int | None = Field(default=None, ge=1)
     return_documents: bool = False
+    max_tokens_per_doc: int | None = Field(default=None, ge=1)  # Cohere v2: longer documents are cut
     instruction: str | None = None  # a causal reranker's <Instruct> (Qwen3-Reranker's default otherwise)
 
 

@@ -52,8 +52,11 @@ async def rerank(state: ServerState, req: RerankRequest, tenant: str | None) -> 
     engine = check_model(state, req.model)
     texts = [d if isinstance(d, str) else d.text for d in req.documents]
     check_count(len(texts), "documents")
+    scored_texts = texts
+    if req.max_tokens_per_doc is not None:
+        scored_texts = await asyncio.to_thread(_cut, engine.tokenizer, texts, req.max_tokens_per_doc)
     scored = await score_pairs(
-        state, engine, [req.query] * len(texts), texts, cache_namespace(tenant, None), req.instruction
+        state, engine, [req.query] * len(texts), scored_texts, cache_namespace(tenant, None), req.instruction
     )
     order = sorted(range(len(texts)), key=lambda i: (-scored.scores[i], i))[: req.top_n]
     results = [
@@ -66,6 +69,15 @@ async def rerank(state: ServerState, req: RerankRequest, tenant: str | None) -> 
     ]
     rid = f"rerank-{uuid.uuid4().hex}"
     return RerankResponse(id=rid, model=state.model_name, results=results, usage=_usage(scored))
+
+
+def _cut(tokenizer: Any, texts: list[str], max_tokens: int) -> list[str]:
+    """Each text cut to its first `max_tokens` tokens (Cohere's `max_tokens_per_doc`)."""
+    out = []
+    for text in texts:
+        ids = tokenizer.encode(text, False)
+        out.append(text if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens]))
+    return out
 
 
 def _score_sides(req: ScoreRequest) -> tuple[list[str], list[str], str]:

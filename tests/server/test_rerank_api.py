@@ -1,7 +1,7 @@
-"""/v1/rerank, /score and /classify over real HTTP: Cohere's own client against a BERT
-cross-encoder, plain httpx against /score, a Qwen3-style causal reranker whose shared query is
-prefilled once (and whose scores are bit-identical to each pair scored cold, in another
-tenant's namespace), and the API's 4xx for bad bodies.
+"""/v1/rerank, /score and /classify over real HTTP: Cohere's own client (and LangChain's
+CohereRerank) against a BERT cross-encoder, plain httpx against /score, a Qwen3-style causal
+reranker whose shared query is prefilled once (and whose scores are bit-identical to each pair
+scored cold, in another tenant's namespace), and the API's 4xx for bad bodies.
 
 Oracles: sentence-transformers' CrossEncoder and transformers' causal LM run as the
 Qwen3-Reranker model card does. Tolerance: 1e-5 relative on scores in (0, 1); the same
@@ -66,6 +66,19 @@ def test_cohere_client_reranks_like_sentence_transformers(cross_encoder):
     np.testing.assert_allclose([r.relevance_score for r in res.results], want[order], rtol=RTOL)
 
 
+def test_langchain_cohere_rerank_compresses_documents(cross_encoder):
+    """LangChain's CohereRerank (a document compressor that takes a base URL) over agentkv."""
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+
+    want = ce_oracle(cross_encoder.engine.engine.source.path)
+    reranker = CohereRerank(model="ce", top_n=2, base_url=cross_encoder.base_url, cohere_api_key="unused")
+    docs = reranker.compress_documents([Document(page_content=d) for d in rh.DOCUMENTS], rh.QUERY)
+    best = [int(i) for i in np.argsort(-want, kind="stable")[:2]]
+    assert [d.page_content for d in docs] == [rh.DOCUMENTS[i] for i in best]
+    np.testing.assert_allclose([d.metadata["relevance_score"] for d in docs], want[best], rtol=RTOL)
+
+
 def test_score_one_to_many_and_one_to_one(cross_encoder):
     want = ce_oracle(cross_encoder.engine.engine.source.path)
     with httpx.Client(base_url=cross_encoder.base_url, timeout=60) as http:
@@ -74,12 +87,15 @@ def test_score_one_to_many_and_one_to_one(cross_encoder):
         jina = http.post(
             "/rerank", json={"query": rh.QUERY, "documents": [{"text": d} for d in rh.DOCUMENTS], "top_n": 1}
         )
+        cut = http.post("/v2/rerank", json={"query": rh.QUERY, "documents": [rh.DOCUMENTS[0]], "max_tokens_per_doc": 2})
+        first_words = http.post("/v2/rerank", json={"query": rh.QUERY, "documents": ["paris is"]})
     assert many.status_code == pairs.status_code == jina.status_code == 200, many.text + pairs.text + jina.text
     body = many.json()
     assert body["object"] == "list" and [d["index"] for d in body["data"]] == list(range(len(rh.DOCUMENTS)))
     np.testing.assert_allclose([d["score"] for d in body["data"]], want, rtol=RTOL)
     assert [d["score"] for d in pairs.json()["data"]] == [d["score"] for d in body["data"][:2]]
     assert jina.json()["results"][0]["index"] == int(np.argmax(want))
+    assert cut.json()["results"][0]["relevance_score"] == first_words.json()["results"][0]["relevance_score"]
     assert body["usage"]["prompt_tokens"] > 0 and body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
@@ -91,6 +107,7 @@ def test_score_one_to_many_and_one_to_one(cross_encoder):
         ("/v1/rerank", {"query": "q", "documents": ["d"], "rank_fields": ["x"]}, "rank_fields"),
         ("/v1/rerank", {"query": "q", "documents": ["word " * 600]}, "documents"),
         ("/v1/rerank", {"query": "q", "documents": ["d"], "top_n": 0}, "top_n"),
+        ("/v1/rerank", {"query": "q", "documents": ["d"], "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
         ("/v1/rerank", {"documents": ["d"]}, "query"),
         ("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_1"),
         ("/score", {"text_1": "a", "documents": ["b"]}, "queries"),
