@@ -77,6 +77,10 @@ class BertModel(Model):
         super().__init__(source, backend, options)
         hp = self.hparams
         self.pooling = self.config.pooling or "cls"  # a bare BERT folder (no 1_Pooling/) pools [CLS]
+        if self.pooling == "rank":  # llama.cpp's reranker GGUF: its head reads [CLS]; so does `embed`
+            self.pooling = "cls"
+            if not source.has_tensor("cls.output.weight"):
+                raise ValueError(f"{source.path}: pooling 'rank' needs the classifier tensor 'cls.output.weight'")
         if self.pooling not in POOLING:
             raise ValueError(
                 f"{source.path}: pooling {self.pooling!r} is not supported (supported: {', '.join(POOLING)})"

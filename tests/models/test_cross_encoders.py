@@ -93,3 +93,45 @@ def test_a_model_without_a_head_refuses_to_classify(folders):
     bert = load_model(open_model(folders["bert"]), lookup("reference"))
     with pytest.raises(ValueError, match="segment id 2; the model has 2 segments"):
         bert.classify([[101, 102]], [[0, 2]])
+
+
+def write_rank_gguf(hf, path) -> None:
+    """The cross-encoder as llama.cpp's converter writes a BERT reranker: arch `bert`, the
+    `bert.` prefix dropped, pooler -> `cls`, classifier -> `cls.output`, pooling_type 4 (rank)."""
+    import gguf
+
+    cfg = hf.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, cfg.num_hidden_layers)
+    renames = {"pooler.dense": "classifier.dense", "classifier": "classifier.out_proj"}
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_layer_norm_eps(cfg.layer_norm_eps)
+    writer.add_pooling_type(gguf.PoolingType.RANK)
+    writer.add_vocab_size(cfg.vocab_size)
+    for hf_name, tensor in hf.state_dict().items():
+        base, _, suffix = hf_name.removeprefix("bert.").rpartition(".")
+        name = names.get_name(f"{renames.get(base, base)}.{suffix}", try_suffixes=(".weight", ".bias"))
+        if name is not None:  # position_ids is a buffer, not a weight
+            writer.add_tensor(name, tensor.detach().float().numpy().copy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_llama_cpp_rank_gguf_scores_like_transformers(folders, tmp_path):
+    from transformers import BertForSequenceClassification
+
+    hf = BertForSequenceClassification.from_pretrained(folders["bert"]).eval()
+    write_rank_gguf(hf, tmp_path / "rerank.gguf")
+    model = load_model(open_model(tmp_path / "rerank.gguf"), lookup("cpu"))
+    assert model.config.pooling == "rank" and model.num_labels == 1
+    pairs = [load_tokenizer(open_model(folders["bert"])).encode_pair(q, d) for q, d in PAIRS]
+    got = model.classify([ids for ids, _ in pairs], [types for _, types in pairs])[:, 0]
+    with torch.no_grad():
+        want = [hf(input_ids=torch.tensor([i]), token_type_ids=torch.tensor([t])).logits[0, 0].item() for i, t in pairs]
+    np.testing.assert_allclose([sigmoid(x) for x in got], [sigmoid(x) for x in want], rtol=RTOL)
