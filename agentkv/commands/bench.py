@@ -23,6 +23,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "spec": ("agentkv.bench.spec", "speculative decoding on copy-heavy and open-ended turns"),
     "cluster": ("agentkv.bench.cluster", "1, 2, 3 workers behind sglang-router: throughput, hit ratio"),
     "long": ("agentkv.bench.long", "long contexts and agent loops over HTTP vs llama_cpp.server: replay, TTFT, decode"),
+    "rerank": ("agentkv.bench.rerank", "1 query x N documents, Qwen3-Reranker-0.6B shapes: prefix reuse on vs off"),
 }
 
 
