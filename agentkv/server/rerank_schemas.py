@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from agentkv.server.schemas import Closed, Request
+from agentkv.server.schemas import Request
 
 
-class TextDocument(Closed):
-    """A document given as an object (Cohere v1, Jina): only its text is ranked."""
+class TextDocument(BaseModel):
+    """A document given as an object (Cohere v1, Jina): only its text is ranked; other keys
+    (a title, an id) are the client's own and are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     text: str
 

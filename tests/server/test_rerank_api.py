@@ -85,7 +85,12 @@ def test_score_one_to_many_and_one_to_one(cross_encoder):
         many = http.post("/score", json={"model": "ce", "text_1": rh.QUERY, "text_2": rh.DOCUMENTS})
         pairs = http.post("/v1/score", json={"queries": [rh.QUERY] * 2, "documents": rh.DOCUMENTS[:2]})
         jina = http.post(
-            "/rerank", json={"query": rh.QUERY, "documents": [{"text": d} for d in rh.DOCUMENTS], "top_n": 1}
+            "/rerank",
+            json={
+                "query": rh.QUERY,
+                "documents": [{"text": d, "id": str(i)} for i, d in enumerate(rh.DOCUMENTS)],
+                "top_n": 1,
+            },
         )
         cut = http.post("/v2/rerank", json={"query": rh.QUERY, "documents": [rh.DOCUMENTS[0]], "max_tokens_per_doc": 2})
         first_words = http.post("/v2/rerank", json={"query": rh.QUERY, "documents": ["paris is"]})
