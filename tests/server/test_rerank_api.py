@@ -207,3 +207,16 @@ def _common_prefix_len(prompts: list[list[int]]) -> int:
     while all(len(p) > n and p[n] == prompts[0][n] for p in prompts):
         n += 1
     return n
+
+
+def test_causal_reranker_refuses_more_documents_than_the_fanout_and_over_long_pairs(reranker):
+    server = reranker[0]
+    headers = {"Authorization": "Bearer key-a"}
+    too_many = httpx.post(
+        server.base_url + "/v1/rerank", json={"query": "q", "documents": ["d"] * 65}, headers=headers, timeout=60
+    )
+    assert too_many.status_code == 400 and "--max-fanout" in too_many.json()["error"]["message"]
+    long = httpx.post(
+        server.base_url + "/v1/rerank", json={"query": "q", "documents": ["paris " * 300]}, headers=headers, timeout=60
+    )
+    assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
