@@ -21,6 +21,7 @@ HF_ARCH = {
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
     "bert": "bert",
+    "xlm-roberta": "bert",  # llama.cpp converts XLM-RoBERTa (BGE-M3, BGE-reranker) to arch `bert`
     "qwen2_moe": "qwen2moe",
     "qwen3_moe": "qwen3moe",
     "mixtral": "llama",  # llama.cpp converts mixtral to arch `llama` with expert_count > 0

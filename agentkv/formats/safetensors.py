@@ -134,6 +134,26 @@ def _array(entry: _Entry) -> np.ndarray:
     )
 
 
+def _encoder_renames(raw: dict[str, _Entry]) -> dict[str, str]:
+    """HF names of an encoder's task model -> the base model's, as llama.cpp's converter renames
+    them: the `bert.` / `roberta.` prefix dropped, and a BERT sequence classifier's pooler and
+    classifier made the `classifier.dense` (-> `cls`) and `classifier.out_proj` (-> `cls.output`)
+    that XLM-RoBERTa's head already has, so both families share one head (dense + tanh + out)."""
+    renames = {}
+    for hf_name in raw:
+        for prefix in ("bert.", "roberta."):
+            if hf_name.startswith(prefix):
+                renames[hf_name] = hf_name[len(prefix) :]
+    classifier = any(n in raw for n in ("classifier.weight", "classifier.bias"))
+    for hf_name in raw:
+        base = renames.get(hf_name, hf_name)
+        if classifier and base.startswith("pooler.dense."):
+            renames[hf_name] = "classifier.dense." + base.removeprefix("pooler.dense.")
+        elif base.startswith("classifier.") and base.count(".") == 1:
+            renames[hf_name] = "classifier.out_proj." + base.removeprefix("classifier.")
+    return renames
+
+
 class SafetensorsSource(ModelSource):
     """A HF folder. `metadata` is config.json, plus tokenizer_config.json under
     "tokenizer_config" when present. Tensor names are GGUF names where gguf-py's TensorNameMap
@@ -187,9 +207,11 @@ class SafetensorsSource(ModelSource):
 
     def _add_names(self, raw: dict[str, _Entry]) -> None:
         name_map = self._name_map()
+        renames = _encoder_renames(raw)
         for hf_name, entry in raw.items():
             file = entry.file
-            name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias")) if name_map else None
+            mapped = renames.get(hf_name, hf_name)
+            name = name_map.get_name(mapped, try_suffixes=(".weight", ".bias")) if name_map else None
             name = name or hf_name
             if name in self._entries:
                 raise SafetensorsError(

@@ -157,6 +157,12 @@ class Tokenizer:
         """Token ids of `text`; BOS (and EOS) are added only when the model asks for them."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_pair(self, text: str, pair: str) -> tuple[list[int], list[int]]:
+        """(token ids, segment ids) of a text pair as the tokenizer's own pair template joins
+        them (BERT: `[CLS] a [SEP] b [SEP]`, segments 0 then 1; RoBERTa: `<s> a </s></s> b </s>`)."""
+        enc = self.backend.encode(text, pair, add_special_tokens=True)
+        return enc.ids, enc.type_ids
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids`; bytes of an unfinished UTF-8 character decode as U+FFFD."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -1,11 +1,14 @@
-"""BERT encoder for sentence embeddings (all-MiniLM-L6-v2): absolute position embeddings,
-post-LN layers, erf-GELU MLP, bidirectional attention with no KV cache, then pooling and L2
-normalisation as sentence-transformers does.
+"""BERT-style encoders: sentence embeddings (all-MiniLM-L6-v2, BGE-M3's XLM-RoBERTa) and
+cross-encoders (ms-marco MiniLM, BGE-reranker). Absolute position embeddings, post-LN layers,
+erf-GELU MLP, bidirectional attention with no KV cache, then pooling and L2 normalisation as
+sentence-transformers does, or a classification head on the first token.
 
-    h = LN(word + position + token_type)
+    h = LN(word + position + token_type)          XLM-R: positions start at padding_idx + 1
     per layer:  h = LN(h + attention(h))          attn_output_norm
                 h = LN(h + down(gelu(up(h))))      layer_output_norm
     embedding = normalise(pool(h))                 pool: config.pooling (mean | cls | last)
+    logits    = out(tanh(dense(h[0])))             `cls` + `cls.output`: BERT's pooler +
+                                                   classifier, XLM-R's classifier head
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ class BertConfig:
 
     hparams: HParams
     pooling: str | None = None
+    # XLM-RoBERTa numbers positions from padding_idx + 1 (HF folders); llama.cpp's converter
+    # drops those first rows of the table instead, so a GGUF starts at 0.
+    position_offset: int = 0
+    label_names: tuple[str, ...] = ()  # config.json id2label, in label order
 
     @classmethod
     def from_source(cls, source: ModelSource) -> BertConfig:
@@ -51,11 +58,15 @@ class BertConfig:
         if keys.gguf:
             return cls(keys.hparams, GGUF_POOLING.get(keys.get("pooling_type", None, 0)))
         flags = keys.raw.get("pooling_config") or {}
-        return cls(keys.hparams, next((mode for key, mode in FOLDER_POOLING if flags.get(key)), None))
+        pooling = next((mode for key, mode in FOLDER_POOLING if flags.get(key)), None)
+        offset = int(keys.raw.get("pad_token_id", 1)) + 1 if keys.raw.get("model_type") == "xlm-roberta" else 0
+        id2label = keys.raw.get("id2label") or {}
+        labels = tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+        return cls(keys.hparams, pooling, offset, labels)
 
     def summary(self) -> dict[str, Any]:
         """The family-resolved hparams `agentkv inspect` reports."""
-        return {"pooling": self.pooling}
+        return {"pooling": self.pooling, "position_offset": self.position_offset}
 
 
 class BertModel(Model):
@@ -66,6 +77,10 @@ class BertModel(Model):
         super().__init__(source, backend, options)
         hp = self.hparams
         self.pooling = self.config.pooling or "cls"  # a bare BERT folder (no 1_Pooling/) pools [CLS]
+        if self.pooling == "rank":  # llama.cpp's reranker GGUF: its head reads [CLS]; so does `embed`
+            self.pooling = "cls"
+            if not source.has_tensor("cls.output.weight"):
+                raise ValueError(f"{source.path}: pooling 'rank' needs the classifier tensor 'cls.output.weight'")
         if self.pooling not in POOLING:
             raise ValueError(
                 f"{source.path}: pooling {self.pooling!r} is not supported (supported: {', '.join(POOLING)})"
@@ -76,6 +91,19 @@ class BertModel(Model):
         self.token_types = self.weight("token_types.weight")
         self.embd_norm = (self.weight("token_embd_norm.weight"), self.weight("token_embd_norm.bias"))
         self.layers = [self._layer(i) for i in range(hp.num_layers)]
+        self.head = self._head()
+        self.num_labels = self.head["out"].shape[0] if self.head else 0
+        self.num_token_types = self.token_types.shape[0]
+        self.max_len = hp.context_len - self.config.position_offset  # the position table's rows
+
+    def _head(self) -> dict | None:
+        """The classification head (`cls` dense + tanh, then `cls.output`); None for an
+        embedding model. A head with only `cls.output` projects the first token directly."""
+        out = self.weight("cls.output.weight", required=False)
+        if out is None:
+            return None
+        w = lambda name: self.weight(name, required=False)  # noqa: E731
+        return {"dense": w("cls.weight"), "dense_bias": w("cls.bias"), "out": out, "out_bias": w("cls.output.bias")}
 
     def _layer(self, i: int) -> dict:
         w = lambda name: self.weight(f"blk.{i}.{name}")  # noqa: E731
@@ -103,34 +131,68 @@ class BertModel(Model):
             "no LM head): call embed(token_id_lists) instead of forward"
         )
 
-    def embed(self, token_id_lists: Sequence[Sequence[int]]) -> np.ndarray:
+    def embed(self, token_id_lists: Sequence[Sequence[int]], type_id_lists=None) -> np.ndarray:
         """L2-normalised sentence embeddings `[batch, hidden]` float32, one per id list (each
         list already tokenised with its [CLS]/[SEP]). Sequences run together as one flat batch
         of rows, attention confined to each sequence; no padding, so nothing to mask."""
-        seq_lens = self._check(token_id_lists)
-        ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_id_lists])
-        positions = np.concatenate([np.arange(n, dtype=np.int64) for n in seq_lens])
-        hidden = self.backend.read(self._encode(ids, positions, seq_lens))  # [n, d]
-        return _normalise(self._pool(hidden, seq_lens))
+        hidden, seq_lens = self._hidden(token_id_lists, type_id_lists)
+        return l2_normalise(self._pool(hidden, seq_lens))
 
-    def _check(self, token_id_lists) -> tuple[int, ...]:
+    def classify(self, token_id_lists: Sequence[Sequence[int]], type_id_lists=None) -> np.ndarray:
+        """Raw classification logits `[batch, num_labels]` float32 of each sequence (a pair
+        as its tokenizer joins it, with its segment ids; None: all segment 0), from the head on
+        its first token. Padding-free like `embed`: many short pairs make one flat batch."""
+        if self.head is None:
+            raise ValueError(f"{self.source.path}: this {self.hparams.arch} model has no classification head")
+        be, head = self.backend, self.head
+        hidden, seq_lens = self._hidden(token_id_lists, type_id_lists)
+        starts = np.concatenate([[0], np.cumsum(seq_lens)[:-1]]).astype(np.int64)
+        x = be.upload(np.ascontiguousarray(hidden[starts]))  # [batch, d]: each sequence's first token
+        if head["dense"] is not None:
+            x = be.softcap(be.matmul(x, head["dense"], head["dense_bias"]), 1.0)  # tanh(x) = 1 * tanh(x / 1)
+        return be.read(be.matmul(x, head["out"], head["out_bias"])).astype(np.float32)
+
+    def _hidden(self, token_id_lists, type_id_lists) -> tuple[np.ndarray, tuple[int, ...]]:
+        """The last layer's rows `[n, d]` (read to the host) of the flat batch, and its lengths."""
+        seq_lens = self._check(token_id_lists, type_id_lists)
+        ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_id_lists])
+        types = np.zeros_like(ids)
+        if type_id_lists is not None:
+            types = np.concatenate([np.asarray(t, dtype=np.int64) for t in type_id_lists])
+        offset = self.config.position_offset
+        positions = np.concatenate([np.arange(offset, offset + n, dtype=np.int64) for n in seq_lens])
+        return self.backend.read(self._encode(ids, positions, types, seq_lens)), seq_lens
+
+    def _check(self, token_id_lists, type_id_lists=None) -> tuple[int, ...]:
         hp = self.hparams
         if len(token_id_lists) == 0:
             raise ValueError("embed needs at least one sequence, got an empty batch")
         seq_lens = tuple(len(t) for t in token_id_lists)
         for i, n in enumerate(seq_lens):
-            if not 0 < n <= hp.context_len:
-                raise ValueError(f"sequence {i} has {n} tokens; {hp.arch} takes 1..{hp.context_len}")
+            if not 0 < n <= self.max_len:
+                raise ValueError(f"sequence {i} has {n} tokens; {hp.arch} takes 1..{self.max_len}")
         for i, ids in enumerate(token_id_lists):
             bad = [t for t in ids if not 0 <= int(t) < hp.vocab_size]
             if bad:
                 raise ValueError(f"sequence {i} has token id {bad[0]} outside the vocabulary 0..{hp.vocab_size - 1}")
+        if type_id_lists is not None:
+            self._check_types(type_id_lists, seq_lens)
         return seq_lens
 
-    def _encode(self, ids: np.ndarray, positions: np.ndarray, seq_lens: tuple[int, ...]) -> Tensor:
+    def _check_types(self, type_id_lists, seq_lens: tuple[int, ...]) -> None:
+        if len(type_id_lists) != len(seq_lens):
+            raise ValueError(f"{len(type_id_lists)} segment id lists for {len(seq_lens)} sequences")
+        for i, (types, n) in enumerate(zip(type_id_lists, seq_lens)):
+            if len(types) != n:
+                raise ValueError(f"sequence {i} has {n} tokens but {len(types)} segment ids")
+            bad = [t for t in types if not 0 <= int(t) < self.num_token_types]
+            if bad:
+                raise ValueError(f"sequence {i} has segment id {bad[0]}; the model has {self.num_token_types} segments")
+
+    def _encode(self, ids: np.ndarray, positions: np.ndarray, types: np.ndarray, seq_lens: tuple[int, ...]) -> Tensor:
         be, hp = self.backend, self.hparams
         h = be.add(be.embedding(self.word, ids), be.embedding(self.position, positions))
-        h = be.add(h, be.embedding(self.token_types, np.zeros_like(ids)))  # single-segment input
+        h = be.add(h, be.embedding(self.token_types, types))
         h = be.layer_norm(h, *self.embd_norm, hp.norm_eps)
         for layer in self.layers:
             h = be.layer_norm(be.add(h, self._attention(layer, h, seq_lens)), *layer["attn_norm"], hp.norm_eps)
@@ -159,6 +221,6 @@ class BertModel(Model):
         return np.stack([hidden[s : s + n].mean(axis=0, dtype=np.float32) for s, n in zip(starts, seq_lens)])
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
+def l2_normalise(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     return (x / np.maximum(norms, np.float32(1e-12))).astype(np.float32)

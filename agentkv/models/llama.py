@@ -86,10 +86,10 @@ class LlamaModel(Model):
             )
             for i in range(hp.num_layers)
         ]
-        self.embed = self.weight("token_embd.weight")
+        self.token_embd = self.weight("token_embd.weight")
         self.layers = [decoder_layer(self, i) for i in range(hp.num_layers)]
         self.norm = self.weight("output_norm.weight")
-        self.head = self.embed if hp.tie_embeddings else self.weight("output.weight")
+        self.head = self.token_embd if hp.tie_embeddings else self.weight("output.weight")
 
     @staticmethod
     def _rope_scaling(source) -> dict | None:
@@ -101,7 +101,7 @@ class LlamaModel(Model):
 
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
         be = self.backend
-        h = be.embedding(self.embed, token_ids)  # [n, d]
+        h = be.embedding(self.token_embd, token_ids)  # [n, d]
         x = be.rms_norm(h, self.layers[0].attention.norm, self.hparams.norm_eps)
         h, x = be.decoder_blocks(h, x, self.layers, self.blocks, meta, kv, self.norm)
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]

@@ -19,6 +19,7 @@ _FAMILIES: dict[str, str] = {
     "mistral": "agentkv.models.llama:LlamaModel",
     "qwen2": "agentkv.models.llama:LlamaModel",
     "qwen3": "agentkv.models.llama:LlamaModel",
+    "qwen3-embedding": "agentkv.models.qwen3_embedding:Qwen3EmbeddingModel",  # qwen3 pooled (see family_of)
     "gemma3": "agentkv.models.gemma3:Gemma3Model",
     "bert": "agentkv.models.bert:BertModel",
     "qwen2moe": "agentkv.models.moe:MoEModel",
@@ -41,10 +42,15 @@ def model_class(arch: str) -> type[Model]:
 
 def family_of(source: ModelSource) -> str:
     """The family key of a source: its architecture, except that a `llama` with experts (a
-    GGUF's `llama.expert_count` > 0, or a HF mixtral folder) is `mixtral`."""
+    GGUF's `llama.expert_count` > 0, or a HF mixtral folder) is `mixtral`, and a `qwen3` pooled
+    by its last token (a folder's 1_Pooling, a GGUF's `qwen3.pooling_type` 3) is
+    `qwen3-embedding`."""
     hp = source.hparams
     if hp.arch == "llama" and ((hp.raw.get("llama.expert_count") or 0) > 0 or hp.raw.get("model_type") == "mixtral"):
         return "mixtral"
+    pooled = (hp.raw.get("pooling_config") or {}).get("pooling_mode_lasttoken") or hp.raw.get("qwen3.pooling_type") == 3
+    if hp.arch == "qwen3" and pooled:
+        return "qwen3-embedding"
     return hp.arch
 
 

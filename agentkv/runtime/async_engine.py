@@ -29,6 +29,7 @@ from agentkv.runtime.errors import EngineDeadError, QueueFullError
 from agentkv.runtime.kv_disk import CLOSE_BOUND_S
 from agentkv.runtime.outputs import EngineStats
 from agentkv.runtime.params import SamplingParams
+from agentkv.runtime.rerank import traits_of
 from agentkv.runtime.streams import Collector, RequestStream
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class AsyncEngine:
         self.max_model_len = _served_len(engine)
         self.vocab_size = engine.vocab_size
         self.is_embedding = engine.is_embedding
+        self.traits = traits_of(engine.model)
         self.generation_config = read_generation_config(engine.source.path)  # {} for GGUF
         self._inbox: queue.SimpleQueue[EngineMessage] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -225,6 +227,17 @@ class AsyncEngine:
     async def embed(self, batch: list[list[int]]) -> list[list[float]]:
         if not self.is_embedding:
             raise ValueError(f"model {self.model_name!r} is not an embedding model")
+        return await self._pooled(self.engine.model.embed, batch)
+
+    async def classify(self, batch: list[list[int]], segments: list[list[int]] | None = None) -> list[list[float]]:
+        """Raw logits `[len(batch), num_labels]` of a model with a classification head; each
+        sequence a pair as its tokenizer joins it, with its segment ids (None: all 0)."""
+        if not self.traits.num_labels:
+            raise ValueError(f"model {self.model_name!r} has no classification head")
+        return await self._pooled(lambda ids: self.engine.model.classify(ids, segments), batch)
+
+    async def _pooled(self, run_model: Any, batch: list[list[int]]) -> list[list[float]]:
+        """An encoder call on its own thread, one at a time (the engine thread never runs it)."""
         for ids in batch:
             if not ids:
                 raise ValueError("each input must contain at least one token")
@@ -235,7 +248,7 @@ class AsyncEngine:
 
         def run() -> list[list[float]]:
             with self._embed_lock:
-                return np.asarray(self.engine.model.embed(batch), dtype=np.float32).tolist()
+                return np.asarray(run_model(batch), dtype=np.float32).tolist()
 
         return await asyncio.to_thread(run)
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from agentkv.formats.tokenizer import Tokenizer
     from agentkv.runtime.outputs import EngineStats, RequestOutput
     from agentkv.runtime.params import SamplingParams
+    from agentkv.runtime.rerank import Traits
 
 
 @runtime_checkable
@@ -31,6 +32,7 @@ class EngineClient(Protocol):
     max_model_len: int
     vocab_size: int
     is_embedding: bool
+    traits: Traits  # a classification head's labels, Matryoshka embeddings
 
     generation_config: dict[str, Any]  # the model's sampling defaults ({} when it ships none)
 
@@ -68,6 +70,9 @@ class EngineClient(Protocol):
 
     async def embed(self, batch: list[list[int]]) -> list[list[float]]:
         """One pooled vector per token list (embedding models only)."""
+
+    async def classify(self, batch: list[list[int]], segments: list[list[int]] | None = None) -> list[list[float]]:
+        """Raw classification logits per token list (models with a classification head only)."""
 
     def stats(self) -> EngineStats:
         """Counters and gauges at this moment (read by /metrics)."""

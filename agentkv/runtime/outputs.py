@@ -12,6 +12,7 @@ class TokenLogprob(NamedTuple):
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # best (id, logprob), descending
+    logits: tuple[float, ...] = ()  # raw logits of SamplingParams.logit_token_ids, in that order
 
 
 @dataclass(slots=True)

@@ -78,6 +78,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     n: int = 1
     speculative: bool = True  # False: never draft for this request (the engine's knob decides if any)
+    # Report the raw logits of these token ids at each sampled position (an LLM reranker's
+    # "yes" / "no"), exact float32 values, in each TokenLogprob's `logits`: needs `logprobs`.
+    logit_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def create(cls, **kw: Any) -> SamplingParams:
@@ -101,6 +104,9 @@ class SamplingParams:
         for token_id, _ in self.logit_bias:
             if token_id >= vocab_size:
                 raise _bad("logit_bias key", token_id, f"token ids in [0, {vocab_size - 1}] for this model")
+        for token_id in self.logit_token_ids:
+            if token_id >= vocab_size:
+                raise _bad("logit_token_ids", token_id, f"token ids in [0, {vocab_size - 1}] for this model")
 
     @property
     def top_k_enabled(self) -> bool:
@@ -121,6 +127,7 @@ class SamplingParams:
         stop = self.stop or ()
         set_(self, "stop", (stop,) if isinstance(stop, str) else tuple(stop))
         set_(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        set_(self, "logit_token_ids", tuple(self.logit_token_ids or ()))
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "speculative"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
@@ -168,9 +175,12 @@ class SamplingParams:
                 raise _bad(
                     "stop", f"<a string of {len(s)} characters>", f"strings of at most {MAX_STOP_LEN} characters"
                 )
-        for token_id in self.stop_token_ids:
-            if not _is_int(token_id) or token_id < 0:
-                raise _bad("stop_token_ids", token_id, "ints >= 0")
+        for name in ("stop_token_ids", "logit_token_ids"):
+            for token_id in getattr(self, name):
+                if not _is_int(token_id) or token_id < 0:
+                    raise _bad(name, token_id, "ints >= 0")
+        if self.logit_token_ids and self.logprobs is None:
+            raise ValueError("logit_token_ids are reported with the logprobs: set logprobs (0 or more)")
 
 
 def _normalise_logit_bias(

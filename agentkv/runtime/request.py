@@ -52,7 +52,7 @@ class Request:
         self.sampling.append(tok)
         counters.generation_tokens += 1
         if self.params.logprobs is not None:
-            self.logprobs.append(TokenLogprob(tok, result.logprob, result.top_logprobs))
+            self.logprobs.append(TokenLogprob(tok, result.logprob, result.top_logprobs, result.token_logits))
         if self.constraint is not None:
             self.constraint.accept(tok)
         new_text = self.detok.push(tok)

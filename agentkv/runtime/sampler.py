@@ -37,6 +37,7 @@ class SampleResult(NamedTuple):
     token_id: int
     logprob: float | None  # raw-model logprob of token_id; None unless params.logprobs is set
     top_logprobs: list[tuple[int, float]]  # params.logprobs best (id, logprob), desc, ties by id
+    token_logits: tuple[float, ...] = ()  # the raw logits of params.logit_token_ids, in that order
 
 
 @dataclass(slots=True)
@@ -100,10 +101,11 @@ def sample(
         token_id = _draw(warp(processed, params), state.generator())
     if not np.isfinite(processed[token_id]):
         raise RuntimeError(f"sampled token {token_id} has a -inf logit: sampler bug")
+    picked = tuple(float(raw[i]) for i in params.logit_token_ids)
     if params.logprobs is None:  # a float64 pass over the vocab (262k for Gemma) saved per token
-        return SampleResult(token_id, None, [])
+        return SampleResult(token_id, None, [], picked)
     lse = logsumexp(raw)
-    return SampleResult(token_id, token_logprob(raw[token_id], lse), top_logprobs(raw, lse, params.logprobs))
+    return SampleResult(token_id, token_logprob(raw[token_id], lse), top_logprobs(raw, lse, params.logprobs), picked)
 
 
 def process_logits(

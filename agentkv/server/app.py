@@ -41,6 +41,7 @@ from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
 from agentkv.server.serving_messages import count_tokens, create_message
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
+from agentkv.server.serving_rerank import RERANK_ENDPOINTS, add_rerank_routes
 from agentkv.server.serving_responses import create_response
 from agentkv.server.serving_router import ROUTER_ENDPOINTS, add_router_routes, health_response
 from agentkv.server.translate import check_fields, check_model
@@ -62,6 +63,7 @@ _ENDPOINTS = {
     "/flush_cache",
     "/reset_prefix_cache",
     *ROUTER_ENDPOINTS,
+    *RERANK_ENDPOINTS,
 }
 # Each API answers errors in its own shape.
 ERROR_SHAPES = {"/v1/messages": anthropic_error_response}
@@ -186,6 +188,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     _add_responses_routes(app, state, auth)
     add_router_routes(app, state, auth)
     add_admin_routes(app, state)
+    add_rerank_routes(app, state, auth)
 
     @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
     async def health() -> Any:

@@ -55,10 +55,7 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest) -> Embedd
     except ValueError as exc:
         raise engine_error(exc) from exc
     if req.dimensions is not None and vectors and req.dimensions != len(vectors[0]):
-        raise bad_request(
-            f"dimensions={req.dimensions} is not supported: this model's embeddings have {len(vectors[0])} dimensions",
-            param="dimensions",
-        )
+        vectors = _truncate(engine.traits.matryoshka, vectors, req.dimensions)
     data = []
     for i, vec in enumerate(vectors):
         value: Any = vec
@@ -69,6 +66,22 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest) -> Embedd
     return EmbeddingResponse(
         data=data, model=state.model_name, usage=EmbeddingUsage(prompt_tokens=num, total_tokens=num)
     )
+
+
+def _truncate(matryoshka: bool, vectors: list[list[float]], dimensions: int) -> list[list[float]]:
+    """A Matryoshka model's embeddings cut to their first `dimensions` and renormalised (as
+    OpenAI's `dimensions` does); any other model's only at their own size."""
+    native = len(vectors[0])
+    if not matryoshka or not 0 < dimensions <= native:
+        allowed = f"1..{native} (Matryoshka embeddings)" if matryoshka else f"only {native}"
+        raise bad_request(
+            f"dimensions={dimensions} is not supported: this model's embeddings have {native} dimensions "
+            f"(allowed: {allowed})",
+            param="dimensions",
+        )
+    cut = np.asarray(vectors, dtype=np.float32)[:, :dimensions]
+    norms = np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), np.float32(1e-12))
+    return (cut / norms).astype(np.float32).tolist()
 
 
 async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:

@@ -41,6 +41,7 @@ def test_field_names_are_the_contract() -> None:
         "skip_special_tokens",
         "n",
         "speculative",
+        "logit_token_ids",
     ]
 
 
@@ -221,3 +222,13 @@ def test_speculative_opt_out_must_be_a_bool() -> None:
     assert SamplingParams().speculative is True and SamplingParams(speculative=False).speculative is False
     with pytest.raises(ValueError, match="speculative=1 must be a bool"):
         SamplingParams(speculative=1)
+
+
+def test_logit_token_ids_are_reported_with_logprobs_and_checked_against_the_vocab() -> None:
+    assert SamplingParams(logprobs=0, logit_token_ids=[7, 3]).logit_token_ids == (7, 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="logit_token_ids are reported with the logprobs"):
+        SamplingParams(logit_token_ids=(7,))
+    with pytest.raises(ValueError, match="logit_token_ids=-1 is out of range"):
+        SamplingParams(logprobs=0, logit_token_ids=(-1,))
+    with pytest.raises(ValueError, match=r"logit_token_ids=9 is out of range: allowed token ids in \[0, 8\]"):
+        SamplingParams(logprobs=0, logit_token_ids=(9,)).check_vocab(9)
