@@ -30,7 +30,7 @@ from agentkv.runtime.errors import InvalidTokenError, KVCapacityError, NotAGener
 from agentkv.runtime.kv_disk import open_disk, write_through
 from agentkv.runtime.outputs import Counters, RequestOutput, TokenLogprob
 from agentkv.runtime.params import SamplingParams
-from agentkv.runtime.runner import Chunk, ModelRunner
+from agentkv.runtime.runner import Chunk, ModelRunner, adapter_of
 from agentkv.runtime.sampler import SamplingState, check_logits, logsumexp, sample, token_logprob, top_logprobs
 from agentkv.runtime.speculation import SpeculativeEngine
 from agentkv.runtime.stop import StopChecker
@@ -258,7 +258,7 @@ class Engine(SpeculativeEngine, EngineState):
             req = self._by_seq[sc.seq.seq_id]
             in_prompt = req.prompt_logprobs is not None and sc.start < len(sc.seq.prompt_ids)
             want = "all" if in_prompt or sc.draft else ("last" if sc.samples else None)
-            chunks.append(Chunk(sc.token_ids, sc.start, sc.seq.block_table, want))
+            chunks.append(Chunk(sc.token_ids, sc.start, sc.seq.block_table, want, adapter_of(sc.seq.namespace)))
         logits = self.runner.run(chunks)
         self.counters.steps += 1
         self.counters.computed_tokens += sum(len(c.token_ids) for c in chunks)

@@ -96,6 +96,21 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             out = out + bias.raw
         return Tensor(out)
 
+    def lora_add(self, x: Tensor, y: Tensor, row_slots: np.ndarray, pieces) -> Tensor:
+        """lora.cpp: a fixed per-row order (8-lane shrink, ascending-rank expand)."""
+        ys = y.raw if y.raw.is_contiguous() else y.raw.contiguous()
+        self._kernels.lora_add(
+            x.raw.contiguous(),
+            ys,
+            torch.from_numpy(np.ascontiguousarray(row_slots, dtype=np.int32)),
+            [p.a.raw for p in pieces],
+            [p.bt.raw for p in pieces],
+            [p.slot for p in pieces],
+            [p.scale for p in pieces],
+            [p.col for p in pieces],
+        )
+        return Tensor(ys)
+
     def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:
         return Tensor(self._kernels.rms_norm(x.raw.contiguous(), weight.raw, eps, unit_offset))
 

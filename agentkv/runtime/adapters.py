@@ -1,0 +1,211 @@
+"""LoRA adapters served on one base model: loading and attaching them to the model's weights,
+their content identity in the cache namespace, the registry (names, LRU), and a step's slots.
+
+Identity. An adapter's key is `("lora", digest, scale)`: the SHA-256 of its resolved modules
+(formats/lora.py: every A and B byte, shapes and scalings, under a domain tag) and the scale a
+request applies, as an exact hex float. It is the last element of the request namespace
+(`request_namespace`), a typed tuple whose places never mix: a reload under the same name with
+other weights gets another key and never meets the old KV; two names for the same weights
+(and scale) share one key and its hits; a request's free-text fields (`cache_salt`) sit in
+their own place, so no value of theirs can equal an adapter's or another tenant's key.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentkv.formats.lora import AdapterError, LoraAdapterFile, read_peft_adapter
+from agentkv.hal.lora import LoraPiece, LoraStep, targets
+
+F32 = 0  # GGML's F32 qtype
+
+
+class UnknownAdapterError(KeyError):
+    """A request or unload names an adapter that is not loaded."""
+
+    def __init__(self, name: str, known: Sequence[str]):
+        super().__init__(name)
+        self.name, self.known = name, list(known)
+
+    def __str__(self) -> str:
+        return f"LoRA adapter {self.name!r} is not loaded (loaded: {', '.join(self.known) or 'none'})"
+
+
+class AdapterKey(tuple):
+    """`("lora", digest, scale hex)`, a plain tuple for every comparison, hash and JSON (the
+    radix namespace and the disk tier's chain), that also carries the loaded `adapter` whose
+    key it is, so the runner finds the weights a sequence's namespace names."""
+
+    adapter: Adapter
+
+    def __new__(cls, adapter: Adapter) -> AdapterKey:
+        key = super().__new__(cls, ("lora", adapter.digest, float(adapter.scale).hex()))
+        key.adapter = adapter
+        return key
+
+
+@dataclass(eq=False)
+class Adapter:
+    """A loaded adapter: per base weight name, the (a, bt, scale, col) it adds to that weight's
+    output (uploaded f32 weights). Held by the requests that use it, so unloading it lets them
+    finish."""
+
+    name: str
+    path: str
+    digest: str
+    scale: float
+    rank: int
+    pieces: dict[str, list[tuple[Any, Any, float, int]]]
+    key: AdapterKey = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = AdapterKey(self)
+
+
+def request_namespace(tenant: str | None = None, cache_salt: str | None = None, adapter: Adapter | None = None):
+    """The namespace a request's KV lives in: None (the shared one), or `("tenant", tenant,
+    cache_salt)` followed by the adapter's key when it uses one."""
+    if tenant is None and cache_salt is None and adapter is None:
+        return None
+    base = ("tenant", tenant, cache_salt)
+    return base if adapter is None else (*base, adapter.key)
+
+
+def adapter_of(namespace: Hashable) -> Adapter | None:
+    """The adapter a (possibly engine-wrapped) namespace names, or None (the base)."""
+    if isinstance(namespace, AdapterKey):
+        return namespace.adapter
+    if isinstance(namespace, tuple):
+        for part in namespace:
+            found = adapter_of(part)
+            if found is not None:
+                return found
+    return None
+
+
+def attach(model: Any, file: LoraAdapterFile, name: str, scale: float = 1.0) -> Adapter:
+    """Check each module of `file` against the base model's weights and upload its pair.
+    Raises AdapterError naming the file, the module and both shapes."""
+    layers, specs = getattr(model, "layers", None), getattr(model, "blocks", None)
+    if not getattr(model, "supports_lora", False) or layers is None:
+        raise AdapterError(f"{file.path}: {type(model).__name__} cannot take LoRA adapters")
+    pieces: dict[str, list[tuple[Any, Any, float, int]]] = {}
+    for m in file.modules:
+        if m.layer >= len(layers):
+            raise AdapterError(f"{file.path}: module {m.name!r} is in layer {m.layer}; the model has {len(layers)}")
+        target = targets(layers[m.layer], specs[m.layer]).get(m.kind)
+        if target is None:
+            raise AdapterError(f"{file.path}: module {m.name!r}: layer {m.layer} has no dense {m.kind} projection")
+        if m.a.shape[1] != target.inp or m.b.shape[0] != target.out:
+            raise AdapterError(
+                f"{file.path}: module {m.name!r}: lora_A {list(m.a.shape)} and lora_B {list(m.b.shape)} do not fit "
+                f"the base model's {m.kind} projection [{target.out}, {target.inp}] ({target.weight.name})"
+            )
+        b = _base_rows(model, m.kind, m.b)
+        backend, stem = model.backend, f"lora.{name}.{target.weight.name}.{m.kind}"
+        a = backend.upload_weight(stem + ".a", m.a, F32, m.a.shape, resident=False)
+        bt = np.ascontiguousarray(b.T)
+        pieces.setdefault(target.weight.name, []).append(
+            (a, backend.upload_weight(stem + ".bt", bt, F32, bt.shape, resident=False), m.scaling * scale, target.col)
+        )
+    return Adapter(name, file.path, file.digest, float(scale), file.rank, pieces)
+
+
+def _base_rows(model: Any, kind: str, b: np.ndarray) -> np.ndarray:
+    """B's rows in the base weight's row order: a GGUF llama's q/k rows were permuted by
+    llama.cpp's converter (rope pairs adjacent), so B's rows are permuted the same way."""
+    if kind not in ("q", "k") or not getattr(model.config, "interleaved", False):
+        return b
+    hp = model.hparams
+    heads = hp.num_heads if kind == "q" else hp.num_kv_heads
+    return b.reshape(heads, 2, b.shape[0] // heads // 2, b.shape[1]).swapaxes(1, 2).reshape(b.shape)
+
+
+def lora_step(adapters: Sequence[Adapter | None], rows_per_chunk: Sequence[int]) -> LoraStep | None:
+    """A step's slots (one per distinct adapter, in order of first use) and pieces, for chunks
+    of `rows_per_chunk` rows using `adapters`; None when no chunk uses one."""
+    slots: dict[int, int] = {}
+    used: list[Adapter] = []
+    for adapter in adapters:
+        if adapter is not None and id(adapter) not in slots:
+            slots[id(adapter)] = len(used)
+            used.append(adapter)
+    if not used:
+        return None
+    row_slots = np.concatenate(
+        [np.full(n, -1 if a is None else slots[id(a)], np.int32) for a, n in zip(adapters, rows_per_chunk)]
+    )
+    pieces: dict[str, list[LoraPiece]] = {}
+    for slot, adapter in enumerate(used):
+        for weight_name, parts in adapter.pieces.items():
+            pieces.setdefault(weight_name, []).extend(LoraPiece(slot, *p) for p in parts)
+    return LoraStep(row_slots, {k: tuple(v) for k, v in pieces.items()})
+
+
+class AdapterRegistry:
+    """The adapters one engine serves, by name. Thread-safe (the server loads and resolves,
+    the engine thread only reads the Adapter objects requests hold). At most `max_cpu_loras`
+    stay loaded: the least recently used is dropped and reloaded from its path on next use."""
+
+    def __init__(self, model: Any, max_cpu_loras: int | None = None):
+        self.model, self.max_cpu_loras = model, max_cpu_loras
+        self._paths: dict[str, tuple[str, float]] = {}  # every registered name -> (path, scale)
+        self._loaded: OrderedDict[str, Adapter] = OrderedDict()  # LRU: most recent last
+        self._lock = threading.Lock()
+        self.counts: dict[str, list[int]] = {}  # name -> [requests, prompt tokens, generated tokens]
+
+    def load(self, name: str, path: str, scale: float = 1.0) -> Adapter:
+        """Read and attach the adapter at `path` under `name` (replacing any adapter of that
+        name; requests already running keep theirs). Raises AdapterError for a bad folder."""
+        if not name or not isinstance(name, str):
+            raise AdapterError(f"adapter name must be a non-empty string, got {name!r}")
+        adapter = attach(self.model, read_peft_adapter(path), name, scale)
+        with self._lock:
+            self._paths[name] = (str(path), float(scale))
+            self._loaded[name] = adapter
+            self._loaded.move_to_end(name)
+            self._evict()
+        return adapter
+
+    def unload(self, name: str) -> None:
+        """Forget `name` (raises UnknownAdapterError); running requests that use it finish."""
+        with self._lock:
+            if name not in self._paths:
+                raise UnknownAdapterError(name, list(self._paths))
+            del self._paths[name]
+            self._loaded.pop(name, None)
+
+    def get(self, name: str) -> Adapter:
+        """The adapter registered as `name`, reloaded from its path if the LRU dropped it."""
+        with self._lock:
+            if name not in self._paths:
+                raise UnknownAdapterError(name, list(self._paths))
+            adapter = self._loaded.get(name)
+            if adapter is not None:
+                self._loaded.move_to_end(name)
+                return adapter
+            path, scale = self._paths[name]
+        return self.load(name, path, scale)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._paths)
+
+    def num_loaded(self) -> int:
+        return len(self._loaded)
+
+    def count(self, name: str, prompt_tokens: int, generated_tokens: int) -> None:
+        """Count one finished request of adapter `name` (the server's metrics)."""
+        with self._lock:
+            c = self.counts.setdefault(name, [0, 0, 0])
+            c[0], c[1], c[2] = c[0] + 1, c[1] + prompt_tokens, c[2] + generated_tokens
+
+    def _evict(self) -> None:
+        while self.max_cpu_loras is not None and len(self._loaded) > self.max_cpu_loras:
+            self._loaded.popitem(last=False)
