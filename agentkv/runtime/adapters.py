@@ -193,6 +193,12 @@ class AdapterRegistry:
             path, scale = self._paths[name]
         return self.load(name, path, scale)
 
+    def resize(self, max_cpu_loras: int | None) -> None:
+        """Keep at most `max_cpu_loras` loaded from now on (drops the least recent at once)."""
+        with self._lock:
+            self.max_cpu_loras = max_cpu_loras
+            self._evict()
+
     def names(self) -> list[str]:
         with self._lock:
             return list(self._paths)

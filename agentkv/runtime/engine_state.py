@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from agentkv.runtime.adapters import AdapterRegistry
 from agentkv.runtime.outputs import EngineStats
 
 
@@ -57,6 +58,24 @@ class EngineState:
         num_freed = self.cache.evict(self.num_blocks)
         self._publish_stats()
         return num_freed
+
+    # -- LoRA adapters (runtime/adapters.py) --------------------------------------------
+    @property
+    def adapters(self) -> AdapterRegistry:
+        """The LoRA adapters this engine serves, by name (made on first use; thread-safe after)."""
+        registry = self.__dict__.get("_adapters")
+        if registry is None:
+            registry = self.__dict__["_adapters"] = AdapterRegistry(self.model)
+        return registry
+
+    def configure_lora(self, max_loras: int | None = None, max_cpu_loras: int | None = None) -> None:
+        """At most `max_loras` distinct adapters in one forward, `max_cpu_loras` loaded (LRU)."""
+        for name, value in (("max_loras", max_loras), ("max_cpu_loras", max_cpu_loras)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}={value!r} must be None or an integer >= 1")
+        self.adapters.resize(max_cpu_loras)
+        if self.runner is not None:
+            self.runner.max_loras = max_loras
 
     # -- the disk tier (runtime/kv_disk.py) ---------------------------------------------
     def _apply_loads(self, loads) -> None:
