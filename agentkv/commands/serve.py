@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentkv.commands.config_flags import add_engine_arguments, config_from_args
+from agentkv.commands.lora_flags import add_lora_arguments, apply_lora
 from agentkv.runtime.config import parse_size
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="answer unknown request fields with a 400 (default: log and ignore)",
     )
     parser.add_argument("--log-level", default="info")
+    add_lora_arguments(parser)
 
 
 def read_api_keys(path: str) -> dict[str, str | None]:
@@ -112,6 +114,8 @@ def loader(args: argparse.Namespace) -> Any:
 
     def load() -> AsyncEngine:
         engine = AsyncEngine.from_config(config)
+        if not engine.is_embedding:
+            apply_lora(engine.engine, args)
         log.info("froze %d objects left by the load out of collections", freeze_heap())
         return engine
 

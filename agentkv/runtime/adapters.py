@@ -16,11 +16,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agentkv.formats.lora import AdapterError, LoraAdapterFile, read_peft_adapter
+from agentkv.formats.lora import WEIGHTS_FILE, AdapterError, LoraAdapterFile, read_peft_adapter
 from agentkv.hal.lora import LoraPiece, LoraStep, targets
 
 F32 = 0  # GGML's F32 qtype
@@ -62,6 +63,7 @@ class Adapter:
     scale: float
     rank: int
     pieces: dict[str, list[tuple[Any, Any, float, int]]]
+    usage: list[int] = field(default_factory=lambda: [0, 0])  # [requests, computed tokens] of its name
     key: AdapterKey = field(init=False)
 
     def __post_init__(self) -> None:
@@ -96,15 +98,16 @@ def attach(model: Any, file: LoraAdapterFile, name: str, scale: float = 1.0) -> 
     if not getattr(model, "supports_lora", False) or layers is None:
         raise AdapterError(f"{file.path}: {type(model).__name__} cannot take LoRA adapters")
     pieces: dict[str, list[tuple[Any, Any, float, int]]] = {}
+    where = Path(file.path) / WEIGHTS_FILE
     for m in file.modules:
         if m.layer >= len(layers):
-            raise AdapterError(f"{file.path}: module {m.name!r} is in layer {m.layer}; the model has {len(layers)}")
+            raise AdapterError(f"{where}: module {m.name!r} is in layer {m.layer}; the model has {len(layers)}")
         target = targets(layers[m.layer], specs[m.layer]).get(m.kind)
         if target is None:
-            raise AdapterError(f"{file.path}: module {m.name!r}: layer {m.layer} has no dense {m.kind} projection")
+            raise AdapterError(f"{where}: module {m.name!r}: layer {m.layer} has no dense {m.kind} projection")
         if m.a.shape[1] != target.inp or m.b.shape[0] != target.out:
             raise AdapterError(
-                f"{file.path}: module {m.name!r}: lora_A {list(m.a.shape)} and lora_B {list(m.b.shape)} do not fit "
+                f"{where}: module {m.name!r}: lora_A {list(m.a.shape)} and lora_B {list(m.b.shape)} do not fit "
                 f"the base model's {m.kind} projection [{target.out}, {target.inp}] ({target.weight.name})"
             )
         b = _base_rows(model, m.kind, m.b)
@@ -158,7 +161,7 @@ class AdapterRegistry:
         self._paths: dict[str, tuple[str, float]] = {}  # every registered name -> (path, scale)
         self._loaded: OrderedDict[str, Adapter] = OrderedDict()  # LRU: most recent last
         self._lock = threading.Lock()
-        self.counts: dict[str, list[int]] = {}  # name -> [requests, prompt tokens, generated tokens]
+        self._usage: dict[str, list[int]] = {}  # name -> [requests, computed tokens], kept across reloads
 
     def load(self, name: str, path: str, scale: float = 1.0) -> Adapter:
         """Read and attach the adapter at `path` under `name` (replacing any adapter of that
@@ -167,6 +170,7 @@ class AdapterRegistry:
             raise AdapterError(f"adapter name must be a non-empty string, got {name!r}")
         adapter = attach(self.model, read_peft_adapter(path), name, scale)
         with self._lock:
+            adapter.usage = self._usage.setdefault(name, [0, 0])
             self._paths[name] = (str(path), float(scale))
             self._loaded[name] = adapter
             self._loaded.move_to_end(name)
@@ -206,11 +210,15 @@ class AdapterRegistry:
     def num_loaded(self) -> int:
         return len(self._loaded)
 
-    def count(self, name: str, prompt_tokens: int, generated_tokens: int) -> None:
-        """Count one finished request of adapter `name` (the server's metrics)."""
+    def paths(self) -> dict[str, str]:
+        """Every registered name -> the path it loads from."""
         with self._lock:
-            c = self.counts.setdefault(name, [0, 0, 0])
-            c[0], c[1], c[2] = c[0] + 1, c[1] + prompt_tokens, c[2] + generated_tokens
+            return {name: path for name, (path, _) in self._paths.items()}
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """Name -> (requests, tokens computed through it) since start (the server's metrics)."""
+        with self._lock:
+            return {name: (u[0], u[1]) for name, u in self._usage.items()}
 
     def _evict(self) -> None:
         while self.max_cpu_loras is not None and len(self._loaded) > self.max_cpu_loras:

@@ -101,6 +101,7 @@ class AsyncEngine:
         self.max_model_len = _served_len(engine)
         self.vocab_size = engine.vocab_size
         self.is_embedding = engine.is_embedding
+        self.adapters = None if engine.is_embedding else engine.adapters  # LoRA (runtime/adapters.py)
         self.generation_config = read_generation_config(engine.source.path)  # {} for GGUF
         self._inbox: queue.SimpleQueue[EngineMessage] = queue.SimpleQueue()
         self._wake = threading.Event()

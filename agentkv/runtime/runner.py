@@ -81,6 +81,9 @@ class ModelRunner:
         if len(groups) > 1:
             return np.concatenate([self.run(g) for g in groups])
         ids, meta, logit_rows = self.build(chunks)
+        for c in chunks:
+            if c.adapter is not None:
+                c.adapter.usage[1] += len(c.token_ids)  # the engine thread is its only writer
         lora = lora_step([c.adapter for c in chunks], [len(c.token_ids) for c in chunks])
         extra = {} if lora is None else {"lora": lora}
         if len(logit_rows) == 0:

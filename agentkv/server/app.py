@@ -38,6 +38,7 @@ from agentkv.server.schemas import (
 )
 from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
+from agentkv.server.serving_lora import add_lora_routes
 from agentkv.server.serving_messages import count_tokens, create_message
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
 from agentkv.server.serving_responses import create_response
@@ -181,6 +182,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     _add_anthropic_routes(app, state, auth)
     _add_responses_routes(app, state, auth)
     add_router_routes(app, state, auth)
+    add_lora_routes(app, state, auth, ERRORS)
 
     @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
     async def health() -> Any:
@@ -197,7 +199,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models/{model_id}", response_model=r.ModelCard, responses=ERRORS, dependencies=auth)
     async def model(model_id: str) -> Any:
         check_model(state, model_id)
-        return list_models(state).data[0]
+        cards = list_models(state).data
+        return next((c for c in cards if c.id == model_id.rpartition(":")[2]), cards[0])
 
     @app.post(
         "/v1/chat/completions",
