@@ -22,6 +22,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "load": ("agentkv.bench.load", "concurrent streaming clients against a local server"),
     "spec": ("agentkv.bench.spec", "speculative decoding on copy-heavy and open-ended turns"),
     "cluster": ("agentkv.bench.cluster", "1, 2, 3 workers behind sglang-router: throughput, hit ratio"),
+    "lora": ("agentkv.bench.lora", "8 LoRA adapters mixed in one batch vs the base alone: prefill, decode"),
     "long": ("agentkv.bench.long", "long contexts and agent loops over HTTP vs llama_cpp.server: replay, TTFT, decode"),
 }
 

@@ -39,11 +39,13 @@ class LoraPiece(NamedTuple):
 
 
 class LoraStep(NamedTuple):
-    """A step's adapters: `row_slots` int32 `[n]` (the row's adapter slot, -1: the base) and
-    the pieces of every slot by the base weight's name they attach to."""
+    """A step's adapters: `row_slots` int32 `[n]` (the row's adapter slot, -1: the base), the
+    pieces of every slot by the base weight's name they attach to, and the adapter objects
+    that own the slots (opaque here; a later step with the same owners reuses the pieces)."""
 
     row_slots: np.ndarray
     pieces: Mapping[str, tuple[LoraPiece, ...]]
+    owners: tuple = ()
 
 
 class Target(NamedTuple):

@@ -130,9 +130,12 @@ def _base_rows(model: Any, kind: str, b: np.ndarray) -> np.ndarray:
     return b.reshape(heads, 2, b.shape[0] // heads // 2, b.shape[1]).swapaxes(1, 2).reshape(b.shape)
 
 
-def lora_step(adapters: Sequence[Adapter | None], rows_per_chunk: Sequence[int]) -> LoraStep | None:
+def lora_step(
+    adapters: Sequence[Adapter | None], rows_per_chunk: Sequence[int], previous: LoraStep | None = None
+) -> LoraStep | None:
     """A step's slots (one per distinct adapter, in order of first use) and pieces, for chunks
-    of `rows_per_chunk` rows using `adapters`; None when no chunk uses one."""
+    of `rows_per_chunk` rows using `adapters`; None when no chunk uses one. The pieces of the
+    `previous` step are reused when it had the same adapters in the same slots (decode steps)."""
     slots: dict[int, int] = {}
     used: list[Adapter] = []
     for adapter in adapters:
@@ -144,11 +147,15 @@ def lora_step(adapters: Sequence[Adapter | None], rows_per_chunk: Sequence[int])
     row_slots = np.concatenate(
         [np.full(n, -1 if a is None else slots[id(a)], np.int32) for a, n in zip(adapters, rows_per_chunk)]
     )
+    owners = tuple(used)
+    if previous is not None and len(previous.owners) == len(owners):
+        if all(a is b for a, b in zip(previous.owners, owners)):
+            return LoraStep(row_slots, previous.pieces, owners)
     pieces: dict[str, list[LoraPiece]] = {}
     for slot, adapter in enumerate(used):
         for weight_name, parts in adapter.pieces.items():
             pieces.setdefault(weight_name, []).extend(LoraPiece(slot, *p) for p in parts)
-    return LoraStep(row_slots, {k: tuple(v) for k, v in pieces.items()})
+    return LoraStep(row_slots, {k: tuple(v) for k, v in pieces.items()}, owners)
 
 
 class AdapterRegistry:

@@ -34,6 +34,7 @@ class ModelRunner:
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
         self.backend = model.backend
         self.max_loras: int | None = None  # distinct LoRA adapters in one forward (None: any)
+        self._lora = None  # the last step's LoraStep, whose pieces the next may reuse
         self.kv = self.backend.allocate_kv(model.kv_spec(num_blocks, block_size))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -84,7 +85,7 @@ class ModelRunner:
         for c in chunks:
             if c.adapter is not None:
                 c.adapter.usage[1] += len(c.token_ids)  # the engine thread is its only writer
-        lora = lora_step([c.adapter for c in chunks], [len(c.token_ids) for c in chunks])
+        lora = self._lora = lora_step([c.adapter for c in chunks], [len(c.token_ids) for c in chunks], self._lora)
         extra = {} if lora is None else {"lora": lora}
         if len(logit_rows) == 0:
             # KV must still be written: run the model with one row requested and drop it.

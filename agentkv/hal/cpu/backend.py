@@ -41,6 +41,8 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         self.name = type(self).name
         self._kernels = load()  # raises BackendUnavailable with the cause
         self._rope_full: dict[RopeSpec, tuple] = {}  # spec -> (num_pos, cos, sin) whole tables
+        self._lora_lists: dict[int, tuple] = {}  # id(pieces) -> (pieces, lora_add's argument lists)
+        self._lora_rows: tuple = (None, None)  # (row_slots, its int32 tensor) of the last call
 
     @property
     def capabilities(self) -> Capabilities:
@@ -97,18 +99,19 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         return Tensor(out)
 
     def lora_add(self, x: Tensor, y: Tensor, row_slots: np.ndarray, pieces) -> Tensor:
-        """lora.cpp: a fixed per-row order (8-lane shrink, ascending-rank expand)."""
+        """lora.cpp: a fixed per-row order (32-lane shrink, ascending-rank expand). The kernel's
+        argument lists are kept per pieces tuple (a decode step reuses its predecessor's)."""
         ys = y.raw if y.raw.is_contiguous() else y.raw.contiguous()
-        self._kernels.lora_add(
-            x.raw.contiguous(),
-            ys,
-            torch.from_numpy(np.ascontiguousarray(row_slots, dtype=np.int32)),
-            [p.a.raw for p in pieces],
-            [p.bt.raw for p in pieces],
-            [p.slot for p in pieces],
-            [p.scale for p in pieces],
-            [p.col for p in pieces],
-        )
+        lists = self._lora_lists.get(id(pieces))
+        if lists is None or lists[0] is not pieces:
+            if len(self._lora_lists) > 4096:
+                self._lora_lists.clear()
+            columns = [[p.a.raw for p in pieces], [p.bt.raw for p in pieces]]
+            columns += [[p.slot for p in pieces], [p.scale for p in pieces], [p.col for p in pieces]]
+            lists = self._lora_lists[id(pieces)] = (pieces, columns)
+        if self._lora_rows[0] is not row_slots:
+            self._lora_rows = (row_slots, torch.from_numpy(np.ascontiguousarray(row_slots, dtype=np.int32)))
+        self._kernels.lora_add(x.raw.contiguous(), ys, self._lora_rows[1], *lists[1])
         return Tensor(ys)
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:

@@ -5,7 +5,7 @@
 //
 // A piece is one adapter's pair for one projection (a fused q+k+v or gate+up output takes one
 // piece per part, at its column offset). Every row runs the same arithmetic in the same order
-// whatever its neighbours are: the shrink sums 8 fixed lanes of k and then the lanes in one
+// whatever its neighbours are: the shrink sums 32 fixed lanes of k and then the lanes in one
 // order, the expand sums over the rank in ascending order per output column, and threads split
 // rows only. So a row's bits depend on that row's input and adapter alone (batch-invariant).
 #include <torch/extension.h>
@@ -20,18 +20,21 @@ namespace agentkv {
 namespace ops {
 namespace {
 
-constexpr int64_t LANES = 8;
+constexpr int64_t LANES = 32;  // four independent 8-wide accumulators: no add waits on the last
 
-// t[j] = x . a[j] over k, in 8 lanes then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+// t[j] = x . a[j] over k: lane l sums the k = l (mod 32) products in ascending k, then the
+// lanes reduce in one fixed tree (lane-wise across the four groups of 8, then 8 -> 1).
 void shrink(const float* x, const float* a, int64_t r, int64_t k, float* t) {
-    const int64_t k8 = k - k % LANES;
+    const int64_t kl = k - k % LANES;
     for (int64_t j = 0; j < r; ++j) {
         const float* row = a + j * k;
-        float acc[LANES] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t c = 0; c < k8; c += LANES)
+        float acc[LANES] = {};
+        for (int64_t c = 0; c < kl; c += LANES)
             for (int64_t l = 0; l < LANES; ++l) acc[l] += x[c + l] * row[c + l];
-        for (int64_t c = k8; c < k; ++c) acc[c - k8] += x[c] * row[c];
-        t[j] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (int64_t c = kl; c < k; ++c) acc[c - kl] += x[c] * row[c];
+        float v[8];
+        for (int64_t l = 0; l < 8; ++l) v[l] = (acc[l] + acc[l + 8]) + (acc[l + 16] + acc[l + 24]);
+        t[j] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
     }
 }
 
