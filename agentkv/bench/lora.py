@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapters", type=int, default=8, help="distinct adapters mixed in the batch (default 8)")
     parser.add_argument("--rows", type=int, default=8, help="sequences in the batch (default 8)")
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument(
+        "--targets", default=",".join(PROJECTIONS), help="comma list of PEFT modules (default: all seven)"
+    )
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed (default 32)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -51,20 +54,22 @@ def shapes(hp) -> dict[str, tuple[int, int]]:
     }
 
 
-def write_random_adapter(folder: Path, hp, rank: int, seed: int) -> Path:
-    """A PEFT LoRA folder with random A and B for every projection of every layer."""
+def write_random_adapter(folder: Path, hp, rank: int, seed: int, targets=tuple(PROJECTIONS)) -> Path:
+    """A PEFT LoRA folder with random A and B for the `targets` projections of every layer."""
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(seed)
     tensors = {}
     for layer in range(hp.num_layers):
         for module, (out, inp) in shapes(hp).items():
+            if module not in targets:
+                continue
             stem = f"base_model.model.model.layers.{layer}.{PROJECTIONS[module]}.{module}"
             tensors[f"{stem}.lora_A.weight"] = rng.normal(0, 0.02, (rank, inp)).astype(np.float32)
             tensors[f"{stem}.lora_B.weight"] = rng.normal(0, 0.02, (out, rank)).astype(np.float32)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": sorted(PROJECTIONS)}
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": sorted(targets)}
     (folder / "adapter_config.json").write_text(json.dumps(config))
     return folder
 
@@ -106,30 +111,49 @@ def measure(runner, arms: dict[str, list], prompt_len: int, steps: int, repeats:
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def make_arms(model, args: argparse.Namespace) -> dict[str, list]:
+    """Row i's adapter per arm: the base, and the adapters in each dtype the backend reads."""
     from agentkv.formats.lora import read_peft_adapter
+    from agentkv.runtime.adapters import attach
+
+    targets = tuple(t for t in args.targets.split(",") if t)
+    for bad in [t for t in targets if t not in PROJECTIONS]:
+        raise ValueError(f"--targets: unknown module {bad!r}; choose from {', '.join(PROJECTIONS)}")
+    log(f"{args.adapters} random rank-{args.rank} adapters on {args.model} ({', '.join(targets)}) ...")
+    root = cache_dir() / "lora" / f"{Path(str(args.model)).name}-r{args.rank}-{'-'.join(sorted(targets))}"
+    files = [
+        read_peft_adapter(write_random_adapter(root / f"a{i}", model.hparams, args.rank, i, targets))
+        for i in range(args.adapters)
+    ]
+    arms: dict[str, list] = {"base": [None] * args.rows}
+    for dtype in getattr(model.backend, "lora_dtypes", ("f32",)):
+        adapters = [attach(model, f, f"a{i}", dtype=dtype) for i, f in enumerate(files)]
+        arms[f"lora-{dtype}"] = [adapters[i % len(adapters)] for i in range(args.rows)]
+    return arms
+
+
+def run(args: argparse.Namespace) -> int:
     from agentkv.formats.resolve import open_model
     from agentkv.hal.registry import lookup
     from agentkv.models.registry import load_model
-    from agentkv.runtime.adapters import attach
     from agentkv.runtime.runner import ModelRunner
 
     if args.adapters < 1 or args.rows < args.adapters:
         raise ValueError(f"--adapters={args.adapters} must be in 1..--rows={args.rows}")
     model = load_model(open_model(args.model), lookup("cpu"))
-    hp = model.hparams
-    log(f"{args.adapters} random rank-{args.rank} adapters on {args.model} ...")
-    root = cache_dir() / "lora" / f"{Path(str(args.model)).name}-r{args.rank}"
-    adapters = [
-        attach(model, read_peft_adapter(write_random_adapter(root / f"a{i}", hp, args.rank, i)), f"a{i}")
-        for i in range(args.adapters)
-    ]
+    arms = make_arms(model, args)
     per_seq = math.ceil((args.prompt_len + args.steps + 1) / 16)
-    runner = ModelRunner(model, 2 * args.rows * per_seq, 16)
-    arms = {"base": [None] * args.rows, "lora": [adapters[i % len(adapters)] for i in range(args.rows)]}
-    log(f"{args.rows} rows, prompt {args.prompt_len}, {args.steps} decode steps, base and lora alternating ...")
+    runner = ModelRunner(model, len(arms) * args.rows * per_seq, 16)
+    log(
+        f"{args.rows} rows, prompt {args.prompt_len}, {args.steps} decode steps, arms {', '.join(arms)} alternating ..."
+    )
     results = measure(runner, arms, args.prompt_len, args.steps, args.repeats)
-    overhead = {k: results["base"][k] / results["lora"][k] for k in results["base"]}
+    overhead = {
+        arm: {k: results["base"][k] / r[k] for k in ("prefill_tok_s", "decode_tok_s")}
+        for arm, r in results.items()
+        if arm != "base"
+    }
+    best = min(o["decode_tok_s"] for o in overhead.values())
     payload = envelope(
         "lora",
         model=args.model,
@@ -137,29 +161,33 @@ def run(args: argparse.Namespace) -> int:
         rows=args.rows,
         adapters=args.adapters,
         rank=args.rank,
+        target_modules=args.targets,
         prompt_len=args.prompt_len,
         steps=args.steps,
         repeats=args.repeats,
         results=results,
         overhead=overhead,
         targets={"decode_overhead_max": TARGET_DECODE},
-        decode_verdict="met" if overhead["decode_tok_s"] <= TARGET_DECODE else "missed",
+        decode_verdict="met" if best <= TARGET_DECODE else "missed",
     )
     md = table(
         ["arm", "prefill tok/s", "decode tok/s"],
         [[a, r["prefill_tok_s"], r["decode_tok_s"]] for a, r in results.items()],
     )
-    md += [
-        "",
-        f"- overhead (base ÷ {args.adapters} adapters mixed): prefill ×{overhead['prefill_tok_s']:.2f}, "
-        f"decode ×{overhead['decode_tok_s']:.2f} (target decode ≤ {TARGET_DECODE}×: {payload['decode_verdict']})",
-    ]
+    md.append("")
+    for arm, o in overhead.items():
+        md.append(
+            f"- overhead, base ÷ {arm} ({args.adapters} adapters mixed): prefill ×{o['prefill_tok_s']:.2f}, "
+            f"decode ×{o['decode_tok_s']:.2f}"
+        )
+    md.append(f"- target decode ≤ {TARGET_DECODE}×: {payload['decode_verdict']} (best arm ×{best:.2f})")
     out = Path(args.out)
     groups = {k: {a: r[k] for a, r in results.items()} for k in ("prefill_tok_s", "decode_tok_s")}
-    title = f"{args.model}: {args.rows} rows, base vs {args.adapters} rank-{args.rank} adapters mixed"
-    png = bar_plot(out / "lora.png", title, groups, "tok/s")
+    title = f"{args.model}: {args.rows} rows, base vs {args.adapters} rank-{args.rank} adapters ({args.targets}) mixed"
+    stem = f"lora-r{args.rank}-{len(args.targets.split(','))}proj"
+    png = bar_plot(out / f"{stem}.png", title, groups, "tok/s")
     if png:
         md.append(f"\n![lora]({png.name})")
-    paths = write_outputs(out, "lora", payload, md)
+    paths = write_outputs(out, stem, payload, md)
     print_paths({**paths, **({"png": png} if png else {})})
     return 0

@@ -34,6 +34,13 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-loras", type=positive_int, default=None, help="most distinct adapters in one forward (default: no limit)"
     )
     parser.add_argument(
+        "--lora-dtype",
+        choices=("f32", "f16"),
+        default="f32",
+        help="what adapters are held in: f32 (as the file; default) or f16 (half the bytes a decode step reads, "
+        "the cpu backend only)",
+    )
+    parser.add_argument(
         "--max-cpu-loras",
         type=positive_int,
         default=None,
@@ -44,6 +51,6 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
 def apply_lora(engine: Any, args: argparse.Namespace) -> None:
     """Set the limits and load `--lora-modules` on a freshly built Engine (raises ValueError,
     e.g. formats.lora.AdapterError naming the file and module, for a bad one)."""
-    engine.configure_lora(args.max_loras, args.max_cpu_loras)
+    engine.configure_lora(args.max_loras, args.max_cpu_loras, args.lora_dtype)
     for name, path in args.lora_modules:
         engine.adapters.load(name, path)

@@ -24,7 +24,7 @@ import numpy as np
 from agentkv.formats.lora import WEIGHTS_FILE, AdapterError, LoraAdapterFile, read_peft_adapter
 from agentkv.hal.lora import LoraPiece, LoraStep, targets
 
-F32 = 0  # GGML's F32 qtype
+F32, F16 = 0, 1  # GGML's qtypes
 
 
 class UnknownAdapterError(KeyError):
@@ -46,7 +46,8 @@ class AdapterKey(tuple):
     adapter: Adapter
 
     def __new__(cls, adapter: Adapter) -> AdapterKey:
-        key = super().__new__(cls, ("lora", adapter.digest, float(adapter.scale).hex()))
+        parts = ("lora", adapter.digest, float(adapter.scale).hex())
+        key = super().__new__(cls, parts if adapter.dtype == "f32" else (*parts, adapter.dtype))
         key.adapter = adapter
         return key
 
@@ -63,6 +64,7 @@ class Adapter:
     scale: float
     rank: int
     pieces: dict[str, list[tuple[Any, Any, float, int]]]
+    dtype: str = "f32"  # what A and B^T are held in: part of the key (f16 rounds the adapter)
     usage: list[int] = field(default_factory=lambda: [0, 0])  # [requests, computed tokens] of its name
     key: AdapterKey = field(init=False)
 
@@ -91,9 +93,10 @@ def adapter_of(namespace: Hashable) -> Adapter | None:
     return None
 
 
-def attach(model: Any, file: LoraAdapterFile, name: str, scale: float = 1.0) -> Adapter:
-    """Check each module of `file` against the base model's weights and upload its pair.
-    Raises AdapterError naming the file, the module and both shapes."""
+def attach(model: Any, file: LoraAdapterFile, name: str, scale: float = 1.0, dtype: str = "f32") -> Adapter:
+    """Check each module of `file` against the base model's weights and upload its pair in
+    `dtype` (f32, or f16 where the backend reads it). Raises AdapterError naming the file,
+    the module and both shapes."""
     layers, specs = getattr(model, "layers", None), getattr(model, "blocks", None)
     if not getattr(model, "supports_lora", False) or layers is None:
         raise AdapterError(f"{file.path}: {type(model).__name__} cannot take LoRA adapters")
@@ -110,14 +113,34 @@ def attach(model: Any, file: LoraAdapterFile, name: str, scale: float = 1.0) -> 
                 f"{where}: module {m.name!r}: lora_A {list(m.a.shape)} and lora_B {list(m.b.shape)} do not fit "
                 f"the base model's {m.kind} projection [{target.out}, {target.inp}] ({target.weight.name})"
             )
-        b = _base_rows(model, m.kind, m.b)
-        backend, stem = model.backend, f"lora.{name}.{target.weight.name}.{m.kind}"
-        a = backend.upload_weight(stem + ".a", m.a, F32, m.a.shape, resident=False)
-        bt = np.ascontiguousarray(b.T)
-        pieces.setdefault(target.weight.name, []).append(
-            (a, backend.upload_weight(stem + ".bt", bt, F32, bt.shape, resident=False), m.scaling * scale, target.col)
-        )
-    return Adapter(name, file.path, file.digest, float(scale), file.rank, pieces)
+        a, bt = _pair(model, f"lora.{name}.{target.weight.name}.{m.kind}", m, dtype)
+        pieces.setdefault(target.weight.name, []).append((a, bt, m.scaling * scale, target.col))
+    return Adapter(name, file.path, file.digest, float(scale), file.rank, pieces, dtype)
+
+
+def _pair(model: Any, stem: str, m: Any, dtype: str) -> tuple[Any, Any]:
+    """A module's A and B^T (rows in the base weight's order) uploaded in `dtype`; f16 only
+    where every row is whole GGUF blocks of 32 values (upload_weight keeps those as they are)."""
+    kind = dtype if m.a.shape[1] % 32 == 0 and m.b.shape[0] % 32 == 0 else "f32"
+    bt = _base_rows(model, m.kind, m.b).T
+    return _upload(model.backend, stem + ".a", m.a, kind), _upload(model.backend, stem + ".bt", bt, kind)
+
+
+def _upload(backend: Any, name: str, array: np.ndarray, dtype: str) -> Any:
+    """An adapter matrix as the LoRA op reads it: f32, or f16 (half the bytes a decode step
+    reads per adapter, at the cost of rounding the adapter's values once)."""
+    if dtype == "f16":
+        data = np.ascontiguousarray(array, dtype=np.float16)
+        return backend.upload_weight(name, data, F16, data.shape, resident=True)
+    return backend.upload_weight(name, np.ascontiguousarray(array, dtype=np.float32), F32, array.shape, resident=False)
+
+
+def check_lora_dtype(backend: Any, dtype: str) -> str:
+    """`dtype` if the backend's LoRA op reads it (ValueError naming the allowed ones)."""
+    allowed = getattr(backend, "lora_dtypes", ("f32",))
+    if dtype not in allowed:
+        raise ValueError(f"lora_dtype={dtype!r} is not supported by backend {backend.name!r}: use one of {allowed}")
+    return dtype
 
 
 def _base_rows(model: Any, kind: str, b: np.ndarray) -> np.ndarray:
@@ -163,8 +186,9 @@ class AdapterRegistry:
     the engine thread only reads the Adapter objects requests hold). At most `max_cpu_loras`
     stay loaded: the least recently used is dropped and reloaded from its path on next use."""
 
-    def __init__(self, model: Any, max_cpu_loras: int | None = None):
+    def __init__(self, model: Any, max_cpu_loras: int | None = None, dtype: str = "f32"):
         self.model, self.max_cpu_loras = model, max_cpu_loras
+        self.dtype = check_lora_dtype(model.backend, dtype)  # what adapters loaded from now on are held in
         self._paths: dict[str, tuple[str, float]] = {}  # every registered name -> (path, scale)
         self._loaded: OrderedDict[str, Adapter] = OrderedDict()  # LRU: most recent last
         self._lock = threading.Lock()
@@ -175,7 +199,7 @@ class AdapterRegistry:
         name; requests already running keep theirs). Raises AdapterError for a bad folder."""
         if not name or not isinstance(name, str):
             raise AdapterError(f"adapter name must be a non-empty string, got {name!r}")
-        adapter = attach(self.model, read_peft_adapter(path), name, scale)
+        adapter = attach(self.model, read_peft_adapter(path), name, scale, self.dtype)
         with self._lock:
             adapter.usage = self._usage.setdefault(name, [0, 0])
             self._paths[name] = (str(path), float(scale))

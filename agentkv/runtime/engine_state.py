@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from agentkv.runtime.adapters import AdapterRegistry
+from agentkv.runtime.adapters import AdapterRegistry, check_lora_dtype
 from agentkv.runtime.outputs import EngineStats
 
 
@@ -68,12 +68,16 @@ class EngineState:
             registry = self.__dict__["_adapters"] = AdapterRegistry(self.model)
         return registry
 
-    def configure_lora(self, max_loras: int | None = None, max_cpu_loras: int | None = None) -> None:
-        """At most `max_loras` distinct adapters in one forward, `max_cpu_loras` loaded (LRU)."""
+    def configure_lora(
+        self, max_loras: int | None = None, max_cpu_loras: int | None = None, dtype: str = "f32"
+    ) -> None:
+        """At most `max_loras` distinct adapters in one forward, `max_cpu_loras` loaded (LRU);
+        adapters loaded from now on held in `dtype` (f32, or f16 where the backend reads it)."""
         for name, value in (("max_loras", max_loras), ("max_cpu_loras", max_cpu_loras)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}={value!r} must be None or an integer >= 1")
         self.adapters.resize(max_cpu_loras)
+        self.adapters.dtype = check_lora_dtype(self.backend, dtype)
         if self.runner is not None:
             self.runner.max_loras = max_loras
 

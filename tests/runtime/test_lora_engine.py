@@ -156,3 +156,17 @@ def test_max_loras_cuts_the_step_without_changing_a_bit(model_dir):
     assert engine.adapters.num_loaded() == 2  # the LRU dropped one and reloaded on use
     with pytest.raises(ValueError, match="max_loras=0"):
         engine.configure_lora(max_loras=0)
+
+
+def test_f16_adapters_keep_the_contract_under_their_own_key(model_dir):
+    engine = make_engine(model_dir, prefix_cache=True)
+    f32 = run(engine, {"1": (PROMPT, "a")})["1"]
+    engine.configure_lora(dtype="f16")
+    engine.adapters.load("a16", str(model_dir / "a"))
+    assert engine.adapters.get("a16").key != engine.adapters.get("a").key
+    alone = run(engine, {"2": (PROMPT, "a16")})["2"]
+    assert alone[1] == 0 and not same(alone[0], f32[0])  # rounded adapter: never a's KV
+    batched = run(engine, {"3": (PROMPT, "a16"), **MIX})["3"]
+    assert batched[1] > 0 and same(batched[0], alone[0])
+    with pytest.raises(ValueError, match="lora_dtype='f16' is not supported by backend 'reference'"):
+        make_engine(model_dir, backend="reference").configure_lora(dtype="f16")

@@ -35,6 +35,7 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
     weights stay in the file's blocks (GGUF_ROWS) and the kernels read them as they are."""
 
     name = "cpu"
+    lora_dtypes = ("f32", "f16")  # what lora.cpp reads LoRA A and B^T in (f16: widened exactly)
 
     def __init__(self):
         super().__init__("cpu")

@@ -8,9 +8,12 @@
 // whatever its neighbours are: the shrink sums 32 fixed lanes of k and then the lanes in one
 // order, the expand sums over the rank in ascending order per output column, and threads split
 // rows only. So a row's bits depend on that row's input and adapter alone (batch-invariant).
+// A and B^T are f32 or f16 (read as uint8 rows; each value widened to f32 exactly).
+#include <immintrin.h>
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "ops.h"
@@ -22,16 +25,32 @@ namespace {
 
 constexpr int64_t LANES = 32;  // four independent 8-wide accumulators: no add waits on the last
 
+// A and B^T are f32, or f16 (uint8 rows of twice the bytes, widened exactly by F16C).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return _cvtsh_ss(*p); }
+
 // t[j] = x . a[j] over k: lane l sums the k = l (mod 32) products in ascending k, then the
 // lanes reduce in one fixed tree (lane-wise across the four groups of 8, then 8 -> 1).
-void shrink(const float* x, const float* a, int64_t r, int64_t k, float* t) {
+template <typename W>
+void shrink(const float* x, const W* a, int64_t r, int64_t k, float* t) {
     const int64_t kl = k - k % LANES;
     for (int64_t j = 0; j < r; ++j) {
-        const float* row = a + j * k;
-        float acc[LANES] = {};
-        for (int64_t c = 0; c < kl; c += LANES)
-            for (int64_t l = 0; l < LANES; ++l) acc[l] += x[c + l] * row[c + l];
-        for (int64_t c = kl; c < k; ++c) acc[c - kl] += x[c] * row[c];
+        const W* row = a + j * k;
+        __m256 v0 = _mm256_setzero_ps(), v1 = v0, v2 = v0, v3 = v0;
+        for (int64_t c = 0; c < kl; c += LANES) {
+            v0 = _mm256_add_ps(v0, _mm256_mul_ps(_mm256_loadu_ps(x + c), load8(row + c)));
+            v1 = _mm256_add_ps(v1, _mm256_mul_ps(_mm256_loadu_ps(x + c + 8), load8(row + c + 8)));
+            v2 = _mm256_add_ps(v2, _mm256_mul_ps(_mm256_loadu_ps(x + c + 16), load8(row + c + 16)));
+            v3 = _mm256_add_ps(v3, _mm256_mul_ps(_mm256_loadu_ps(x + c + 24), load8(row + c + 24)));
+        }
+        alignas(32) float acc[LANES];
+        _mm256_store_ps(acc, v0);
+        _mm256_store_ps(acc + 8, v1);
+        _mm256_store_ps(acc + 16, v2);
+        _mm256_store_ps(acc + 24, v3);
+        for (int64_t c = kl; c < k; ++c) acc[c - kl] += x[c] * load1(row + c);
         float v[8];
         for (int64_t l = 0; l < 8; ++l) v[l] = (acc[l] + acc[l + 8]) + (acc[l + 16] + acc[l + 24]);
         t[j] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
@@ -39,28 +58,49 @@ void shrink(const float* x, const float* a, int64_t r, int64_t k, float* t) {
 }
 
 // y[o] += scale * sum_j t[j] * bt[j, o], the sum in ascending j per column o.
-void expand(const float* t, const float* bt, int64_t r, int64_t out, float scale, float* acc, float* y) {
+template <typename W>
+void expand(const float* t, const W* bt, int64_t r, int64_t out, float scale, float* acc, float* y) {
+    const int64_t o8 = out - out % 8;
     for (int64_t o = 0; o < out; ++o) acc[o] = 0.0f;
     for (int64_t j = 0; j < r; ++j) {
-        const float tj = t[j];
-        const float* row = bt + j * out;
-        for (int64_t o = 0; o < out; ++o) acc[o] += tj * row[o];
+        const W* row = bt + j * out;
+        const __m256 tj = _mm256_set1_ps(t[j]);
+        for (int64_t o = 0; o < o8; o += 8)
+            _mm256_storeu_ps(acc + o, _mm256_add_ps(_mm256_loadu_ps(acc + o), _mm256_mul_ps(tj, load8(row + o))));
+        for (int64_t o = o8; o < out; ++o) acc[o] += t[j] * load1(row + o);
     }
     for (int64_t o = 0; o < out; ++o) y[o] += scale * acc[o];
 }
 
+// One piece for one row: the f32 or f16 instantiation by the weights' dtype.
+void apply(const float* x, const at::Tensor& a, const at::Tensor& bt, int64_t k, float scale, float* t, float* acc,
+           float* y) {
+    const int64_t r = a.size(0);
+    if (a.scalar_type() == at::kFloat) {
+        shrink(x, a.data_ptr<float>(), r, k, t);
+        expand(t, bt.data_ptr<float>(), r, bt.size(1), scale, acc, y);
+    } else {
+        shrink(x, reinterpret_cast<const uint16_t*>(a.data_ptr<uint8_t>()), r, k, t);
+        expand(t, reinterpret_cast<const uint16_t*>(bt.data_ptr<uint8_t>()), r, bt.size(1) / 2, scale, acc, y);
+    }
+}
+
+int64_t columns(const at::Tensor& w) { return w.scalar_type() == at::kFloat ? w.size(1) : w.size(1) / 2; }
+
 void check_piece(const at::Tensor& x, const at::Tensor& y, const at::Tensor& a, const at::Tensor& bt, int64_t col,
                  size_t p) {
-    TORCH_CHECK(a.scalar_type() == at::kFloat && a.dim() == 2 && a.is_contiguous() && a.device().is_cpu(),
-                "lora piece ", p, ": A must be a contiguous CPU f32 [r, k] tensor, got ", a.scalar_type(), " ",
-                a.sizes());
-    TORCH_CHECK(bt.scalar_type() == at::kFloat && bt.dim() == 2 && bt.is_contiguous() && bt.device().is_cpu(),
-                "lora piece ", p, ": B^T must be a contiguous CPU f32 [r, out] tensor, got ", bt.scalar_type(), " ",
-                bt.sizes());
-    TORCH_CHECK(a.size(1) == x.size(1), "lora piece ", p, ": A has ", a.size(1), " columns, x has ", x.size(1));
+    for (const at::Tensor* w : {&a, &bt}) {
+        TORCH_CHECK((w->scalar_type() == at::kFloat || (w->scalar_type() == at::kByte && w->size(1) % 2 == 0)) &&
+                        w->dim() == 2 && w->is_contiguous() && w->device().is_cpu(),
+                    "lora piece ", p, ": A and B^T must be contiguous CPU f32 or f16-byte 2-D tensors, got ",
+                    w->scalar_type(), " ", w->sizes());
+    }
+    TORCH_CHECK(a.scalar_type() == bt.scalar_type(), "lora piece ", p, ": A is ", a.scalar_type(), ", B^T ",
+                bt.scalar_type());
+    TORCH_CHECK(columns(a) == x.size(1), "lora piece ", p, ": A has ", columns(a), " columns, x has ", x.size(1));
     TORCH_CHECK(a.size(0) == bt.size(0), "lora piece ", p, ": A has rank ", a.size(0), ", B^T has ", bt.size(0));
-    TORCH_CHECK(col >= 0 && col + bt.size(1) <= y.size(1), "lora piece ", p, ": columns [", col, ", ",
-                col + bt.size(1), ") exceed y's ", y.size(1));
+    TORCH_CHECK(col >= 0 && col + columns(bt) <= y.size(1), "lora piece ", p, ": columns [", col, ", ",
+                col + columns(bt), ") exceed y's ", y.size(1));
 }
 
 void lora_add(const at::Tensor& x, at::Tensor y, const at::Tensor& row_slot, const std::vector<at::Tensor>& a,
@@ -79,7 +119,7 @@ void lora_add(const at::Tensor& x, at::Tensor y, const at::Tensor& row_slot, con
     for (size_t p = 0; p < num; ++p) {
         check_piece(x, y, a[p], bt[p], col[p], p);
         max_r = std::max(max_r, a[p].size(0));
-        max_out = std::max(max_out, bt[p].size(1));
+        max_out = std::max(max_out, columns(bt[p]));
     }
     const int64_t n = x.size(0), k = x.size(1), m = y.size(1);
     const float* xs = x.data_ptr<float>();
@@ -91,10 +131,8 @@ void lora_add(const at::Tensor& x, at::Tensor y, const at::Tensor& row_slot, con
             if (rs[i] < 0) continue;
             for (size_t p = 0; p < num; ++p) {
                 if (slot[p] != rs[i]) continue;
-                const int64_t r = a[p].size(0), out = bt[p].size(1);
-                shrink(xs + i * k, a[p].data_ptr<float>(), r, k, t.data());
-                expand(t.data(), bt[p].data_ptr<float>(), r, out, static_cast<float>(scale[p]), acc.data(),
-                       ys + i * m + col[p]);
+                apply(xs + i * k, a[p], bt[p], k, static_cast<float>(scale[p]), t.data(), acc.data(),
+                      ys + i * m + col[p]);
             }
         }
     });
