@@ -55,6 +55,7 @@ class LoraModule:
     a: np.ndarray
     b: np.ndarray
     scaling: float
+    interleaved: bool = False  # B's q/k rows in llama.cpp's permuted order (a llama GGUF adapter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,7 @@ class LoraAdapterFile:
     path: str
     modules: tuple[LoraModule, ...]
     digest: str  # SHA-256 over a domain tag, the resolved config and every tensor's bytes
+    arch: str | None = None  # the base architecture a GGUF adapter names (PEFT: not stated)
 
     @property
     def rank(self) -> int:
@@ -76,6 +78,12 @@ def pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
         if re.match(rf"(.*\.)?({key})$", module):
             return value
     return default
+
+
+def read_adapter(path: str | Path) -> LoraAdapterFile:
+    """A PEFT folder, or a llama.cpp GGUF adapter file (`*.gguf`)."""
+    path = Path(path)
+    return read_gguf_adapter(path) if path.suffix == ".gguf" and not path.is_dir() else read_peft_adapter(path)
 
 
 def read_peft_adapter(folder: str | Path) -> LoraAdapterFile:
@@ -161,7 +169,84 @@ def _digest(modules: tuple[LoraModule, ...]) -> str:
     JSON is the same adapter, and any change that changes a delta is a different one."""
     h = hashlib.sha256(b"agentkv-lora-v1\0")
     for m in sorted(modules, key=lambda m: (m.layer, m.kind)):
-        h.update(f"{m.layer}|{m.kind}|{float(m.scaling).hex()}|{list(m.a.shape)}|{list(m.b.shape)}\0".encode())
+        h.update(f"{m.layer}|{m.kind}|{float(m.scaling).hex()}|{list(m.a.shape)}|{list(m.b.shape)}|".encode())
+        h.update(f"{m.interleaved}\0".encode())
         h.update(np.ascontiguousarray(m.a, dtype="<f4").tobytes())
         h.update(np.ascontiguousarray(m.b, dtype="<f4").tobytes())
     return h.hexdigest()
+
+
+# llama.cpp's tensor names (gguf-py's) -> projection kind
+GGUF_KINDS = {
+    "attn_q": "q",
+    "attn_k": "k",
+    "attn_v": "v",
+    "attn_output": "o",
+    "ffn_gate": "gate",
+    "ffn_up": "up",
+    "ffn_down": "down",
+}
+_GGUF_TENSOR = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<proj>\w+)\.weight\.lora_(?P<part>[ab])$")
+
+
+def read_gguf_adapter(path: str | Path) -> LoraAdapterFile:
+    """A llama.cpp LoRA adapter (`convert_lora_to_gguf.py`'s output: general.type = adapter,
+    adapter.type = lora, adapter.lora.alpha, tensors `blk.N.<proj>.weight.lora_a` `[r, in]`
+    and `.lora_b` `[out, r]`). llama.cpp's scaling: alpha / r (r: each module's rank), or 1
+    without an alpha. A llama adapter's q/k B rows come permuted as the converter permutes
+    the base's q/k weights."""
+    import gguf
+
+    from agentkv.formats.quants import dequantize as decode
+
+    path = Path(path)
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (OSError, ValueError) as exc:
+        raise AdapterError(f"{path}: not a readable GGUF file: {exc}") from exc
+    fields = {name: _gguf_value(field) for name, field in reader.fields.items()}
+    if fields.get("general.type") != "adapter" or fields.get("adapter.type") != "lora":
+        raise AdapterError(
+            f"{path}: general.type={fields.get('general.type')!r} adapter.type={fields.get('adapter.type')!r}; "
+            "a LoRA adapter has 'adapter' and 'lora'"
+        )
+    alpha = float(fields.get("adapter.lora.alpha") or 0.0)
+    pairs: dict[tuple[int, str, str], dict[str, np.ndarray]] = {}
+    for t in reader.tensors:
+        found = _GGUF_TENSOR.match(t.name)
+        kind = GGUF_KINDS.get(found["proj"]) if found else None
+        if kind is None:
+            raise AdapterError(f"{path}: module {t.name!r} cannot take a LoRA adapter in agentkv")
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        arr = decode(np.asarray(t.data), int(t.tensor_type)).reshape(shape)
+        pairs.setdefault((int(found["layer"]), kind, t.name[: -len(".lora_a")]), {})[found["part"].upper()] = arr
+    arch = fields.get("general.architecture")
+    modules = tuple(
+        _gguf_module(path, name, layer, kind, parts, alpha, arch == "llama")
+        for (layer, kind, name), parts in pairs.items()
+    )
+    if not modules:
+        raise AdapterError(f"{path}: holds no LoRA weights")
+    return LoraAdapterFile(str(path), modules, _digest(modules), arch)
+
+
+def _gguf_value(field) -> object:
+    """A GGUF key's scalar or string value (None for arrays)."""
+    import gguf
+
+    if not field.types or field.types[0] == gguf.GGUFValueType.ARRAY:
+        return None
+    value = field.parts[field.data[0]]
+    return bytes(value).decode() if field.types[0] == gguf.GGUFValueType.STRING else value.tolist()[0]
+
+
+def _gguf_module(path: Path, name: str, layer: int, kind: str, parts: dict, alpha: float, llama: bool) -> LoraModule:
+    if set(parts) != {"A", "B"}:
+        raise AdapterError(f"{path}: module {name!r} has lora_{'/'.join(sorted(parts)).lower()} but needs both")
+    a, b = (np.ascontiguousarray(parts[k], dtype=np.float32) for k in ("A", "B"))
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+        raise AdapterError(
+            f"{path}: module {name!r}: lora_a {list(a.shape)} and lora_b {list(b.shape)} are not [r, in] and [out, r]"
+        )
+    scaling = alpha / a.shape[0] if alpha else 1.0
+    return LoraModule(name, layer, kind, a, b, scaling, interleaved=llama and kind in ("q", "k"))

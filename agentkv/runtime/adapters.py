@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from agentkv.formats.lora import WEIGHTS_FILE, AdapterError, LoraAdapterFile, read_peft_adapter
+from agentkv.formats.lora import WEIGHTS_FILE, AdapterError, LoraAdapterFile, read_adapter
 from agentkv.hal.lora import LoraPiece, LoraStep, targets
 
 F32, F16 = 0, 1  # GGML's qtypes
@@ -100,6 +100,8 @@ def attach(model: Any, file: LoraAdapterFile, name: str, scale: float = 1.0, dty
     layers, specs = getattr(model, "layers", None), getattr(model, "blocks", None)
     if not getattr(model, "supports_lora", False) or layers is None:
         raise AdapterError(f"{file.path}: {type(model).__name__} cannot take LoRA adapters")
+    if file.arch is not None and file.arch != model.hparams.arch:
+        raise AdapterError(f"{file.path}: an adapter for {file.arch!r}, the base model is {model.hparams.arch!r}")
     pieces: dict[str, list[tuple[Any, Any, float, int]]] = {}
     where = Path(file.path) / WEIGHTS_FILE
     for m in file.modules:
@@ -122,7 +124,7 @@ def _pair(model: Any, stem: str, m: Any, dtype: str) -> tuple[Any, Any]:
     """A module's A and B^T (rows in the base weight's order) uploaded in `dtype`; f16 only
     where every row is whole GGUF blocks of 32 values (upload_weight keeps those as they are)."""
     kind = dtype if m.a.shape[1] % 32 == 0 and m.b.shape[0] % 32 == 0 else "f32"
-    bt = _base_rows(model, m.kind, m.b).T
+    bt = _base_rows(model, m).T
     return _upload(model.backend, stem + ".a", m.a, kind), _upload(model.backend, stem + ".bt", bt, kind)
 
 
@@ -143,14 +145,18 @@ def check_lora_dtype(backend: Any, dtype: str) -> str:
     return dtype
 
 
-def _base_rows(model: Any, kind: str, b: np.ndarray) -> np.ndarray:
-    """B's rows in the base weight's row order: a GGUF llama's q/k rows were permuted by
-    llama.cpp's converter (rope pairs adjacent), so B's rows are permuted the same way."""
-    if kind not in ("q", "k") or not getattr(model.config, "interleaved", False):
-        return b
-    hp = model.hparams
-    heads = hp.num_heads if kind == "q" else hp.num_kv_heads
-    return b.reshape(heads, 2, b.shape[0] // heads // 2, b.shape[1]).swapaxes(1, 2).reshape(b.shape)
+def _base_rows(model: Any, m: Any) -> np.ndarray:
+    """B's rows in the base weight's row order: llama.cpp's converter permutes a GGUF llama's
+    q/k rows (rope pairs adjacent), in its base and in its adapters' B alike; a PEFT B meets
+    a permuted base, or a llama.cpp B an HF base, through that permutation or its inverse."""
+    base = bool(getattr(model.config, "interleaved", False))
+    if m.kind not in ("q", "k") or base == m.interleaved:
+        return m.b
+    hp, b = model.hparams, m.b
+    heads = hp.num_heads if m.kind == "q" else hp.num_kv_heads
+    if base:
+        return b.reshape(heads, 2, b.shape[0] // heads // 2, b.shape[1]).swapaxes(1, 2).reshape(b.shape)
+    return b.reshape(heads, b.shape[0] // heads // 2, 2, b.shape[1]).swapaxes(1, 2).reshape(b.shape)
 
 
 def lora_step(
@@ -199,7 +205,7 @@ class AdapterRegistry:
         name; requests already running keep theirs). Raises AdapterError for a bad folder."""
         if not name or not isinstance(name, str):
             raise AdapterError(f"adapter name must be a non-empty string, got {name!r}")
-        adapter = attach(self.model, read_peft_adapter(path), name, scale, self.dtype)
+        adapter = attach(self.model, read_adapter(path), name, scale, self.dtype)
         with self._lock:
             adapter.usage = self._usage.setdefault(name, [0, 0])
             self._paths[name] = (str(path), float(scale))

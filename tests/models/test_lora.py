@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentkv.formats.lora import AdapterError, read_peft_adapter
+from agentkv.formats.lora import AdapterError, read_adapter, read_peft_adapter
 from agentkv.formats.resolve import open_model
 from agentkv.hal.registry import lookup
 from agentkv.models.registry import load_model
@@ -22,6 +22,7 @@ from tests.models.helpers import BACKENDS, assert_logits_match, prompt, tiny_hf_
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {
     "qv": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    "all": dict(r=4, lora_alpha=6, target_modules=ALL),  # llama.cpp's scaling (alpha / r) can state it
     "rslora_patterns": dict(
         r=8,
         lora_alpha=16,
@@ -130,3 +131,52 @@ def test_unsupported_modules_and_missing_files_are_named(tmp_path):
     save_file(pair, str(tmp_path / "adapter_model.safetensors"))
     with pytest.raises(AdapterError, match=r"adapter_model.safetensors: module 'model.layers.0.mlp.experts.3.w1'"):
         read_peft_adapter(tmp_path)
+
+
+def write_gguf_adapter(folder, path, config, arch: str = "llama"):
+    """The PEFT adapter in `folder` as llama.cpp's convert_lora_to_gguf.py writes it: general.type
+    adapter, adapter.type lora, adapter.lora.alpha, `blk.N.<proj>.weight.lora_a` [r, in] and
+    `.lora_b` [out, r], a llama's q/k B rows permuted as its converter permutes q/k weights."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    from tests.models.helpers import _llama_permute
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(ADAPTERS["all"]["lora_alpha"]))
+    for key, value in sorted(load_file(str(folder / "adapter_model.safetensors")).items()):
+        module, part = key.removeprefix("base_model.model.").rsplit(".lora_", 1)
+        name = names.get_name(module + ".weight", try_suffixes=(".weight",))
+        if part.startswith("B") and module.endswith(("q_proj", "k_proj")):
+            heads = config.num_attention_heads if module.endswith("q_proj") else config.num_key_value_heads
+            value = _llama_permute(value, heads)
+        writer.add_tensor(f"{name}.lora_{part[0].lower()}", value.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("base_kind", ["gguf", "safetensors"])
+def test_a_llama_cpp_gguf_adapter_matches_peft(tiny, tmp_path, base_kind):
+    from transformers import AutoConfig
+
+    base, gguf_path, adapters, ids, _ = tiny
+    folder, theirs = adapters["all"]
+    path = write_gguf_adapter(folder, tmp_path / "all.gguf", AutoConfig.from_pretrained(base))
+    model = load_model(open_model(gguf_path if base_kind == "gguf" else base), lookup("cpu"))
+    assert_logits_match(run(model, ids, attach(model, read_adapter(path), "g")), theirs, MIN_COS)
+
+
+def test_a_gguf_adapter_for_another_architecture_is_refused(tiny, tmp_path):
+    from transformers import AutoConfig
+
+    base, _, adapters, _, _ = tiny
+    path = write_gguf_adapter(adapters["all"][0], tmp_path / "q.gguf", AutoConfig.from_pretrained(base), "qwen2")
+    model = load_model(open_model(base), lookup("reference"))
+    with pytest.raises(AdapterError, match="q.gguf: an adapter for 'qwen2', the base model is 'llama'"):
+        attach(model, read_adapter(path), "q")
