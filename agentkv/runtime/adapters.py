@@ -12,6 +12,7 @@ their own place, so no value of theirs can equal an adapter's or another tenant'
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -54,9 +55,9 @@ class AdapterKey(tuple):
 
 @dataclass(eq=False)
 class Adapter:
-    """A loaded adapter: per base weight name, the (a, bt, scale, col) it adds to that weight's
-    output (uploaded f32 weights). Held by the requests that use it, so unloading it lets them
-    finish."""
+    """A loaded adapter: per base weight name, the (a, bt, scaling, col) it adds to that
+    weight's output (uploaded weights; the delta is scaling * scale). Held by the requests that
+    use it, so unloading it lets them finish."""
 
     name: str
     path: str
@@ -70,6 +71,15 @@ class Adapter:
 
     def __post_init__(self) -> None:
         self.key = AdapterKey(self)
+
+    def scaled(self, scale: float) -> Adapter:
+        """This adapter at another `scale` (llama.cpp's per-request scale): the same weights
+        and counters, another key."""
+        if float(scale) == self.scale:
+            return self
+        other = dataclasses.replace(self, scale=float(scale))
+        other.usage = self.usage
+        return other
 
 
 def request_namespace(tenant: str | None = None, cache_salt: str | None = None, adapter: Adapter | None = None):
@@ -116,7 +126,7 @@ def attach(model: Any, file: LoraAdapterFile, name: str, scale: float = 1.0, dty
                 f"the base model's {m.kind} projection [{target.out}, {target.inp}] ({target.weight.name})"
             )
         a, bt = _pair(model, f"lora.{name}.{target.weight.name}.{m.kind}", m, dtype)
-        pieces.setdefault(target.weight.name, []).append((a, bt, m.scaling * scale, target.col))
+        pieces.setdefault(target.weight.name, []).append((a, bt, m.scaling, target.col))
     return Adapter(name, file.path, file.digest, float(scale), file.rank, pieces, dtype)
 
 
@@ -183,7 +193,9 @@ def lora_step(
     pieces: dict[str, list[LoraPiece]] = {}
     for slot, adapter in enumerate(used):
         for weight_name, parts in adapter.pieces.items():
-            pieces.setdefault(weight_name, []).extend(LoraPiece(slot, *p) for p in parts)
+            pieces.setdefault(weight_name, []).extend(
+                LoraPiece(slot, a, bt, s * adapter.scale, c) for a, bt, s, c in parts
+            )
     return LoraStep(row_slots, {k: tuple(v) for k, v in pieces.items()}, owners)
 
 

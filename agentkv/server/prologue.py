@@ -87,7 +87,7 @@ async def build_jobs(
             param="n" if req.n > 1 else "prompt",
             code="fanout_exceeded",
         )
-    namespace = await request_adapter(state, engine, req.model, namespace)
+    namespace = await request_adapter(state, engine, req, namespace)
     constraints = await _constraints(state, ask.constraint, num, ask.constraint_param)
     defaults = getattr(engine, "generation_config", None) or {}
     jobs = []

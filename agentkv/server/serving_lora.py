@@ -52,10 +52,26 @@ def adapter_name(state: ServerState, engine: Any, model: str | None) -> str | No
     return model if model in registry.names() else None
 
 
-async def request_adapter(state: ServerState, engine: Any, model: str | None, namespace: Hashable) -> Hashable:
-    """`namespace` with the adapter `model` names (if any) at its own place: loaded (again,
-    when the LRU dropped it) off the event loop, and its request counted."""
-    name = adapter_name(state, engine, model)
+def requested(state: ServerState, engine: Any, req: Any) -> tuple[str | None, float | None]:
+    """(adapter name, scale or None) a request asks for: llama.cpp's `lora` list when given
+    (the one entry whose scale is not 0), else the adapter its `model` names."""
+    entries = [e for e in getattr(req, "lora", None) or [] if e.scale != 0]
+    if getattr(req, "lora", None) is None:
+        return adapter_name(state, engine, req.model), None
+    if len(entries) > 1:
+        raise bad_request(f"lora: {len(entries)} adapters with a scale; agentkv applies one per request", param="lora")
+    if not entries:
+        return None, None
+    names = registry_of(engine).names() if registry_of(engine) is not None else []
+    if not 0 <= entries[0].id < len(names):
+        raise bad_request(f"lora: id {entries[0].id} is not an adapter (ids 0..{len(names) - 1})", param="lora")
+    return names[entries[0].id], entries[0].scale
+
+
+async def request_adapter(state: ServerState, engine: Any, req: Any, namespace: Hashable) -> Hashable:
+    """`namespace` with the adapter the request asks for (if any) at its own place: loaded
+    (again, when the LRU dropped it) off the event loop, and its request counted."""
+    name, scale = requested(state, engine, req)
     if name is None:
         return namespace
     try:
@@ -64,6 +80,7 @@ async def request_adapter(state: ServerState, engine: Any, model: str | None, na
         raise APIError(404, str(exc), param="model", code="model_not_found") from exc
     except AdapterError as exc:
         raise bad_request(str(exc), param="model") from exc
+    adapter = adapter if scale is None else adapter.scaled(scale)
     adapter.usage[0] += 1
     return ("tenant", None, None, adapter.key) if namespace is None else (*namespace, adapter.key)
 

@@ -96,3 +96,25 @@ def test_a_bad_adapter_folder_is_a_400_naming_the_file_and_module(lora_server):
     assert "adapter_model.safetensors" in message and "model.layers.0.self_attn.o_proj" in message
     assert "[64, 64]" in message and "lora_B [96, 4]" in message
     assert missing.status_code == 400 and "adapter_config.json: missing" in missing.json()["error"]["message"]
+
+
+def test_llama_cpp_per_request_lora_list(lora_server):
+    server, _ = lora_server
+    client = make_client(server)
+
+    def with_lora(entries):
+        return client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=6, temperature=0.0, extra_body={"lora": entries}
+        )
+
+    assert (
+        with_lora([{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.0}]).choices[0].text
+        == complete(client, "a").choices[0].text
+    )
+    assert with_lora([{"id": 0, "scale": 0.0}]).choices[0].text == complete(client, "tiny").choices[0].text
+    half = with_lora([{"id": 1, "scale": 0.5}])
+    assert half.usage.prompt_tokens_details.cached_tokens == 0  # another scale: another cache key
+    with pytest.raises(openai.BadRequestError, match="one per request"):
+        with_lora([{"id": 0, "scale": 1.0}, {"id": 1, "scale": 1.0}])
+    with pytest.raises(openai.BadRequestError, match="id 7 is not an adapter"):
+        with_lora([{"id": 7, "scale": 1.0}])
