@@ -170,3 +170,16 @@ def test_f16_adapters_keep_the_contract_under_their_own_key(model_dir):
     assert batched[1] > 0 and same(batched[0], alone[0])
     with pytest.raises(ValueError, match="lora_dtype='f16' is not supported by backend 'reference'"):
         make_engine(model_dir, backend="reference").configure_lora(dtype="f16")
+
+
+def test_unloading_an_adapter_lets_its_running_requests_finish(model_dir):
+    engine = make_engine(model_dir, prefix_cache=False)
+    whole = run(engine, {"1": (PROMPT, "a")})["1"][0]
+    engine.add_request("2", PROMPT, GREEDY, namespace=request_namespace(adapter=engine.adapters.get("a")))
+    engine.step()
+    engine.adapters.unload("a")
+    with pytest.raises(KeyError, match="'a' is not loaded"):
+        engine.adapters.get("a")
+    while engine.has_unfinished():
+        engine.step()
+    assert same(engine.recorded.pop("2"), whole)
