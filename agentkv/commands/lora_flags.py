@@ -34,6 +34,11 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-loras", type=positive_int, default=None, help="most distinct adapters in one forward (default: no limit)"
     )
     parser.add_argument(
+        "--enable-runtime-lora",
+        action="store_true",
+        help="serve /v1/load_lora_adapter and /v1/unload_lora_adapter (they read any path the server can)",
+    )
+    parser.add_argument(
         "--lora-dtype",
         choices=("f32", "f16"),
         default="f32",

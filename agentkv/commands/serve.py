@@ -170,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             strict_request_fields=args.strict_request_fields,
             limits=limits,
             on_fatal=on_fatal,
+            runtime_lora=args.enable_runtime_lora,
         )
 
     return serve_app(make_app, host=args.host, port=args.port, log_level=args.log_level.lower())

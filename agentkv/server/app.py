@@ -134,13 +134,16 @@ def create_app(
     chat_template: Any = None,
     limits: ServerLimits | None = None,
     on_fatal: FatalHook | None = None,
+    runtime_lora: bool = False,
 ) -> FastAPI:
     """The app for `engine` (an EngineClient, or a callable that loads one in the background).
     `api_key`: one key, or keys mapped to tenant names (None: each key its own tenant); each
     tenant gets its own cache namespace. `strict_request_fields`: unknown request fields are a
     400 instead of a logged warning. `chat_template` (a ChatTemplate) replaces the model's own
     for every chat request. `on_fatal(exit_code, why)` is called once the engine is lost (it
-    died, or failed to load): the host should stop serving and exit with that code."""
+    died, or failed to load): the host should stop serving and exit with that code.
+    `runtime_lora`: serve /v1/load_lora_adapter and /v1/unload_lora_adapter (they read any
+    path the server can; vLLM too keeps them off unless asked)."""
     state = ServerState(
         engine,
         api_key=api_key,
@@ -169,11 +172,11 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, state=state, shapes=ERROR_SHAPES)
     app.add_middleware(MetricsMiddleware, state=state)
     app.openapi = lambda: _openapi_400s(app)  # type: ignore[method-assign]
-    _add_routes(app, state)
+    _add_routes(app, state, runtime_lora)
     return app
 
 
-def _add_routes(app: FastAPI, state: ServerState) -> None:
+def _add_routes(app: FastAPI, state: ServerState, runtime_lora: bool = False) -> None:
     def check_key(request: Request) -> None:
         """Any route but /health and /metrics: a known key; its tenant names the cache."""
         request.state.tenant = authenticate(state, request)
@@ -182,7 +185,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     _add_anthropic_routes(app, state, auth)
     _add_responses_routes(app, state, auth)
     add_router_routes(app, state, auth)
-    add_lora_routes(app, state, auth, ERRORS)
+    if runtime_lora:
+        add_lora_routes(app, state, auth, ERRORS)
 
     @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
     async def health() -> Any:

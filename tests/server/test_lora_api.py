@@ -37,7 +37,7 @@ def lora_server(tmp_path_factory):
     engine = AsyncEngine.from_model(str(root / "base"), kv_cache_blocks=128)
     apply_lora(engine.engine, args)
     engine.start()
-    for server in serve(create_app(engine, served_model_name="tiny"), engine):
+    for server in serve(create_app(engine, served_model_name="tiny", runtime_lora=True), engine):
         yield server, root
 
 
@@ -118,3 +118,12 @@ def test_llama_cpp_per_request_lora_list(lora_server):
         with_lora([{"id": 0, "scale": 1.0}, {"id": 1, "scale": 1.0}])
     with pytest.raises(openai.BadRequestError, match="id 7 is not an adapter"):
         with_lora([{"id": 7, "scale": 1.0}])
+
+
+def test_runtime_loading_is_off_unless_enabled(lora_server):
+    server, root = lora_server
+    for plain in serve(create_app(server.engine, served_model_name="tiny"), server.engine):
+        with httpx.Client(base_url=plain.base_url, timeout=60) as http:
+            body = {"lora_name": "c", "lora_path": str(root / "c")}
+            assert http.post("/v1/load_lora_adapter", json=body).status_code == 404
+            assert http.get("/v1/models").json()["data"][1]["parent"] == "tiny"  # adapters still served
