@@ -180,3 +180,31 @@ def test_a_gguf_adapter_for_another_architecture_is_refused(tiny, tmp_path):
     model = load_model(open_model(base), lookup("reference"))
     with pytest.raises(AdapterError, match="q.gguf: an adapter for 'qwen2', the base model is 'llama'"):
         attach(model, read_adapter(path), "q")
+
+
+def test_adapter_on_gemma3_matches_peft(tmp_path_factory):
+    """Gemma 3's sandwich norms and local/global layers (its tiny test model), every projection."""
+    from tests.models.test_gemma3 import built
+
+    folder, _, base_logits, ids = built("plain", tmp_path_factory)
+    out = tmp_path_factory.mktemp("gemma3_lora")
+    peft = peft_adapter(folder, out, 4, r=4, lora_alpha=8, use_rslora=True, target_modules=ALL)
+    with torch.no_grad():
+        theirs = peft(torch.tensor([ids])).logits[0].float().numpy()
+    model = load_model(open_model(folder), lookup("cpu"))
+    adapter = attach(model, read_adapter(out), "g")
+    alone = run(model, ids, adapter)
+    assert_logits_match(alone, theirs, MIN_COS)
+    assert np.abs(theirs - base_logits).max() > 0.1
+    # a row's bits alone and between a base row and a row of another scale (its own key)
+    runner = ModelRunner(model, 12, 4)
+    other = ids[::-1]
+    mixed = runner.run(
+        [
+            Chunk(other, 0, [0, 1, 2, 3], "all"),
+            Chunk(ids, 0, [4, 5, 6, 7], "all", adapter),
+            Chunk(other, 0, [8, 9, 10, 11], "all", adapter.scaled(0.5)),
+        ]
+    )
+    assert np.array_equal(mixed[len(other) : len(other) + len(ids)], alone)
+    assert np.array_equal(mixed[: len(other)], run(model, other))  # the compiled stack's bits
