@@ -1,4 +1,4 @@
-"""LoRA adapters against PEFT's PeftModel: a tiny random Llama (safetensors, and the same
+"""LoRA adapters against PEFT's PeftModel (reference, cpu and torch backends): a tiny random Llama (safetensors, and the same
 weights as a llama.cpp-style GGUF with its permuted q/k rows) with random adapters
 (`init_lora_weights=False`, so B is not zero): plain, rsLoRA with a rank_pattern and an
 alpha_pattern on every projection (q/k/v and gate/up land in agentkv's fused weights)."""
@@ -74,7 +74,7 @@ def run(model, ids, adapter=None) -> np.ndarray:
     return runner.run([Chunk(ids, 0, list(range(runner.num_blocks)), "all", adapter)])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "torch"])
 @pytest.mark.parametrize("name", list(ADAPTERS))
 def test_adapter_logits_match_peft(tiny, backend, name):
     base, _, adapters, ids, base_logits = tiny
