@@ -1,7 +1,8 @@
-"""LoRA adapters against PEFT's PeftModel (reference, cpu and torch backends): a tiny random Llama (safetensors, and the same
-weights as a llama.cpp-style GGUF with its permuted q/k rows) with random adapters
-(`init_lora_weights=False`, so B is not zero): plain, rsLoRA with a rank_pattern and an
-alpha_pattern on every projection (q/k/v and gate/up land in agentkv's fused weights)."""
+"""LoRA adapters against PEFT's PeftModel (reference, cpu and torch backends): a tiny random
+Llama (safetensors, and the same weights as a llama.cpp-style GGUF with its permuted q/k rows)
+with random adapters (`init_lora_weights=False`, so B is not zero): plain, rsLoRA with a
+rank_pattern and an alpha_pattern on every projection (q/k/v and gate/up land in agentkv's
+fused weights), llama.cpp GGUF adapters, and Gemma 3."""
 
 from __future__ import annotations
 
