@@ -1,6 +1,7 @@
 """A random LoRA adapter on SmolLM2 (the packaged Q4_1 GGUF) against PEFT's PeftModel on the
 same weights as transformers loads them from that GGUF (dequantized by gguf-py, q/k rows
-unpermuted): agentkv with the weights dequantized to f32 and kept resident in Q4_1 blocks."""
+unpermuted): agentkv with the weights dequantized to f32 and kept resident in Q4_1 blocks, and
+a row's bits alone and batched with a base row and another scale's row."""
 
 from __future__ import annotations
 
@@ -60,3 +61,14 @@ def test_smollm2_adapter_matches_peft(smollm2_path, smollm2_peft, weights):
     ours = runner.run([Chunk(ids, 0, list(range(runner.num_blocks)), "all", adapter)])
     assert_logits_match(ours, theirs, MIN_COS)
     assert np.abs(theirs - base_logits).max() > 0.5  # the adapter moves the logits well past the floor
+    # the same bits between a base row and a row of the adapter at another scale
+    batch = ModelRunner(model, 3, 16)
+    other = ids[::-1]
+    mixed = batch.run(
+        [
+            Chunk(other, 0, [0], "all"),
+            Chunk(ids, 0, [1], "all", adapter),
+            Chunk(other, 0, [2], "all", adapter.scaled(0.5)),
+        ]
+    )
+    assert np.array_equal(mixed[len(other) : len(other) + len(ids)], ours)
