@@ -24,6 +24,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "cluster": ("agentkv.bench.cluster", "1, 2, 3 workers behind sglang-router: throughput, hit ratio"),
     "soak": ("agentkv.bench.soak", "mixed traffic for a fixed time: RSS flat, no 5xx, no leaked block, exact answers"),
     "stepcost": ("agentkv.bench.stepcost", "Python time per engine step with a small and a huge prefix cache"),
+    "lora": ("agentkv.bench.lora", "8 LoRA adapters mixed in one batch vs the base alone: prefill, decode"),
     "long": ("agentkv.bench.long", "long contexts and agent loops over HTTP vs llama_cpp.server: replay, TTFT, decode"),
     "rerank": ("agentkv.bench.rerank", "1 query x N documents, Qwen3-Reranker-0.6B shapes: prefix reuse on vs off"),
 }

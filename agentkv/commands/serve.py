@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentkv.commands.config_flags import add_engine_arguments, config_from_args
+from agentkv.commands.lora_flags import add_lora_arguments, apply_lora
 from agentkv.runtime.config import parse_size
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="answer unknown request fields with a 400 (default: log and ignore)",
     )
     parser.add_argument("--log-level", default="info")
+    add_lora_arguments(parser)
 
 
 def read_api_keys(path: str) -> dict[str, str | None]:
@@ -123,6 +125,8 @@ def loader(args: argparse.Namespace) -> Any:
 
     def load() -> AsyncEngine:
         engine = AsyncEngine.from_config(config)
+        if not engine.is_embedding:
+            apply_lora(engine.engine, args)
         log.info("froze %d objects left by the load out of collections", freeze_heap())
         return engine
 
@@ -181,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
             strict_request_fields=args.strict_request_fields,
             limits=limits,
             on_fatal=on_fatal,
+            runtime_lora=args.enable_runtime_lora,
         )
 
     return serve_app(make_app, host=args.host, port=args.port, log_level=args.log_level.lower())

@@ -168,9 +168,8 @@ class Backend(ABC):
         """Rows of `[n, ...]` by index (e.g. each sequence's last token before the head)."""
 
     def fuse_rows(self, weights: list[Weight], name: str) -> Weight | None:
-        """One weight whose rows are `weights`' rows stacked (e.g. q, k, v), so that one matmul
-        replaces several; None when this backend does not fuse (the caller keeps them apart).
-        Fusing never changes a row's bits: each output column is computed as before."""
+        """One weight whose rows are `weights`' rows stacked (e.g. q, k, v): one matmul for several,
+        each output column computed as before; None when this backend does not fuse."""
         return None
 
     def split(self, x: Tensor, sizes: list[int]) -> list[Tensor]:
@@ -367,15 +366,18 @@ class Backend(ABC):
         """Copy-on-write: copy each (src, dst) block across every layer (mutates kv)."""
 
     def read_block(self, kv: Any, block: int) -> bytes:
-        """A copy of one KV block across every layer, for the disk tier: little-endian
-        elements of the store's dtype (f32 or f16)
-        `[num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]` (a fence: it waits)."""
+        """A copy of one KV block across every layer, for the disk tier: little-endian elements
+        of the store's dtype `[num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]` (a fence)."""
         raise NotImplementedError(f"{self.name}: read_block")
 
     def write_block(self, kv: Any, block: int, data: bytes) -> None:
-        """Overwrite one KV block with bytes laid out as `read_block` returns them (mutates
-        kv); `write_block(kv, b, read_block(kv, b))` leaves every bit as it was."""
+        """Overwrite one KV block with bytes laid out as `read_block` returns them (mutates kv;
+        `write_block(kv, b, read_block(kv, b))` leaves every bit as it was)."""
         raise NotImplementedError(f"{self.name}: write_block")
+
+    def lora_add(self, x: Tensor, y: Tensor, row_slots: np.ndarray, pieces: Sequence[Any]) -> Tensor:
+        """y `[n, m]` += row i's LoRA deltas, in place and blind to other rows (hal/lora.py). -> y"""
+        raise NotImplementedError(f"{self.name}: lora_add")
 
     @abstractmethod
     def attention(

@@ -102,6 +102,12 @@ class ReferenceBackend(Backend):
         check_layout(weight, F32_ONLY, "reference embedding")
         return Tensor(weight.raw[np.asarray(ids, dtype=np.int64)].copy())
 
+    def lora_add(self, x: Tensor, y: Tensor, row_slots: np.ndarray, pieces) -> Tensor:
+        from agentkv.hal.lora import lora_add_rows
+
+        lora_add_rows(np.ascontiguousarray(x.raw), y.raw, row_slots, pieces, lambda w: w.raw)
+        return y
+
     def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
         check_layout(weight, F32_ONLY, "reference matmul")  # numpy would cast quant bytes silently
         w, xs = weight.raw, np.ascontiguousarray(x.raw)

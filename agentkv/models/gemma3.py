@@ -18,6 +18,7 @@ import numpy as np
 from agentkv.formats.source import HParams, ModelSource
 from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
 from agentkv.hal.blocks import AttentionSpec, BlockSpec, DenseFFNSpec
+from agentkv.hal.lora import LoraView
 from agentkv.models.base import LoadOptions, Model, decoder_layer
 from agentkv.models.config import SourceKeys, layer_letters, opt_float, sliding_layers
 
@@ -90,6 +91,7 @@ class Gemma3Config:
 
 class Gemma3Model(Model):
     config_type = Gemma3Config
+    supports_lora = True  # runtime/adapters.py attaches adapters to its projections
 
     def __init__(self, source, backend, options: LoadOptions = LoadOptions()):
         super().__init__(source, backend, options)
@@ -133,12 +135,14 @@ class Gemma3Model(Model):
     def _norm(self, x: Tensor, weight) -> Tensor:
         return self.backend.rms_norm(x, weight, self.hparams.norm_eps, unit_offset=self.unit_offset)
 
-    def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
+    def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray, lora=None) -> Tensor:
+        """`lora` (a hal.lora.LoraStep): the step's per-row adapters, added to the projections."""
         be, cfg = self.backend, self.config
         h = be.scale(be.embedding(self.embed, token_ids), self.embed_scale)  # [n, d]
         x = self._norm(h, self.layers[0].attention.norm)
         # sandwich norms: each residual add is h + post_norm(delta), then the next norm
-        h, x = be.decoder_blocks(h, x, self.layers, self.blocks, meta, kv, self.norm)
+        blocks = be if lora is None else LoraView(be, lora)
+        h, x = blocks.decoder_blocks(h, x, self.layers, self.blocks, meta, kv, self.norm)
         logits = be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
         if cfg.final_logit_softcap:
             logits = be.softcap(logits, cfg.final_logit_softcap)

@@ -12,6 +12,7 @@ import numpy as np
 from agentkv.formats.source import HParams, ModelSource
 from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor
 from agentkv.hal.blocks import AttentionSpec, BlockSpec, DenseFFNSpec
+from agentkv.hal.lora import LoraView
 from agentkv.models.base import LoadOptions, Model, decoder_layer
 from agentkv.models.config import SourceKeys, layer_letters, sliding_layers
 
@@ -57,6 +58,7 @@ class LlamaConfig:
 
 class LlamaModel(Model):
     config_type = LlamaConfig
+    supports_lora = True  # runtime/adapters.py attaches adapters to its projections
 
     def __init__(self, source, backend, options: LoadOptions = LoadOptions()):
         super().__init__(source, backend, options)
@@ -99,11 +101,15 @@ class LlamaModel(Model):
             return {"type": "factors", "factors": tuple(float(f) for f in factors)}
         return source.hparams.rope_scaling
 
-    def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
+    def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray, lora=None) -> Tensor:
+        """`lora` (a hal.lora.LoraStep): the step's per-row adapters, added to the projections."""
         be = self.backend
         h = be.embedding(self.token_embd, token_ids)  # [n, d]
         x = be.rms_norm(h, self.layers[0].attention.norm, self.hparams.norm_eps)
-        h, x = be.decoder_blocks(h, x, self.layers, self.blocks, meta, kv, self.norm)
+        if lora is None:
+            h, x = be.decoder_blocks(h, x, self.layers, self.blocks, meta, kv, self.norm)
+        else:
+            h, x = LoraView(be, lora).decoder_blocks(h, x, self.layers, self.blocks, meta, kv, self.norm)
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
 
     def _windowed(self, i: int) -> bool:

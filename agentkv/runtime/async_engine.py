@@ -115,6 +115,7 @@ class AsyncEngine:
         self.vocab_size = engine.vocab_size
         self.is_embedding = engine.is_embedding
         self.traits = traits_of(engine.model)
+        self.adapters = None if engine.is_embedding else engine.adapters  # LoRA (runtime/adapters.py)
         self.generation_config = read_generation_config(engine.source.path)  # {} for GGUF
         self._inbox: queue.SimpleQueue[EngineMessage] = queue.SimpleQueue()
         self._wake = threading.Event()

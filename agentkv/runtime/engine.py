@@ -24,6 +24,7 @@ import numpy as np
 from agentkv.cache import BlockPool, RadixCache
 from agentkv.cache.pins import PinBudget
 from agentkv.formats.tokenizer import IncrementalDecoder
+from agentkv.runtime.adapters import AdapterRegistry
 from agentkv.runtime.config import EngineConfig
 from agentkv.runtime.engine_state import compute_stats
 from agentkv.runtime.errors import InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError
@@ -33,7 +34,7 @@ from agentkv.runtime.loading import load, pool_size, weights_summary
 from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
 from agentkv.runtime.params import SamplingParams
 from agentkv.runtime.request import Request
-from agentkv.runtime.runner import Chunk, ModelRunner
+from agentkv.runtime.runner import Chunk, ModelRunner, adapter_of
 from agentkv.runtime.sampler import SamplingState, check_logits, logsumexp, sample, token_logprob, top_logprobs
 from agentkv.runtime.speculation import Speculation
 from agentkv.runtime.stop import StopChecker
@@ -85,6 +86,7 @@ class Engine:
         self._by_seq: dict[int, Request] = {}
         self._seq_ids = itertools.count()
         self.progressed = True  # whether the last step ran anything (AsyncEngine idles when not)
+        self.adapters = None if self.is_embedding else AdapterRegistry(self.model)  # LoRA, by name
         self._stats = compute_stats(self)
         load_s = time.perf_counter() - t0
         summary = weights_summary(self.source, self.model)
@@ -233,7 +235,7 @@ class Engine:
         req = self._by_seq[sc.seq.seq_id]
         in_prompt = req.prompt_logprobs is not None and sc.start < len(sc.seq.prompt_ids)
         want = "all" if in_prompt or sc.draft else ("last" if sc.samples else None)
-        return Chunk(sc.token_ids, sc.start, sc.seq.block_table, want)
+        return Chunk(sc.token_ids, sc.start, sc.seq.block_table, want, adapter_of(sc.seq.namespace))
 
     def _consume(self, scheduled, chunks, logits) -> list[RequestOutput]:
         """Sample each row on its own; a request whose row fails is aborted before the

@@ -1,10 +1,11 @@
-"""The engine's published stats snapshot: counters and gauges, each kept as it changes, so
-building one costs the same however large the cache is."""
+"""The engine's published stats snapshot (counters and gauges, each kept as it changes, so
+building one costs the same however large the cache is), and its LoRA settings."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from agentkv.runtime.adapters import check_lora_dtype
 from agentkv.runtime.outputs import EngineStats
 
 
@@ -34,3 +35,17 @@ def compute_stats(engine: Any) -> EngineStats:
         kv_blocks_pinned=c.pins.num_blocks,
         step_failures=counters.step_failures,
     )
+
+
+def configure_lora(
+    engine: Any, max_loras: int | None = None, max_cpu_loras: int | None = None, dtype: str = "f32"
+) -> None:
+    """At most `max_loras` distinct adapters in one forward, `max_cpu_loras` loaded (LRU);
+    adapters loaded from now on held in `dtype` (f32, or f16 where the backend reads it)."""
+    for name, value in (("max_loras", max_loras), ("max_cpu_loras", max_cpu_loras)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name}={value!r} must be None or an integer >= 1")
+    engine.adapters.resize(max_cpu_loras)
+    engine.adapters.dtype = check_lora_dtype(engine.backend, dtype)
+    if engine.runner is not None:
+        engine.runner.max_loras = max_loras

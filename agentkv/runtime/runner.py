@@ -10,17 +10,21 @@ import numpy as np
 
 from agentkv.hal.base import AttnMeta
 from agentkv.models.base import Model
+from agentkv.runtime.adapters import Adapter, adapter_of, lora_step
+
+__all__ = ["Chunk", "ModelRunner", "adapter_of"]
 
 
 class Chunk(NamedTuple):
     """`token_ids` at positions [start_pos, start_pos + len) of one sequence whose KV lives in
     `block_table`. `logits`: None (no row needed), "last" (its last row) or "all" (every row,
-    for prompt logprobs)."""
+    for prompt logprobs). `adapter`: the LoRA adapter its rows use (None: the base)."""
 
     token_ids: Sequence[int]
     start_pos: int
     block_table: Sequence[int]
     logits: str | None = "last"
+    adapter: Adapter | None = None
 
 
 class ModelRunner:
@@ -29,6 +33,8 @@ class ModelRunner:
     def __init__(self, model: Model, num_blocks: int, block_size: int):
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
         self.backend = model.backend
+        self.max_loras: int | None = None  # distinct LoRA adapters in one forward (None: any)
+        self._lora = None  # the last step's LoraStep, whose pieces the next may reuse
         self.kv = self.backend.allocate_kv(model.kv_spec(num_blocks, block_size))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
@@ -68,10 +74,35 @@ class ModelRunner:
         return np.concatenate(ids), meta, logit_rows
 
     def run(self, chunks: Sequence[Chunk]) -> np.ndarray:
-        """One forward step; returns float32 logits `[num_logit_rows, vocab]` in chunk order."""
+        """One forward step; returns float32 logits `[num_logit_rows, vocab]` in chunk order.
+        Rows of LoRA adapters run in one forward with the rest (a per-row adapter slot); with
+        `max_loras`, chunks are cut into consecutive groups of at most that many adapters,
+        one forward each (every row is batch-invariant, so the cut never changes a bit)."""
+        groups = self._groups(chunks)
+        if len(groups) > 1:
+            return np.concatenate([self.run(g) for g in groups])
         ids, meta, logit_rows = self.build(chunks)
+        for c in chunks:
+            if c.adapter is not None:
+                c.adapter.usage[1] += len(c.token_ids)  # the engine thread is its only writer
+        lora = self._lora = lora_step([c.adapter for c in chunks], [len(c.token_ids) for c in chunks], self._lora)
+        extra = {} if lora is None else {"lora": lora}
         if len(logit_rows) == 0:
             # KV must still be written: run the model with one row requested and drop it.
-            self.model.forward(ids, meta, self.kv, np.array([len(ids) - 1]))
+            self.model.forward(ids, meta, self.kv, np.array([len(ids) - 1]), **extra)
             return np.zeros((0, self.model.vocab_size), np.float32)
-        return self.backend.read(self.model.forward(ids, meta, self.kv, logit_rows))
+        return self.backend.read(self.model.forward(ids, meta, self.kv, logit_rows, **extra))
+
+    def _groups(self, chunks: Sequence[Chunk]) -> list[list[Chunk]]:
+        """Consecutive runs of `chunks` that use at most `max_loras` distinct adapters each."""
+        groups: list[list[Chunk]] = [[]]
+        seen: set[int] = set()
+        for c in chunks:
+            new = c.adapter is not None and id(c.adapter) not in seen
+            if new and self.max_loras is not None and len(seen) == self.max_loras and groups[-1]:
+                groups.append([])
+                seen = set()
+            if c.adapter is not None:
+                seen.add(id(c.adapter))
+            groups[-1].append(c)
+        return groups

@@ -39,6 +39,7 @@ from agentkv.server.schemas import (
 from agentkv.server.serving_admin import add_admin_routes, check_metrics_access
 from agentkv.server.serving_chat import create_chat_completion
 from agentkv.server.serving_completions import create_completion
+from agentkv.server.serving_lora import add_lora_routes
 from agentkv.server.serving_messages import count_tokens, create_message
 from agentkv.server.serving_misc import create_embeddings, detokenize, list_models, tokenize
 from agentkv.server.serving_rerank import RERANK_ENDPOINTS, add_rerank_routes
@@ -138,13 +139,16 @@ def create_app(
     chat_template: Any = None,
     limits: ServerLimits | None = None,
     on_fatal: FatalHook | None = None,
+    runtime_lora: bool = False,
 ) -> FastAPI:
     """The app for `engine` (an EngineClient, or a callable that loads one in the background).
     `api_key`: one key, or keys mapped to tenant names (None: each key its own tenant); each
     tenant gets its own cache namespace. `strict_request_fields`: unknown request fields are a
     400 instead of a logged warning. `chat_template` (a ChatTemplate) replaces the model's own
     for every chat request. `on_fatal(exit_code, why)` is called once the engine is lost (it
-    died, or failed to load): the host should stop serving and exit with that code."""
+    died, or failed to load): the host should stop serving and exit with that code.
+    `runtime_lora`: serve /v1/load_lora_adapter and /v1/unload_lora_adapter (they read any
+    path the server can; vLLM too keeps them off unless asked)."""
     state = ServerState(
         engine,
         api_key=api_key,
@@ -173,14 +177,13 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, state=state, shapes=ERROR_SHAPES)
     app.add_middleware(MetricsMiddleware, state=state)
     app.openapi = lambda: _openapi_400s(app)  # type: ignore[method-assign]
-    _add_routes(app, state)
+    _add_routes(app, state, runtime_lora)
     return app
 
 
-def _add_routes(app: FastAPI, state: ServerState) -> None:
+def _add_routes(app: FastAPI, state: ServerState, runtime_lora: bool = False) -> None:
     def check_key(request: Request) -> None:
-        """Any route but /health, /metrics and the flush (each checks its own): a known key;
-        its tenant names the cache."""
+        """A known key (not /health; /metrics and the flush check their own): its tenant."""
         request.state.tenant = authenticate(state, request)
 
     auth = [Depends(check_key)]
@@ -189,6 +192,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     add_router_routes(app, state, auth)
     add_admin_routes(app, state)
     add_rerank_routes(app, state, auth)
+    if runtime_lora:
+        add_lora_routes(app, state, auth, ERRORS)
 
     @app.get("/health", response_model=r.HealthResponse, responses={503: {"model": r.HealthResponse}})
     async def health() -> Any:
@@ -206,7 +211,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models/{model_id}", response_model=r.ModelCard, responses=ERRORS, dependencies=auth)
     async def model(model_id: str) -> Any:
         check_model(state, model_id)
-        return list_models(state).data[0]
+        cards = list_models(state).data
+        return next((c for c in cards if c.id == model_id.rpartition(":")[2]), cards[0])
 
     @app.post(
         "/v1/chat/completions",

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agentkv.cache.disk_tier import IGNORED_REASONS, DiskStats
+from agentkv.server.serving_lora import lora_metrics
 
 PREFIX = "agentkv"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -50,6 +51,7 @@ class EngineCollector(Collector):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=getattr(stats, field))
         if stats.disk is not None:
             yield from disk_metrics(stats.disk)
+        yield from lora_metrics(engine)
 
 
 DISK_COUNTERS = {

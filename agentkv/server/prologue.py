@@ -15,6 +15,7 @@ from agentkv.server.generation import Job
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.responses import new_id
 from agentkv.server.schemas import SamplingFields
+from agentkv.server.serving_lora import request_adapter
 from agentkv.server.translate import check_min_tokens, check_model, check_tokens, fit_max_tokens, sampling_params
 
 MAX_N = 16
@@ -86,6 +87,7 @@ async def build_jobs(
             param="n" if req.n > 1 else "prompt",
             code="fanout_exceeded",
         )
+    namespace = await request_adapter(state, engine, req, namespace)
     constraints = await _constraints(state, ask.constraint, num, ask.constraint_param)
     defaults = getattr(engine, "generation_config", None) or {}
     jobs = []

@@ -172,6 +172,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "agentkv"
     max_model_len: int | None = None
+    root: str | None = None  # a LoRA adapter's path
+    parent: str | None = None  # a LoRA adapter's base model
 
 
 class ModelList(BaseModel):

@@ -162,6 +162,13 @@ class StreamOptions(Closed):
 # --- shared sampling fields ------------------------------------------------------------------
 
 
+class LoraScale(Closed):
+    """llama.cpp's per-request adapter: `id` its place in the adapter list, `scale` 0 = off."""
+
+    id: int
+    scale: float
+
+
 class SamplingFields(Request):
     """Fields shared by chat and completions; the ranges themselves are SamplingParams' job,
     so every range error names the field the same way whichever endpoint was called."""
@@ -195,6 +202,8 @@ class SamplingFields(Request):
     prompt_cache_key: str | None = None
     # vLLM's field: only requests with the same salt (and tenant) share cached prefixes.
     cache_salt: str | None = Field(default=None, min_length=1)
+    # llama.cpp's field: the adapter (by its place in /v1/models' adapter order) and its scale
+    lora: list[LoraScale] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -23,6 +23,7 @@ from agentkv.server.responses import (
     now,
 )
 from agentkv.server.schemas import DetokenizeRequest, EmbeddingRequest, TokenizeRequest
+from agentkv.server.serving_lora import lora_cards
 from agentkv.server.translate import check_model, check_tokens, engine_error
 
 _CREATED = now()
@@ -30,7 +31,10 @@ _CREATED = now()
 
 def list_models(state: ServerState) -> ModelList:
     engine = state.require_engine()
-    return ModelList(data=[ModelCard(id=state.model_name, created=_CREATED, max_model_len=engine.max_model_len)])
+    adapters = [ModelCard(**card) for card in lora_cards(engine, state.model_name, _CREATED)]
+    return ModelList(
+        data=[ModelCard(id=state.model_name, created=_CREATED, max_model_len=engine.max_model_len), *adapters]
+    )
 
 
 async def create_embeddings(state: ServerState, req: EmbeddingRequest) -> EmbeddingResponse:

@@ -29,6 +29,7 @@ from agentkv.server.errors import (
 )
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.schemas import SamplingFields
+from agentkv.server.serving_lora import adapter_name
 
 log = logging.getLogger("agentkv.server")
 
@@ -67,8 +68,8 @@ def check_model(state: ServerState, name: str | None) -> EngineClient:
     """The engine, if `name` is one this server serves (404 otherwise)."""
     engine = state.require_engine()
     served = [state.model_name] + ([engine.model_name] if state.served_model_name is None else [])
-    if name is not None and name not in served:
-        raise model_not_found(name, [state.model_name])
+    if name is not None and name not in served and adapter_name(state, engine, name) is None:
+        raise model_not_found(name, [state.model_name, *getattr(getattr(engine, "adapters", None), "names", list)()])
     return engine
 
 

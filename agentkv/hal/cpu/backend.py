@@ -35,12 +35,15 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
     weights stay in the file's blocks (GGUF_ROWS) and the kernels read them as they are."""
 
     name = "cpu"
+    lora_dtypes = ("f32", "f16")  # what lora.cpp reads LoRA A and B^T in (f16: widened exactly)
 
     def __init__(self):
         super().__init__("cpu")
         self.name = type(self).name
         self._kernels = load()  # raises BackendUnavailable with the cause
         self._rope_full: dict[RopeSpec, tuple] = {}  # spec -> (num_pos, cos, sin) whole tables
+        self._lora_lists: dict[int, tuple] = {}  # id(pieces) -> (pieces, lora_add's argument lists)
+        self._lora_rows: tuple = (None, None)  # (row_slots, its int32 tensor) of the last call
 
     @property
     def capabilities(self) -> Capabilities:
@@ -95,6 +98,22 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         if bias is not None:
             out = out + bias.raw
         return Tensor(out)
+
+    def lora_add(self, x: Tensor, y: Tensor, row_slots: np.ndarray, pieces) -> Tensor:
+        """lora.cpp: a fixed per-row order (32-lane shrink, ascending-rank expand). The kernel's
+        argument lists are kept per pieces tuple (a decode step reuses its predecessor's)."""
+        ys = y.raw if y.raw.is_contiguous() else y.raw.contiguous()
+        lists = self._lora_lists.get(id(pieces))
+        if lists is None or lists[0] is not pieces:
+            if len(self._lora_lists) > 4096:
+                self._lora_lists.clear()
+            columns = [[p.a.raw for p in pieces], [p.bt.raw for p in pieces]]
+            columns += [[p.slot for p in pieces], [p.scale for p in pieces], [p.col for p in pieces]]
+            lists = self._lora_lists[id(pieces)] = (pieces, columns)
+        if self._lora_rows[0] is not row_slots:
+            self._lora_rows = (row_slots, torch.from_numpy(np.ascontiguousarray(row_slots, dtype=np.int32)))
+        self._kernels.lora_add(x.raw.contiguous(), ys, self._lora_rows[1], *lists[1])
+        return Tensor(ys)
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:
         return Tensor(self._kernels.rms_norm(x.raw.contiguous(), weight.raw, eps, unit_offset))

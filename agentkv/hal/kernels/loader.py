@@ -37,6 +37,7 @@ SOURCES = (
     "pool.cpp",
     "layer.cpp",
     "moe.cpp",
+    "lora.cpp",
 )
 HEADERS = (
     "simd.h",
@@ -87,6 +88,8 @@ def load() -> ModuleType:
                        interleaved, eps, unit_offset) -> q f32 [n, h, hd]
       moe_experts(gate, up, down: per-expert weights, qtypes [3], d, f, act) -> MoEExperts, whose
         run(x f32 [n, d], chosen int64 [n, k], probs f32 [n, k]) -> f32 [n, d] (moe.cpp)
+      lora_add(x f32 [n, k], y f32 [n, m] (updated in place), row_slot int32 [n], a [f32 [r, k]],
+               bt [f32 [r, out]], slot [int], scale [float], col [int]) (lora.cpp)
     Every output row's bits depend only on that row's inputs (batch-invariant). The ISA
     (isa, set_isa, fix_isa, isa_fixed, isa_supported) is fixed by the first kernel call."""
     global _cached

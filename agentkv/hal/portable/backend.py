@@ -144,6 +144,15 @@ class TorchBackend(Backend):
         idx = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
         return Tensor(weight.raw.index_select(0, idx))
 
+    def lora_add(self, x: Tensor, y: Tensor, row_slots: np.ndarray, pieces) -> Tensor:
+        """The numpy per-row op on the host (CPU tensors only: their numpy views share memory)."""
+        from agentkv.hal.lora import lora_add_rows
+
+        if self.device.type != "cpu":
+            raise NotImplementedError(f"{self.name}: lora_add runs on the CPU only, not {self.device}")
+        lora_add_rows(x.raw.contiguous().numpy(), y.raw.numpy(), row_slots, pieces, lambda w: w.raw.numpy())
+        return y
+
     def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
         check_layout(weight, F32_ONLY, f"{self.name} matmul")
         xs = x.raw.contiguous()
