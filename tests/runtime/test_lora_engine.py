@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentkv.runtime.engine_state import configure_lora
 from agentkv.hal.cpu import CpuBackend
 from agentkv.hal.registry import register
 from agentkv.runtime.adapters import request_namespace
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
+from agentkv.runtime.engine_state import configure_lora
 from agentkv.runtime.params import SamplingParams
 from tests.models.test_lora import peft_adapter
 from tests.runtime.test_exactness import byte_level_tokenizer, tiny_hf_model, tokens
