@@ -29,6 +29,11 @@ class OutputSpec(NamedTuple):
     def parses_tools(self) -> bool:
         return self.policy is not None and self.policy.parse
 
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """Whether the output text must keep special tokens: tool markers, harmony's channels."""
+        return self.parses_tools or (self.tool_format is not None and self.tool_format.handles_reasoning)
+
 
 def output_spec(policy: ToolPolicy | None, choice: Any, prompt: str) -> OutputSpec:
     """The spec for a prompt rendered for a model whose formats are `choice` (a Choice)."""

@@ -20,9 +20,8 @@ from agentkv.server.errors import APIError
 from agentkv.server.generation import ChoiceStreams, Job, collect
 from agentkv.server.guard import cache_namespace
 from agentkv.server.lifecycle import ServerState
-from agentkv.server.output_parser import OutputParser, OutputSpec, parse_output
+from agentkv.server.output_parser import OutputParser, OutputSpec, output_spec, parse_output
 from agentkv.server.prologue import Ask, build_jobs, open_request
-from agentkv.server.reasoning import prompt_opens_thinking, template_thinks
 from agentkv.server.streaming import sse_response
 from agentkv.server.tool_policy import constraint_builder
 from agentkv.server.translate import check_model
@@ -53,8 +52,7 @@ async def _prepare(state: ServerState, req: MessagesRequest | CountTokensRequest
             continue
         head_ids = await asyncio.to_thread(engine.tokenizer.encode, head, False)
         pins.append((common_prefix_len(head_ids, ids), bp.ttl_s))
-    thinks = template_thinks(template)
-    return Prepared(engine, ids, OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt)), pins)
+    return Prepared(engine, ids, output_spec(policy, state.output_formats(), prompt), pins)
 
 
 async def count_tokens(state: ServerState, req: CountTokensRequest) -> CountTokensResponse:
@@ -81,8 +79,8 @@ async def create_message(state: ServerState, req: MessagesRequest, tenant: str |
         req.max_tokens,
         "max_tokens",
         None,
-        constraint=constraint_builder(policy, None),
-        keep_special_tokens=policy.parse,
+        constraint=constraint_builder(policy, None, prep.spec.tool_format),
+        keep_special_tokens=prep.spec.keeps_special_tokens,
     )
     jobs = await build_jobs(state, engine, fields, ask, "msg", prep.namespace)
     streams = ChoiceStreams(state, engine, jobs)

@@ -44,6 +44,23 @@ class Scan(NamedTuple):
     carry: str = ""  # put back before the rest (a message header whose body streams on)
 
 
+# A piece of a call's grammar: ("lit", text), ("json", a JSON schema), ("ebnf", a rule body)
+# or ("regex", a pattern the text must match whole).
+Piece = tuple[str, Any]
+TEXT_VALUE: Piece = ("ebnf", "[^<]*")  # an XML value: any text without a tag in it
+
+
+class CallGrammar(NamedTuple):
+    """What a constrained call may be, in the format's own syntax, as plain data for the
+    grammar compiler (runtime/structured.py): `begin`, then one or more calls (each one of
+    `calls`, a piece list per tool) joined by `sep`, then `end`."""
+
+    begin: str
+    calls: list[list[Piece]]
+    sep: str
+    end: str
+
+
 class ParseContext(NamedTuple):
     """What one request lets the parser accept: tool names (None = any) and their parameter
     schemas, which type the values of XML formats (qwen3-coder, glm)."""
@@ -76,6 +93,10 @@ class ToolFormat(ABC):
         return f"call_{uuid.uuid4().hex[:24]}"
 
     @abstractmethod
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        """The grammar of calls to `tools` (OpenAI tool dicts) written in this format."""
+
+    @abstractmethod
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         """The assistant text that writes `calls` ((name, arguments JSON) pairs) in this
         format: what a constrained call generates and what history renders back."""
@@ -92,7 +113,8 @@ def partial_marker_len(text: str, markers: Sequence[str]) -> int:
     return best
 
 
-DECODER = json.JSONDecoder()
+# Lenient on raw control characters inside strings, which grammar-constrained JSON may hold.
+DECODER = json.JSONDecoder(strict=False)
 
 
 def json_prefix(text: str) -> tuple[str, bool]:
@@ -115,6 +137,40 @@ def object_text(pairs: Sequence[tuple[str, Any]], closed: bool) -> str:
     of the text of more: XML formats stream their arguments this way."""
     body = ", ".join(f"{dumps(k)}: {dumps(v)}" for k, v in pairs)
     return "{" + body + ("}" if closed else "")
+
+
+def tool_name(tool: dict[str, Any]) -> str:
+    return tool["function"]["name"]
+
+
+def parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+def listed_parameters(tool: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The parameters an XML-style constrained call writes, in schema order: the required
+    ones, or all of them when the schema names none as required."""
+    schema = parameters(tool)
+    props = schema.get("properties") or {}
+    required = schema.get("required")
+    names = [n for n in props if n in required] if required else list(props)
+    return [(n, props[n] if isinstance(props[n], dict) else {}) for n in names]
+
+
+def xml_value(schema: dict[str, Any]) -> Piece:
+    """A parameter's value in an XML format: one of its values for a string enum, free text
+    for another string, else its JSON."""
+    if _schema_types(schema) != {"string"}:
+        return ("json", schema)
+    options = schema.get("enum")
+    if isinstance(options, list) and options and all(isinstance(o, str) and "<" not in o for o in options):
+        return ("ebnf", " | ".join(json.dumps(o, ensure_ascii=False) for o in options))
+    if isinstance(schema.get("pattern"), str):
+        return ("regex", schema["pattern"].removeprefix("^").removesuffix("$"))
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    if isinstance(low, int) or isinstance(high, int):
+        return ("regex", f"[^<]{{{low or 0},{high if isinstance(high, int) else ''}}}")
+    return TEXT_VALUE
 
 
 def typed_value(raw: str, schema: dict[str, Any] | None) -> Any:

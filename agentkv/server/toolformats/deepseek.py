@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
-from agentkv.server.toolformats.base import Call, ParseContext, json_prefix
+from agentkv.server.toolformats.base import Call, CallGrammar, ParseContext, json_prefix, parameters, tool_name
 from agentkv.server.toolformats.blocks import BlockFormat, Body
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -39,6 +40,22 @@ class DeepSeekFormat(BlockFormat):
             pos = end
         rest = body[pos:]
         return Body(calls, rest if rest.strip() else "")
+
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        if self.v31:
+            calls = [
+                [("lit", f"{CALL_BEGIN}{tool_name(t)}{SEP}"), ("json", parameters(t)), ("lit", CALL_END)] for t in tools
+            ]
+            return CallGrammar(CALLS_BEGIN, calls, "", CALLS_END)
+        calls = [
+            [
+                ("lit", f"{CALL_BEGIN}function{SEP}{tool_name(t)}\n```json\n"),
+                ("json", parameters(t)),
+                ("lit", f"\n```{CALL_END}"),
+            ]
+            for t in tools
+        ]
+        return CallGrammar(CALLS_BEGIN, calls, "\n", CALLS_END)
 
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         if self.v31:

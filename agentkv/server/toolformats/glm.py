@@ -8,7 +8,17 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentkv.server.toolformats.base import Call, ParseContext, object_text, typed_value
+from agentkv.server.toolformats.base import (
+    Call,
+    CallGrammar,
+    ParseContext,
+    Piece,
+    listed_parameters,
+    object_text,
+    tool_name,
+    typed_value,
+    xml_value,
+)
 from agentkv.server.toolformats.blocks import BlockFormat, Body
 
 _NAME = re.compile(r"\s*([^\n<]+?)\s*(?=\n|<arg_key>|$)")
@@ -34,6 +44,19 @@ class GlmFormat(BlockFormat):
             pos = pair.end()
         rest = body[pos:]
         return Body([Call(name, object_text(pairs, closed=complete))], rest if complete and rest.strip() else "")
+
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        calls = []
+        for tool in tools:
+            pieces: list[Piece] = [("lit", f"<tool_call>{tool_name(tool)}\n")]
+            for key, schema in listed_parameters(tool):
+                pieces += [
+                    ("lit", f"<arg_key>{key}</arg_key>\n<arg_value>"),
+                    xml_value(schema),
+                    ("lit", "</arg_value>\n"),
+                ]
+            calls.append([*pieces, ("lit", "</tool_call>")])
+        return CallGrammar("", calls, "\n", "")
 
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         blocks = []

@@ -8,8 +8,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
-from agentkv.server.toolformats.base import Call, ParseContext, Scan, Text, ToolFormat, json_prefix, partial_marker_len
+from agentkv.server.toolformats.base import (
+    Call,
+    CallGrammar,
+    ParseContext,
+    Scan,
+    Text,
+    ToolFormat,
+    json_prefix,
+    parameters,
+    partial_marker_len,
+    tool_name,
+)
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -78,11 +90,20 @@ class HarmonyFormat(ToolFormat):
         _add(items, kind, text[body_at:stop])
         return stop + len(marker)
 
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        """A call ends the turn (`<|call|>` is a stop token), so the grammar ends with its JSON."""
+        calls = [[("lit", _call_header(tool_name(t))), ("json", parameters(t))] for t in tools]
+        return CallGrammar("", calls, "<|call|><|start|>assistant", "")
+
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         return START.join(
             ("assistant" if i else "") + f"{CHANNEL}commentary to=functions.{n} <|constrain|>json{MESSAGE}{a}<|call|>"
             for i, (n, a) in enumerate(calls)
         )
+
+
+def _call_header(name: str) -> str:
+    return f"{CHANNEL}commentary to=functions.{name} <|constrain|>json{MESSAGE}"
 
 
 def _add(items: list[Text | Call], kind: str, text: str) -> None:

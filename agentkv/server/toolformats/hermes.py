@@ -8,7 +8,16 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentkv.server.toolformats.base import DECODER, Call, ParseContext, dumps, json_prefix
+from agentkv.server.toolformats.base import (
+    DECODER,
+    Call,
+    CallGrammar,
+    ParseContext,
+    dumps,
+    json_prefix,
+    parameters,
+    tool_name,
+)
 from agentkv.server.toolformats.blocks import BlockFormat, Body
 
 # `{"name": "<name>", "arguments": ` -- the head a call's arguments follow (`parameters` is
@@ -77,6 +86,17 @@ class HermesFormat(BlockFormat):
             return Body([])
         rest = body[end:]
         return Body([call], rest if rest.strip() else "")
+
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        calls = [
+            [
+                ("lit", f'<tool_call>\n{{"name": {dumps(tool_name(t))}, "arguments": '),
+                ("json", parameters(t)),
+                ("lit", "}\n</tool_call>"),
+            ]
+            for t in tools
+        ]
+        return CallGrammar("", calls, "\n", "")
 
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         return "\n".join(f"<tool_call>\n{call_json(n, a)}\n</tool_call>" for n, a in calls)

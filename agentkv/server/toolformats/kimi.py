@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
-from agentkv.server.toolformats.base import Call, ParseContext, json_prefix
+from agentkv.server.toolformats.base import Call, CallGrammar, ParseContext, json_prefix, parameters, tool_name
 from agentkv.server.toolformats.blocks import BlockFormat, Body
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -45,6 +46,19 @@ class KimiFormat(BlockFormat):
             pos = stop + len(CALL_END)
         rest = body[pos:]
         return Body(calls, rest if rest.strip() else "")
+
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        calls = [
+            [
+                ("lit", f"{CALL_BEGIN}functions.{tool_name(t)}:"),
+                ("ebnf", "[0-9]+"),
+                ("lit", ARGS_BEGIN),
+                ("json", parameters(t)),
+                ("lit", CALL_END),
+            ]
+            for t in tools
+        ]
+        return CallGrammar(SECTION_BEGIN, calls, "", SECTION_END)
 
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         inner = "".join(f"{CALL_BEGIN}functions.{n}:{i}{ARGS_BEGIN}{a}{CALL_END}" for i, (n, a) in enumerate(calls))

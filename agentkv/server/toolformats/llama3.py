@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
-from agentkv.server.toolformats.base import Call, ParseContext, Scan
+from agentkv.server.toolformats.base import Call, CallGrammar, ParseContext, Scan, dumps, parameters, tool_name
 from agentkv.server.toolformats.blocks import BlockFormat, Body
 from agentkv.server.toolformats.hermes import call_json, read_json_call
 
@@ -32,6 +33,13 @@ class Llama3JsonFormat(BlockFormat):
 
     def read_body(self, body: str, ctx: ParseContext, complete: bool) -> Body:
         return read_call_list(body, ctx, complete, _SEPARATOR)
+
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        calls = [
+            [("lit", f'{{"name": {dumps(tool_name(t))}, "parameters": '), ("json", parameters(t)), ("lit", "}")]
+            for t in tools
+        ]
+        return CallGrammar("", calls, "; ", "")
 
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         return "; ".join(call_json(n, a, key="parameters") for n, a in calls)

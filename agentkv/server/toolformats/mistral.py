@@ -8,8 +8,9 @@ import random
 import re
 import string
 from collections.abc import Sequence
+from typing import Any
 
-from agentkv.server.toolformats.base import Call, ParseContext, json_prefix
+from agentkv.server.toolformats.base import Call, CallGrammar, ParseContext, dumps, json_prefix, parameters, tool_name
 from agentkv.server.toolformats.blocks import BlockFormat, Body
 from agentkv.server.toolformats.hermes import call_json
 from agentkv.server.toolformats.llama3 import read_call_list
@@ -58,6 +59,16 @@ class MistralFormat(BlockFormat):
         read = read_call_list(inner, ctx, complete, _COMMA)
         rest = re.sub(r"^\s*\]", "", read.rest) if read.calls else read.rest
         return Body(read.calls, rest if rest.strip() else "")
+
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        if self.args_form:
+            calls = [[("lit", f"{TOOL_CALLS}{tool_name(t)}{ARGS}"), ("json", parameters(t))] for t in tools]
+            return CallGrammar("", calls, "", "")
+        calls = [
+            [("lit", f'{{"name": {dumps(tool_name(t))}, "arguments": '), ("json", parameters(t)), ("lit", "}")]
+            for t in tools
+        ]
+        return CallGrammar(TOOL_CALLS + "[", calls, ", ", "]")
 
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         if self.args_form:

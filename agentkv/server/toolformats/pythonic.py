@@ -11,7 +11,16 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentkv.server.toolformats.base import Call, ParseContext, Scan, dumps
+from agentkv.server.toolformats.base import (
+    Call,
+    CallGrammar,
+    ParseContext,
+    Piece,
+    Scan,
+    dumps,
+    listed_parameters,
+    tool_name,
+)
 from agentkv.server.toolformats.blocks import BlockFormat, Body
 
 _NAME = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*\(")
@@ -53,12 +62,35 @@ class PythonicFormat(BlockFormat):
         rest = re.sub(r"^\s*\]", "", text[pos:]) if calls else text
         return Body(calls, rest if rest.strip() else "")
 
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        """Keyword values as JSON, which Python reads the same for strings and numbers;
+        booleans and null are spelled the Python way, other types are left out."""
+        calls = []
+        for tool in tools:
+            pieces: list[Piece] = [("lit", f"{tool_name(tool)}(")]
+            params = [(k, s) for k, s in listed_parameters(tool) if _python_piece(s) is not None]
+            for i, (key, schema) in enumerate(params):
+                pieces += [("lit", (", " if i else "") + f"{key}="), _python_piece(schema)]  # type: ignore[list-item]
+            calls.append([*pieces, ("lit", ")")])
+        return CallGrammar("[", calls, ", ", "]")
+
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         parts = []
         for name, arguments in calls:
             kwargs = ", ".join(f"{k}={_py(v)}" for k, v in json.loads(arguments).items())
             parts.append(f"{name}({kwargs})")
         return "[" + ", ".join(parts) + "]"
+
+
+def _python_piece(schema: dict[str, Any]) -> Piece | None:
+    kind = schema.get("type")
+    if kind == "boolean":
+        return ("ebnf", '"True" | "False"')
+    if kind == "null":
+        return ("lit", "None")
+    if kind in ("string", "integer", "number") or "enum" in schema:
+        return ("json", schema)
+    return None
 
 
 def _py(value: Any) -> str:

@@ -8,7 +8,17 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentkv.server.toolformats.base import Call, ParseContext, object_text, typed_value
+from agentkv.server.toolformats.base import (
+    Call,
+    CallGrammar,
+    ParseContext,
+    Piece,
+    listed_parameters,
+    object_text,
+    tool_name,
+    typed_value,
+    xml_value,
+)
 from agentkv.server.toolformats.blocks import BlockFormat, Body
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]*)>")
@@ -47,6 +57,15 @@ class Qwen3CoderFormat(BlockFormat):
             return Body([Call(name, object_text(pairs, closed=False))])
         rest = re.sub(r"^\s*(</function>)?\s*", "", body[pos:])
         return Body([Call(name, object_text(pairs, closed=True))], rest)
+
+    def grammar(self, tools: Sequence[dict[str, Any]]) -> CallGrammar:
+        calls = []
+        for tool in tools:
+            pieces: list[Piece] = [("lit", f"<tool_call>\n<function={tool_name(tool)}>\n")]
+            for key, schema in listed_parameters(tool):
+                pieces += [("lit", f"<parameter={key}>\n"), xml_value(schema), ("lit", "\n</parameter>\n")]
+            calls.append([*pieces, ("lit", "</function>\n</tool_call>")])
+        return CallGrammar("", calls, "\n", "")
 
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         blocks = []

@@ -4,7 +4,7 @@ and its tokenizer's special tokens, or named by flag (`--tool-call-parser`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from agentkv.server.toolformats.base import ToolFormat
 
@@ -83,6 +83,38 @@ FORMATS: dict[str, Callable[[], ToolFormat]] = {
     "kimi_k2": _kimi,
 }
 REASONING_PARSERS = ("none", "think", "mistral", "harmony")
+# Special tokens a constrained call may write: the families' own call markers.
+MARKER_TOKENS = frozenset(
+    {
+        "<tool_call>",
+        "</tool_call>",
+        "<|python_tag|>",
+        "<|python_start|>",
+        "<|python_end|>",
+        "[TOOL_CALLS]",
+        "[ARGS]",
+        "[CALL_ID]",
+        "<|start|>",
+        "<|channel|>",
+        "<|constrain|>",
+        "<|message|>",
+        "<|call|>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁sep｜>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+    }
+)
 
 
 def get_format(name: str) -> ToolFormat:
@@ -117,28 +149,62 @@ _TOOL_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def detect(template: str, special_tokens: Iterable[str] = ()) -> Choice:
-    """Formats for a model whose chat template text is `template`. DeepSeek's V3 form needs
-    both the section marker and its fenced JSON; everything else needs one marker."""
+def detect(template: str, special_tokens: Iterable[str] = (), renders_tools: bool = True) -> Choice:
+    """Formats for a model whose chat template text is `template`. A template that renders
+    no tools gets Hermes, taught in the system prompt (chat.py), whatever its tokens say;
+    DeepSeek's V3 form needs its fenced JSON; every other format needs one of its markers.
+    Reasoning comes from the template text alone (tokens are often reserved, unused)."""
+    reasoning, why = _reasoning(template)
+    if not renders_tools:
+        return Choice("hermes", "the template renders no tools: Hermes, taught in the system prompt", reasoning, why)
     text = template + "\n" + "\n".join(special_tokens)
-    tool, tool_reason = "hermes", "the template writes no known tool-call markers: Hermes, taught in the system prompt"
     for name, markers in _TOOL_MARKERS:
         hit = next((m for m in markers if m in text), None)
         if hit is None or (name == "deepseek_v3" and "<｜tool▁calls▁begin｜>" not in text):
             continue
         if name == "deepseek_v3" and "<｜tool▁sep｜>function" not in text:
             continue
-        tool, tool_reason = name, f"the template or special tokens hold {hit!r}"
-        break
-    reasoning, why = _reasoning(text, tool)
-    return Choice(tool, tool_reason, reasoning, why)
+        if name == "harmony":
+            reasoning, why = "harmony", "harmony's analysis channel is its reasoning"
+        return Choice(name, f"the template or special tokens hold {hit!r}", reasoning, why)
+    return Choice("hermes", "the template writes no known tool-call markers: Hermes", reasoning, why)
 
 
-def _reasoning(text: str, tool: str) -> tuple[str, str]:
-    if tool == "harmony":
-        return "harmony", "harmony's analysis channel is its reasoning"
-    if "[THINK]" in text:
-        return "mistral", "the template or special tokens hold '[THINK]'"
-    if "<think>" in text:
-        return "think", "the template or special tokens hold '<think>'"
+def choose(
+    template: Any,
+    special_tokens: Iterable[str] = (),
+    tool_parser: str | None = None,
+    reasoning_parser: str | None = None,
+) -> Choice:
+    """A model's formats: detected from `template` (a ChatTemplate, or None) and the
+    tokenizer's special tokens, each overridden by its flag when given."""
+    check_parsers(tool_parser, reasoning_parser)
+    source = getattr(template, "source", "") or ""
+    found = detect(source, special_tokens, bool(getattr(template, "supports_tools", False)))
+    if tool_parser is not None:
+        found = found._replace(tool_format=tool_parser, tool_reason="set by --tool-call-parser")
+    if reasoning_parser is not None:
+        found = found._replace(reasoning=reasoning_parser, reasoning_reason="set by --reasoning-parser")
+    return found
+
+
+def check_parsers(tool_parser: str | None, reasoning_parser: str | None) -> None:
+    """A ValueError naming the known names for an unknown flag value."""
+    if tool_parser is not None and tool_parser not in FORMATS:
+        raise ValueError(f"--tool-call-parser {tool_parser!r} is unknown: known are {sorted(FORMATS)}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"--reasoning-parser {reasoning_parser!r} is unknown: known are {list(REASONING_PARSERS)}")
+
+
+def special_token_texts(tokenizer: Any) -> list[str]:
+    """The text of each special token of an agentkv Tokenizer (none for anything else)."""
+    ids = sorted(getattr(tokenizer, "special_ids", ()))
+    return [t for t in (tokenizer.id_to_token(i) for i in ids) if t]
+
+
+def _reasoning(template: str) -> tuple[str, str]:
+    if "[THINK]" in template:
+        return "mistral", "the template writes '[THINK]'"
+    if "<think>" in template:
+        return "think", "the template writes '<think>'"
     return "none", "the template writes no reasoning markers"
