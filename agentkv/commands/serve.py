@@ -62,6 +62,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="answer unknown request fields with a 400 (default: log and ignore)",
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="the model's tool-call format (hermes, qwen3_coder, llama3_json, pythonic, mistral, mistral_v3, "
+        "harmony, deepseek_v3, deepseek_v31, glm45, kimi_k2); default: detected from the chat template",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="the model's reasoning markers (none, think, mistral, harmony); default: detected",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -146,6 +159,7 @@ def serve_app(
 def run(args: argparse.Namespace) -> int:
     from agentkv.server.app import create_app
     from agentkv.server.lifecycle import ServerLimits
+    from agentkv.server.toolformats.registry import check_parsers
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -154,12 +168,13 @@ def run(args: argparse.Namespace) -> int:
         limits = ServerLimits(
             max_fanout=args.max_fanout, max_body_bytes=args.max_body_bytes, sse_keepalive_s=args.sse_keepalive_s
         )
+        check_parsers(args.tool_call_parser, args.reasoning_parser)
     except (ValueError, OSError) as exc:  # a bad flag value or keys file: say which, exit 2
         print(f"agentkv serve: {exc}", file=sys.stderr)
         return 2
 
     def make_app(on_fatal: Callable[[int, str], None]) -> Any:
-        return create_app(
+        app = create_app(
             load,
             api_key=keys,
             served_model_name=args.served_model_name or args.model,
@@ -167,5 +182,7 @@ def run(args: argparse.Namespace) -> int:
             limits=limits,
             on_fatal=on_fatal,
         )
+        app.state.server.set_parsers(args.tool_call_parser, args.reasoning_parser)
+        return app
 
     return serve_app(make_app, host=args.host, port=args.port, log_level=args.log_level.lower())
