@@ -39,7 +39,7 @@ TIME = {
     },
 }
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
-FAMILIES = ["hermes", "qwen3_coder", "llama3_json", "mistral", "harmony"]
+FAMILIES = ["hermes", "qwen3_coder", "llama3_json", "mistral", "harmony", "glm45", "kimi_k2", "deepseek_v31"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -63,6 +63,20 @@ HARMONY = (
     "{%- if add_generation_prompt %}<|start|>assistant{% endif %}"
 )
 
+GLM_CALL = (
+    "<tool_call>{{ c.function.name }}\n{% for k, v in c.function.arguments.items() %}<arg_key>{{ k }}</arg_key>\n"
+    "<arg_value>{{ v if v is string else v | tojson }}</arg_value>\n{% endfor %}</tool_call>"
+)
+KIMI_CALL = (
+    "<|tool_calls_section_begin|><|tool_call_begin|>{{ c.id }}<|tool_call_argument_begin|>"
+    "{{ c.function.arguments | tojson }}<|tool_call_end|><|tool_calls_section_end|>"
+)
+DEEPSEEK_V31_CALL = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>"
+    "{{ c.function.arguments | tojson }}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
+CHATML = ["<|im_start|>", "<|im_end|>"]
+
 # family: (chat template, special tokens, eos token, the markers a call is written with)
 FAMILIES = {
     "hermes": (
@@ -91,6 +105,35 @@ FAMILIES = {
             "[/TOOL_RESULTS]",
         ],
         "</s>",
+    ),
+    "glm45": (
+        _TOOLS + _CHATML.replace("CALL", GLM_CALL),
+        [*CHATML, "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"],
+        "<|im_end|>",
+    ),
+    "kimi_k2": (
+        _TOOLS + _CHATML.replace("CALL", KIMI_CALL),
+        [
+            *CHATML,
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>",
+        ],
+        "<|im_end|>",
+    ),
+    "deepseek_v31": (
+        _TOOLS + _CHATML.replace("CALL", DEEPSEEK_V31_CALL),
+        [
+            *CHATML,
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+        ],
+        "<|im_end|>",
     ),
     "harmony": (
         HARMONY,
