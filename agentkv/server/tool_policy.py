@@ -69,7 +69,7 @@ def constraint_builder(policy: ToolPolicy, fmt: Any, tool_format: Any = None) ->
     if isinstance(policy.choice, dict) or policy.choice == "required":
         return _calls(policy, [policy.choice] if isinstance(policy.choice, dict) else policy.tools, tool_format)
     if fmt is None or fmt.type == "text":
-        return None
+        return _strict_calls(policy, tool_format)
     if fmt.type == "json_object":
         schema: dict[str, Any] = {"type": "object"}
     elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
@@ -79,6 +79,22 @@ def constraint_builder(policy: ToolPolicy, fmt: Any, tool_format: Any = None) ->
     if policy.parse:
         return _calls(policy, policy.tools, tool_format, schema)
     return lambda f: f.json_schema(schema)
+
+
+def _strict_calls(policy: ToolPolicy, tool_format: Any) -> Callable[[Any], Any] | None:
+    """`strict: true` tools under "auto": text stays free, but a call, once begun, follows the
+    family's grammar (formats whose calls open with a literal; others decode freely)."""
+    if not policy.parse or not any(t["function"].get("strict") for t in policy.tools):
+        return None
+    from agentkv.server.toolformats.base import triggered_calls
+    from agentkv.server.toolformats.registry import get_format
+
+    tool_format = tool_format or get_format("hermes")
+    found = triggered_calls(tool_format.grammar(policy.tools), tool_format.trigger)
+    if found is None:
+        return None
+    trigger, tags = found
+    return lambda f: f.triggered_calls(trigger, tags)
 
 
 def _calls(

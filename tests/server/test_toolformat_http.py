@@ -49,13 +49,13 @@ def family(request, tmp_path_factory):
     engine = AsyncEngine.from_model(str(folder), max_model_len=1024, kv_cache_blocks=256)
     engine.start()
     for live in serve(create_app(engine, served_model_name="tiny"), engine):
-        bias = {str(i): 100 for i in specials}  # markers as their special tokens, as a trained model writes them
-        yield request.param, live, bias
+        bias = {str(i): 100 for i in specials.values()}  # markers as special tokens, as a trained model writes them
+        yield request.param, live, bias, specials
     asyncio.run(engine.shutdown())
 
 
 def _chat(family, **kw):
-    name, live, bias = family
+    name, live, bias, _ = family
     client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="x", max_retries=0)
     return client.chat.completions.create(
         **{"model": "tiny", "temperature": 0, "max_tokens": 120, "logit_bias": bias, "messages": ASK, **kw}
@@ -63,7 +63,7 @@ def _chat(family, **kw):
 
 
 def test_the_format_is_detected(family):
-    name, live, _ = family
+    name, live, _, _ = family
     assert live.app.state.server.output_formats().tool_format == name
 
 
@@ -94,7 +94,7 @@ def test_required_call_and_the_next_turn_hits_the_cache(family):
 
 
 def test_responses_api_required_whole_and_streamed(family):
-    _, live, _ = family
+    _, live, _, _ = family
     client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="x", max_retries=0)
     kw = dict(model="tiny", input="Weather in Paris?", tools=[{"type": "function", **WEATHER["function"]}])
     r = client.responses.create(
@@ -112,7 +112,7 @@ def test_responses_api_required_whole_and_streamed(family):
 
 
 def test_anthropic_messages_any_whole_and_streamed(family):
-    _, live, _ = family
+    _, live, _, _ = family
     client = anthropic.Anthropic(base_url=live.base_url, api_key="x", max_retries=0)
     tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
     kw = dict(
@@ -129,3 +129,37 @@ def test_anthropic_messages_any_whole_and_streamed(family):
     with client.messages.stream(**kw) as stream:
         final = stream.get_final_message()
     assert [b.input for b in final.content if b.type == "tool_use"] == [uses[0].input]
+
+
+TRIGGER_TOKENS = {
+    "hermes": "<tool_call>",
+    "qwen3_coder": "<tool_call>",
+    "glm45": "<tool_call>",
+    "mistral": "[TOOL_CALLS]",
+}
+
+
+def test_a_strict_tool_under_auto_follows_the_grammar_once_begun(family):
+    """The model is nudged (logit_bias) to open a call; with `strict` the rest must follow the
+    family's grammar, so the call parses; without it this random model writes junk (control)."""
+    name, _, _, specials = family
+    if name not in TRIGGER_TOKENS:
+        assert live_constraint_is_free(family)
+        return
+    bias = {str(specials[TRIGGER_TOKENS[name]]): 100}
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    r = _chat(family, tools=[strict], tool_choice="auto", parallel_tool_calls=False, logit_bias=bias, max_tokens=60)
+    calls = r.choices[0].message.tool_calls or []
+    assert len(calls) == 1 and json.loads(calls[0].function.arguments)["city"] in CITY["enum"]
+    loose = _chat(
+        family, tools=[WEATHER], tool_choice="auto", parallel_tool_calls=False, logit_bias=bias, max_tokens=60
+    )
+    assert not loose.choices[0].message.tool_calls
+
+
+def live_constraint_is_free(family) -> bool:
+    """Formats whose calls sit in a section (or open without a marker) decode `strict` tools
+    under auto freely: the request still succeeds."""
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    r = _chat(family, tools=[strict], tool_choice="auto", max_tokens=4)
+    return r.choices[0].finish_reason in ("length", "stop", "tool_calls")

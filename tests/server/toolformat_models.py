@@ -144,8 +144,9 @@ FAMILIES = {
 VOCAB = 288  # 256 bytes and up to 32 special tokens
 
 
-def write_family_model(folder: Path, family: str) -> list[int]:
-    """A tiny llama in `folder` that chats in `family`'s format; returns the special ids."""
+def write_family_model(folder: Path, family: str) -> dict[str, int]:
+    """A tiny llama in `folder` that chats in `family`'s format; returns its special tokens'
+    ids by text."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     template, specials, eos = FAMILIES[family]
@@ -157,4 +158,4 @@ def write_family_model(folder: Path, family: str) -> list[int]:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": eos}))
-    return [tok.token_to_id(t) for t in specials]
+    return {t: tok.token_to_id(t) for t in specials}

@@ -61,6 +61,21 @@ class CallGrammar(NamedTuple):
     end: str
 
 
+def triggered_calls(plan: CallGrammar, trigger: str) -> tuple[str, list[tuple[str, list[Piece], str]]] | None:
+    """The plan as (trigger, [(begin, middle pieces, end) per tool]) for free text in which a
+    call, once `trigger` (the format's call marker) appears, must follow the grammar (`strict`
+    tools under `auto`); None for a format without one, or whose calls sit in a section."""
+    if not trigger or plan.begin or plan.end:
+        return None
+    if not all(p and p[0][0] == "lit" and p[0][1].startswith(trigger) for p in plan.calls):
+        return None
+    tags = []
+    for pieces in plan.calls:
+        end = pieces[-1][1] if len(pieces) > 1 and pieces[-1][0] == "lit" else ""
+        tags.append((pieces[0][1], list(pieces[1 : len(pieces) - (1 if end else 0)]), end))
+    return trigger, tags
+
+
 class ParseContext(NamedTuple):
     """What one request lets the parser accept: tool names (None = any) and their parameter
     schemas, which type the values of XML formats (qwen3-coder, glm)."""
@@ -83,6 +98,7 @@ class ToolFormat(ABC):
     name: str = ""
     handles_reasoning: bool = False  # its scan yields Text("reasoning", ...) itself (harmony)
     stop_markers: tuple[str, ...] = ()  # strings that end a call block and the turn (harmony)
+    trigger: str = ""  # the text every call opens with, when calls need no section around them
 
     @abstractmethod
     def scan(self, text: str, final: bool, ctx: ParseContext) -> Scan:

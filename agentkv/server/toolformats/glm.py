@@ -27,6 +27,7 @@ _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>"
 
 class GlmFormat(BlockFormat):
     name = "glm45"
+    trigger = "<tool_call>"
     begin = "<tool_call>"
     ends = ("</tool_call>",)
 

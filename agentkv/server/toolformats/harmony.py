@@ -32,6 +32,7 @@ _RECIPIENT = re.compile(r"to=(?:functions\.)?([^\s<]+)")
 
 class HarmonyFormat(ToolFormat):
     name = "harmony"
+    trigger = "<|channel|>commentary to="
     handles_reasoning = True
     stop_markers = ("<|call|>", "<|return|>")
 

@@ -77,6 +77,7 @@ def _unescape(name: str) -> str:
 
 class HermesFormat(BlockFormat):
     name = "hermes"
+    trigger = "<tool_call>"
     begin = "<tool_call>"
     ends = ("</tool_call>",)
 

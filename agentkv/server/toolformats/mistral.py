@@ -25,11 +25,13 @@ _ALPHANUMERIC = string.ascii_letters + string.digits
 
 class MistralFormat(BlockFormat):
     name = "mistral"
+    trigger = TOOL_CALLS
     begin = TOOL_CALLS
     ends = ("</s>",)
 
     def __init__(self, args_form: bool = True) -> None:
         self.args_form = args_form  # render `NAME[ARGS]{...}` (v11+) or the JSON list (v3)
+        self.name = "mistral" if args_form else "mistral_v3"
 
     def new_call_id(self) -> str:
         return "".join(random.choices(_ALPHANUMERIC, k=9))

@@ -34,6 +34,7 @@ def strip_newlines(value: str) -> str:
 
 class Qwen3CoderFormat(BlockFormat):
     name = "qwen3_coder"
+    trigger = "<tool_call>"
     begin = "<tool_call>"
     ends = ("</tool_call>",)
 
