@@ -60,3 +60,21 @@ def test_prompt_and_template_detection():
         source = "{% if thinking %}<think>{% endif %}"
 
     assert template_thinks(Template()) and not template_thinks(None)
+
+
+def test_earlier_reasoning_reaches_a_template_that_renders_it():
+    from agentkv.formats.chat_template import ChatTemplate
+    from agentkv.server.chat import render_chat
+    from agentkv.server.schemas import ChatMessage
+
+    template = ChatTemplate(
+        "{% for m in messages %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+        "{{ m.content }}|{% endfor %}{{ tools | length if tools else '' }}"
+    )
+    messages = [
+        ChatMessage(role="user", content="q"),
+        ChatMessage.model_validate({"role": "assistant", "content": "a", "reasoning_content": "because"}),
+        ChatMessage(role="tool", content="r", tool_call_id="c1"),
+    ]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert render_chat(template, messages, tools=tools) == "q|<think>because</think>a|r|1"
