@@ -111,3 +111,21 @@ def _walk_to_calls(constraint, rng) -> list[int]:
         if constraint.is_finished():
             break
     return ids
+
+
+@pytest.mark.parametrize("parallel", [None, True])
+def test_a_named_choice_is_exactly_one_call(factory, parallel):
+    """OpenAI: a named tool_choice calls "exactly one specific function". The grammar used to
+    allow up to four calls ended by EOS (parallel_tool_calls defaults to true), and SmolLM2
+    streamed three identical calls; now it ends itself after one."""
+    from agentkv.server.tool_policy import constraint_builder, tool_policy
+
+    tokenizer, build = factory
+    policy = tool_policy(TOOLS, {"type": "function", "function": {"name": "noop"}}, parallel)
+    assert policy.max_calls == 1 and policy.grammar_calls() == 1
+    constraint = constraint_builder(policy, None, get_format("hermes"))(build)
+    text = tokenizer.decode(_walk(constraint, np.random.default_rng(3), prefer_special=True))
+    assert text == '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'
+    # Control: "required" with parallel calls may go on after the first call (ends on EOS).
+    required = tool_policy(TOOLS, "required", parallel)
+    assert required.max_calls is None and required.grammar_calls() > 1
