@@ -95,6 +95,8 @@ class CallStream:
             index = len(self.log.calls) if self.log.room() else None
             if index is not None:
                 call_id = call.call_id or self.fmt.new_call_id()
+                if any(c.id == call_id for c in self.log.calls):  # ids the model wrote twice (Kimi's)
+                    call_id = f"{call_id}-{index}"
                 self.log.calls.append(ParsedCall(call_id, call.name, ""))
                 out.append(OutputEvent("call", call=self.log.calls[index], index=index))
             opened = _Open(index, "")
