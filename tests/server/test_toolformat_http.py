@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Literal
 
 import anthropic
 import openai
@@ -192,3 +193,36 @@ def test_parallel_calls_whole_and_streamed(family):
             entry[1] += d.function.arguments or ""
     assert [streamed[i] for i in sorted(streamed)] == [[c.function.name, c.function.arguments] for c in whole]
     assert len({c.id for c in whole}) == len(whole)
+
+
+def test_openai_agents_runs_the_tool_through_the_family_format(family):
+    """The openai-agents SDK (Chat Completions model) with turn one forced: the call it gets
+    comes from the family's own syntax, and the tool runs with schema-valid arguments."""
+    import agents
+    from openai import AsyncOpenAI
+
+    _, live, bias, _ = family
+    agents.set_tracing_disabled(True)
+    ran: list[str] = []
+
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
+        """Current weather for a city."""
+        ran.append(city)
+        return "sunny"
+
+    client = AsyncOpenAI(base_url=f"{live.base_url}/v1", api_key="x", max_retries=0)
+    agent = agents.Agent(
+        name="weather",
+        tools=[agents.function_tool(get_weather, is_enabled=lambda ctx, agent: not ran)],
+        model=agents.OpenAIChatCompletionsModel(model="tiny", openai_client=client),
+        model_settings=agents.ModelSettings(
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=0,
+            max_tokens=60,
+            extra_body={"logit_bias": bias},
+        ),
+        tool_use_behavior="stop_on_first_tool",
+    )
+    asyncio.run(agents.Runner.run(agent, "Weather in Paris?", max_turns=3))
+    assert len(ran) == 1 and ran[0] in CITY["enum"]

@@ -51,7 +51,7 @@ class KimiFormat(BlockFormat):
         calls = [
             [
                 ("lit", f"{CALL_BEGIN}functions.{tool_name(t)}:"),
-                ("ebnf", "[0-9]+"),
+                ("regex", "[0-9]{1,3}"),
                 ("lit", ARGS_BEGIN),
                 ("json", parameters(t)),
                 ("lit", CALL_END),
