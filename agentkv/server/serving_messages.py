@@ -37,16 +37,35 @@ class Prepared(NamedTuple):
     namespace: Hashable = None  # the tenant's cache, where the pins go too
 
 
+def thinking_kwargs(thinking: dict[str, Any] | None) -> dict[str, Any]:
+    """Anthropic's `thinking` as the variables thinking templates read: `enable_thinking`
+    (Qwen3, GLM, DeepSeek V3.1's `thinking`) and the budget as `thinking_budget`."""
+    if not thinking or thinking.get("type") not in ("enabled", "disabled"):
+        return {}
+    enabled = thinking["type"] == "enabled"
+    kwargs: dict[str, Any] = {"enable_thinking": enabled, "thinking": enabled}
+    if enabled and isinstance(thinking.get("budget_tokens"), int):
+        kwargs["thinking_budget"] = thinking["budget_tokens"]
+    return kwargs
+
+
 async def _prepare(state: ServerState, req: MessagesRequest | CountTokensRequest, engine: Any) -> Prepared:
     conv, policy = conversation(req), policy_of(req)
     template = state.chat_template()
     tools = policy.tools or None
-    prompt = render_chat(template, conv.messages, tools=tools)
+    kwargs = thinking_kwargs(req.thinking)
+    prompt = render_chat(template, conv.messages, tools=tools, template_kwargs=kwargs)
     ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
     pins = []
     for bp in conv.breakpoints:
         try:
-            head = render_chat(template, conv.messages[: bp.num_messages], tools=tools, add_generation_prompt=False)
+            head = render_chat(
+                template,
+                conv.messages[: bp.num_messages],
+                tools=tools,
+                add_generation_prompt=False,
+                template_kwargs=kwargs,
+            )
         except APIError as exc:  # a template that refuses a partial conversation
             log.info("cache_control breakpoint not pinned: %s", exc.message)
             continue

@@ -78,3 +78,34 @@ def test_earlier_reasoning_reaches_a_template_that_renders_it():
     ]
     tools = [{"type": "function", "function": {"name": "f"}}]
     assert render_chat(template, messages, tools=tools) == "q|<think>because</think>a|r|1"
+
+
+def test_anthropic_thinking_reaches_the_template(smollm2_engine):
+    """Anthropic's `thinking` (enabled with a budget, or disabled) becomes the template's
+    enable_thinking / thinking_budget; count_tokens renders the same prompt a message would."""
+    import anthropic
+
+    from agentkv.formats.chat_template import ChatTemplate
+    from agentkv.server.app import create_app
+    from tests.server.conftest import serve
+
+    template = ChatTemplate(
+        "{% for m in messages %}{{ m.content }}{% endfor %}{% if enable_thinking %}<think>budget "
+        "{{ thinking_budget }}{% elif enable_thinking is false %}/no_think{% endif %}"
+    )
+    servers = serve(create_app(smollm2_engine, served_model_name="smollm2", chat_template=template), smollm2_engine)
+    client = anthropic.Anthropic(base_url=next(servers).base_url, api_key="x", max_retries=0)
+
+    def count(thinking):
+        extra = {"thinking": thinking} if thinking else {}
+        msgs = [{"role": "user", "content": "hi"}]
+        return client.messages.count_tokens(model="smollm2", messages=msgs, extra_body=extra).input_tokens
+
+    try:
+        plain, on, off = count(None), count({"type": "enabled", "budget_tokens": 1024}), count({"type": "disabled"})
+    finally:
+        servers.close()
+    tokenizer = smollm2_engine.tokenizer
+    assert plain == len(tokenizer.encode("hi", False))
+    assert on == len(tokenizer.encode("hi<think>budget 1024", False))
+    assert off == len(tokenizer.encode("hi/no_think", False))
