@@ -94,6 +94,30 @@ def summarize(source: ModelSource) -> dict[str, Any]:
         "tokenizer": _gguf_tokenizer(source.metadata)
         if source.kind == "gguf"
         else _folder_tokenizer(source.path, source.metadata),
+        "output_formats": _output_formats(source),
+    }
+
+
+def _output_formats(source: ModelSource) -> dict[str, str] | None:
+    """The tool-call format and reasoning parser `serve` would pick, and why (None: the model
+    has no chat template, or no tokenizer, so it does not chat)."""
+    from agentkv.formats.chat_template import load_chat_template
+    from agentkv.formats.tokenizer import load_tokenizer
+    from agentkv.server.toolformats.registry import choose, special_token_texts
+
+    try:
+        template = load_chat_template(source)
+        tokens = special_token_texts(load_tokenizer(source)) if template is not None else []
+    except FormatError:
+        return None
+    if template is None:
+        return None
+    found = choose(template, tokens)
+    return {
+        "tool_calls": found.tool_format,
+        "tool_calls_why": found.tool_reason,
+        "reasoning": found.reasoning,
+        "reasoning_why": found.reasoning_reason,
     }
 
 
@@ -213,4 +237,8 @@ def render(report: dict[str, Any]) -> str:
     for role, special in tok["special_tokens"].items():
         lines.append(f"  {role:<4} {special['id']!s:>8}  {special['text']!r}")
     lines.append(f"chat template {'yes' if tok['chat_template'] else 'no'}")
+    formats = report.get("output_formats")
+    if formats:
+        lines.append(f"tool calls    {formats['tool_calls']} ({formats['tool_calls_why']})")
+        lines.append(f"reasoning     {formats['reasoning']} ({formats['reasoning_why']})")
     return "\n".join(lines)

@@ -28,21 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--api-key",
-        action="append",
-        default=None,
-        metavar="KEY",
-        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY'; repeat "
-        "for several keys, each its own tenant with its own prefix cache",
-    )
-    parser.add_argument(
-        "--api-keys-file",
-        default=None,
-        metavar="PATH",
-        help="more keys, one per line: 'KEY' or 'KEY TENANT' (keys of one "
-        "tenant share its cache); '#' starts a comment",
-    )
+    add_access_arguments(parser)
     parser.add_argument(
         "--max-fanout", type=int, default=64, help="most sequences one request may start, prompts x n (default: 64)"
     )
@@ -59,6 +45,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a quiet stream gets an SSE ': keep-alive' comment this often (default: 15)",
     )
     parser.add_argument(
+        "--strict-request-fields",
+        action="store_true",
+        help="answer unknown request fields with a 400 (default: log and ignore)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="the model's tool-call format (hermes, qwen3_coder, llama3_json, pythonic, mistral, mistral_v3, "
+        "harmony, deepseek_v3, deepseek_v31, glm45, kimi_k2); default: detected from the chat template",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="the model's reasoning markers (none, think, mistral, harmony); default: detected",
+    )
+    parser.add_argument("--log-level", default="info")
+    add_lora_arguments(parser)
+
+
+def add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    """Who may use the server: the tenants' keys, the metrics scrape, the admin key."""
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY'; repeat "
+        "for several keys, each its own tenant with its own prefix cache",
+    )
+    parser.add_argument(
+        "--api-keys-file",
+        default=None,
+        metavar="PATH",
+        help="more keys, one per line: 'KEY' or 'KEY TENANT' (keys of one "
+        "tenant share its cache); '#' starts a comment",
+    )
+    parser.add_argument(
         "--public-metrics",
         action="store_true",
         help="serve /metrics without an API key even when keys are set (for a private scraper)",
@@ -69,13 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY",
         help="a key that may flush any tenant's prefix cache or all of it (POST /flush_cache)",
     )
-    parser.add_argument(
-        "--strict-request-fields",
-        action="store_true",
-        help="answer unknown request fields with a 400 (default: log and ignore)",
-    )
-    parser.add_argument("--log-level", default="info")
-    add_lora_arguments(parser)
 
 
 def read_api_keys(path: str) -> dict[str, str | None]:
@@ -161,6 +179,7 @@ def serve_app(
 def run(args: argparse.Namespace) -> int:
     from agentkv.server.app import create_app
     from agentkv.server.lifecycle import ServerLimits
+    from agentkv.server.toolformats.registry import check_parsers
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -173,12 +192,13 @@ def run(args: argparse.Namespace) -> int:
             public_metrics=args.public_metrics,
             admin_key=args.admin_api_key,
         )
+        check_parsers(args.tool_call_parser, args.reasoning_parser)
     except (ValueError, OSError) as exc:  # a bad flag value or keys file: say which, exit 2
         print(f"agentkv serve: {exc}", file=sys.stderr)
         return 2
 
     def make_app(on_fatal: Callable[[int, str], None]) -> Any:
-        return create_app(
+        app = create_app(
             load,
             api_key=keys,
             served_model_name=args.served_model_name or args.model,
@@ -187,5 +207,7 @@ def run(args: argparse.Namespace) -> int:
             on_fatal=on_fatal,
             runtime_lora=args.enable_runtime_lora,
         )
+        app.state.server.set_parsers(args.tool_call_parser, args.reasoning_parser)
+        return app
 
     return serve_app(make_app, host=args.host, port=args.port, log_level=args.log_level.lower())

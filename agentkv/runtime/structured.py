@@ -97,12 +97,14 @@ class ConstraintFactory:
 
     Building is CPU work (tens of ms to seconds): call from a worker thread, not the loop."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, keep_tokens: frozenset[str] = frozenset()) -> None:
+        """`keep_tokens`: special tokens a grammar may generate by their text (a family's
+        tool-call markers, `[TOOL_CALLS]`, `<|channel|>`, ...); every other one never."""
         import xgrammar as xgr
 
         self._xgr = xgr
         self.vocab_size = vocab_size
-        info = _tokenizer_info(tokenizer, vocab_size)
+        info = _tokenizer_info(tokenizer, vocab_size, keep_tokens)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -135,6 +137,76 @@ class ConstraintFactory:
             lambda: self._compile_tool_call(schema, max_calls, or_schema),
             max_calls > 1 or or_schema is not None,
         )
+
+    def call_grammar(self, plan: Any, max_calls: int = 1, or_schema: dict[str, Any] | None = None) -> GrammarConstraint:
+        """Output is `plan.begin`, 1 to `max_calls` calls joined by `plan.sep`, `plan.end`: each
+        call one of `plan.calls`, a list of pieces ("lit", text) | ("json", schema) |
+        ("ebnf", rule body) | ("regex", pattern) -- a family's own call syntax (toolformats' CallGrammar). Given
+        `or_schema`, one JSON value valid against it instead."""
+        if max_calls < 1:
+            raise ValueError(f"max_calls={max_calls} is out of range: allowed an int >= 1")
+        for pieces in plan.calls:
+            for kind, value in pieces:
+                if kind == "json":
+                    check_admits_something(value)
+        return self._make(
+            ("plan", list(plan), max_calls, or_schema),
+            lambda: self._compile_plan(plan, max_calls, or_schema),
+            max_calls > 1 or or_schema is not None,
+        )
+
+    def triggered_calls(self, trigger: str, tags: Sequence[tuple[str, list[Any], str]]) -> GrammarConstraint:
+        """Free text, in which each call opened by `trigger` must be one of `tags` (begin,
+        pieces as in `call_grammar`, end): xgrammar's triggered structural tags. Ends on EOS."""
+        for _, pieces, _ in tags:
+            for kind, value in pieces:
+                if kind == "json":
+                    check_admits_something(value)
+        spec = {
+            "type": "structural_tag",
+            "format": {
+                "type": "triggered_tags",
+                "triggers": [trigger],
+                "tags": [{"type": "tag", "begin": b, "content": _sequence(pieces), "end": e} for b, pieces, e in tags],
+            },
+        }
+
+        def build() -> Any:
+            try:
+                return self._compiler.compile_grammar(self._xgr.Grammar.from_structural_tag(json.dumps(spec)))
+            except Exception as exc:  # xgrammar raises RuntimeError/ValueError variants
+                raise ValueError(f"tool parameters schema is not supported: {exc}") from exc
+
+        return self._make(("triggered", spec), build, True)
+
+    def _compile_plan(self, plan: Any, max_calls: int, or_schema: dict[str, Any] | None) -> Any:
+        xgr = self._xgr
+
+        def lit(text: str) -> list[Any]:
+            return [xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text, ensure_ascii=False)}")] if text else []
+
+        def piece(kind: str, value: Any) -> list[Any]:
+            if kind == "lit":
+                return lit(value)
+            if kind == "json":  # spaced as json.dumps and templates' tojson write it back
+                return [xgr.Grammar.from_json_schema(json.dumps(value), any_whitespace=False, separators=(", ", ": "))]
+            if kind == "regex":
+                return [xgr.Grammar.from_regex(value)]
+            return [xgr.Grammar.from_ebnf(f"root ::= {value}")]
+
+        try:
+            calls = [xgr.Grammar.concat(*[g for k, v in pieces for g in piece(k, v)]) for pieces in plan.calls]
+            one = calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
+            sep = lit(plan.sep)[0] if plan.sep else None
+            options = [
+                xgr.Grammar.concat(*lit(plan.begin), *_repeat([one], sep, k), *lit(plan.end))
+                for k in range(1, max_calls + 1)
+            ]
+            if or_schema is not None:
+                options.append(xgr.Grammar.from_json_schema(json.dumps(or_schema), any_whitespace=False))
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError variants
+            raise ValueError(f"tool parameters schema is not supported: {exc}") from exc
+        return self._compiler.compile_grammar(options[0] if len(options) == 1 else xgr.Grammar.union(*options))
 
     def _make(self, key_obj: Any, build: Any, ends_on_stop_token: bool = False) -> GrammarConstraint:
         key = json.dumps(key_obj, sort_keys=True)
@@ -177,6 +249,18 @@ class ConstraintFactory:
         options = [xgr.Grammar.concat(*_repeat(parts, sep, k)) for k in range(1, max_calls + 1)] + alternative
         grammar = options[0] if len(options) == 1 else xgr.Grammar.union(*options)
         return self._compiler.compile_grammar(grammar)
+
+
+def _sequence(pieces: list[Any]) -> dict[str, Any]:
+    """Pieces as a structural tag's content format."""
+    kinds = {
+        "lit": lambda v: {"type": "const_string", "value": v},
+        "json": lambda v: {"type": "json_schema", "json_schema": v},
+        "regex": lambda v: {"type": "regex", "pattern": v},
+        "ebnf": lambda v: {"type": "grammar", "grammar": f"root ::= {v}"},
+    }
+    elements = [kinds[kind](value) for kind, value in pieces]
+    return elements[0] if len(elements) == 1 else {"type": "sequence", "elements": elements}
 
 
 def check_admits_something(schema: Any) -> None:
@@ -225,22 +309,24 @@ def _check_first_mask(compiled: Any, vocab_size: int) -> None:
 
 
 def _repeat(parts: list[Any], sep: Any, k: int) -> list[Any]:
-    """`parts` k times, `sep` between."""
+    """`parts` k times, `sep` (unless None) between."""
     out: list[Any] = []
     for i in range(k):
-        out += ([sep] if i else []) + parts
+        out += ([sep] if i and sep is not None else []) + parts
     return out
 
 
-def _tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
+def _tokenizer_info(tokenizer: Any, vocab_size: int, keep_tokens: frozenset[str] = frozenset()) -> Any:
     """xgrammar's view of the vocabulary. Special tokens become empty strings, which xgrammar
-    never allows; the vocab type (byte-level BPE, byte-fallback SentencePiece) is detected from
+    never allows, except those in `keep_tokens` (tool-call markers); the vocab type
+    (byte-level BPE, byte-fallback SentencePiece) is detected from
     the `tokenizers` backend when there is one."""
     import xgrammar as xgr
 
     num_known = min(tokenizer.vocab_size, vocab_size)
     special = set(getattr(tokenizer, "special_ids", ()))
-    vocab = ["" if i in special else (tokenizer.id_to_token(i) or "") for i in range(num_known)]
+    vocab = [tokenizer.id_to_token(i) or "" for i in range(num_known)]
+    vocab = ["" if i in special and vocab[i] not in keep_tokens else vocab[i] for i in range(num_known)]
     meta: dict[str, Any] = {"vocab_type": xgr.VocabType.RAW, "add_prefix_space": False}
     backend = getattr(tokenizer, "backend", None)
     if backend is not None:

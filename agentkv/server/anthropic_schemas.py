@@ -83,7 +83,7 @@ class MessagesRequest(Request):
     top_p: float | None = None
     top_k: int | None = None
     metadata: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None  # accepted; <think> templates decide for themselves
+    thinking: dict[str, Any] | None = None  # enabled/disabled and the budget reach the template
     service_tier: str | None = None
     cache_control: CacheControl | None = None  # a breakpoint after the last message
 

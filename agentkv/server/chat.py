@@ -76,6 +76,8 @@ def _native_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             ]
         if msg.tool_call_id is not None:
             item["tool_call_id"] = msg.tool_call_id
+        if msg.reasoning_content is not None:  # back to templates that render it (Qwen3, gpt-oss)
+            item["reasoning_content"] = msg.reasoning_content
         out.append(item)
     return out
 

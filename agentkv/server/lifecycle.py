@@ -77,6 +77,8 @@ class ServerState:
         self.metrics = ServerMetrics(lambda: self.engine)
         self._factory: Any | None = None
         self._factory_lock = threading.Lock()
+        self._parsers: tuple[str | None, str | None] = (None, None)  # --tool-call-parser, --reasoning-parser
+        self._formats: tuple[Any, Any] | None = None  # (template, its Choice)
         if callable(engine_or_loader) and not hasattr(engine_or_loader, "generate"):
             self._loader: EngineLoader | None = engine_or_loader
         else:
@@ -109,6 +111,33 @@ class ServerState:
     def _set_engine(self, engine: EngineClient) -> None:
         engine.start()
         self.engine = engine
+        if getattr(engine, "chat_template", None) is not None or self.chat_template_override is not None:
+            found = self.output_formats()
+            log.info(
+                "tool calls: %s (%s); reasoning: %s (%s)",
+                found.tool_format,
+                found.tool_reason,
+                found.reasoning,
+                found.reasoning_reason,
+            )
+
+    def set_parsers(self, tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> None:
+        """Override the detected formats (the serve flags); a ValueError for an unknown name."""
+        from agentkv.server.toolformats.registry import check_parsers
+
+        check_parsers(tool_call_parser, reasoning_parser)
+        self._parsers, self._formats = (tool_call_parser, reasoning_parser), None
+
+    def output_formats(self) -> Any:
+        """The Choice (toolformats.registry) of tool-call format and reasoning parser for the
+        template chats render with, detected once per template."""
+        from agentkv.server.toolformats.registry import choose, special_token_texts
+
+        template = self.chat_template()
+        if self._formats is None or self._formats[0] is not template:
+            tokens = special_token_texts(getattr(self.require_engine(), "tokenizer", None))
+            self._formats = (template, choose(template, tokens, *self._parsers))
+        return self._formats[1]
 
     @property
     def model_name(self) -> str:
@@ -144,7 +173,9 @@ class ServerState:
 
                 with self._factory_lock:
                     if self._factory is None:
-                        self._factory = ConstraintFactory(engine.tokenizer, engine.vocab_size)
+                        from agentkv.server.toolformats.registry import MARKER_TOKENS
+
+                        self._factory = ConstraintFactory(engine.tokenizer, engine.vocab_size, MARKER_TOKENS)
                 return self._factory
 
             return await asyncio.to_thread(build)

@@ -1,81 +1,93 @@
-"""The one reading of a model's output every API shares: reasoning (`<think>` blocks) split
-off first, then tool calls parsed out of what is left. Each API maps the same events to its
-own wire format (chat deltas, Anthropic content blocks, Responses output items)."""
+"""The one reading of a model's output every API shares: reasoning split off first (the
+family's tags, or harmony's channels inside its format), then tool calls parsed out of both
+parts by the model's own format -- a call begun while reasoning is still a call. Each API
+maps the same events to its own wire format (chat deltas, Anthropic content blocks,
+Responses output items)."""
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Any, NamedTuple
 
-from agentkv.server.reasoning import ReasoningStreamParser
+from agentkv.server.reasoning import REASONING_TAGS, ReasoningStreamParser, prompt_opens_thinking
 from agentkv.server.tool_policy import ToolPolicy
-from agentkv.server.tools import ParsedCall, ToolCallStreamParser
+from agentkv.server.toolformats.base import ParseContext, ToolFormat
+from agentkv.server.toolformats.registry import get_format
+from agentkv.server.toolformats.stream import CallLog, CallStream, EventKind, OutputEvent, ParsedCall
 
-EventKind = Literal["reasoning", "content", "call", "arguments"]
-
-
-class OutputEvent(NamedTuple):
-    """`reasoning`/`content` text; a tool call's start (`call`: id and name) or an arguments
-    fragment for the call at `index` (fragments add up to the parsed arguments)."""
-
-    kind: EventKind
-    text: str = ""
-    call: ParsedCall | None = None
-    index: int = 0
+__all__ = ["EventKind", "OutputEvent", "OutputParser", "OutputSpec", "ParsedOutput", "output_spec", "parse_output"]
 
 
 class OutputSpec(NamedTuple):
     """How one request's output is read."""
 
     policy: ToolPolicy | None  # None or a policy that parses nothing: no tool parsing
-    reasoning: bool = False  # the template writes <think> blocks
-    starts_inside: bool = False  # the prompt opened one
+    reasoning: bool | str = False  # a reasoning parser name ("think", "mistral"); True = "think"
+    starts_inside: bool = False  # the prompt opened a reasoning block
+    tool_format: ToolFormat | None = None  # None: Hermes
+
+    @property
+    def parses_tools(self) -> bool:
+        return self.policy is not None and self.policy.parse
+
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """Whether the output text must keep special tokens: tool markers, harmony's channels."""
+        return self.parses_tools or (self.tool_format is not None and self.tool_format.handles_reasoning)
+
+
+def output_spec(policy: ToolPolicy | None, choice: Any, prompt: str) -> OutputSpec:
+    """The spec for a prompt rendered for a model whose formats are `choice` (a Choice)."""
+    fmt = get_format(choice.tool_format)
+    tags = REASONING_TAGS.get(choice.reasoning)
+    inside = tags is not None and prompt_opens_thinking(prompt, *tags)
+    return OutputSpec(policy, choice.reasoning if tags else False, inside, fmt)
 
 
 class OutputParser:
     """Feed text deltas, get events (mutates). `calls` holds the calls parsed so far."""
 
     def __init__(self, spec: OutputSpec) -> None:
-        self._think = ReasoningStreamParser(inside=spec.starts_inside) if spec.reasoning else None
+        name = "think" if spec.reasoning is True else spec.reasoning
+        tags = REASONING_TAGS.get(name) if name else None
+        self._think = ReasoningStreamParser(spec.starts_inside, "", *tags) if tags else None
+        fmt = spec.tool_format or get_format("hermes")
         policy = spec.policy
-        self._tools = (
-            ToolCallStreamParser(names=policy.names, max_calls=policy.max_calls)
-            if policy is not None and policy.parse
-            else None
-        )
+        self._log = CallLog(policy.max_calls if policy is not None else None)
+        self._content: CallStream | None = None
+        self._thought: CallStream | None = None
+        if spec.parses_tools:
+            ctx = ParseContext.of_tools(policy.tools, policy.names)  # type: ignore[union-attr]
+            self._content = CallStream(fmt, ctx, self._log)
+            self._thought = CallStream(fmt, ctx, self._log, "reasoning") if tags else None
+        elif fmt.handles_reasoning:  # its channels still split reasoning from content
+            self._content = CallStream(fmt, ParseContext(frozenset()), self._log)
 
     @property
     def calls(self) -> list[ParsedCall]:
-        return self._tools.calls if self._tools is not None else []
+        return self._log.calls
 
     def feed(self, delta: str) -> list[OutputEvent]:
         if self._think is None:
-            return self._content(delta, final=False)
+            return self._part(self._content, "content", delta, final=False)
         split = self._think.feed(delta)
-        return self._reasoning(split.reasoning) + self._content(split.content, final=False)
+        return self._part(self._thought, "reasoning", split.reasoning, final=False) + self._part(
+            self._content, "content", split.content, final=False
+        )
 
     def finish(self) -> list[OutputEvent]:
         if self._think is None:
-            return self._content("", final=True)
+            return self._part(self._content, "content", "", final=True)
         split = self._think.finish()
-        return self._reasoning(split.reasoning) + self._content(split.content, final=True)
+        return self._part(self._thought, "reasoning", split.reasoning, final=True) + self._part(
+            self._content, "content", split.content, final=True
+        )
 
     @staticmethod
-    def _reasoning(text: str) -> list[OutputEvent]:
-        return [OutputEvent("reasoning", text)] if text else []
-
-    def _content(self, text: str, *, final: bool) -> list[OutputEvent]:
-        if self._tools is None:
-            return [OutputEvent("content", text)] if text else []
-        raw = self._tools.feed(text) + (self._tools.finish() if final else [])
-        out = []
-        for event in raw:
-            if event.content:
-                out.append(OutputEvent("content", event.content))
-            elif event.call is not None:
-                out.append(OutputEvent("call", call=event.call, index=event.index))
-            elif event.arguments:
-                out.append(OutputEvent("arguments", event.arguments, index=event.index))
-        return out
+    def _part(stream: CallStream | None, kind: EventKind, text: str, *, final: bool) -> list[OutputEvent]:
+        if stream is None:
+            return [OutputEvent(kind, text)] if text else []
+        events = stream.feed(text) if text else []
+        return events + (stream.finish() if final else [])
 
 
 class ParsedOutput(NamedTuple):
@@ -92,5 +104,4 @@ def parse_output(text: str, spec: OutputSpec) -> ParsedOutput:
     content = "".join(e.text for e in events if e.kind == "content")
     if parser.calls:
         content = content.strip()
-    parses_tools = spec.policy is not None and spec.policy.parse
-    return ParsedOutput(reasoning or None, (content or None) if parses_tools else content, parser.calls)
+    return ParsedOutput(reasoning or None, (content or None) if spec.parses_tools else content, parser.calls)

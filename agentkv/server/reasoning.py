@@ -1,6 +1,7 @@
-"""Reasoning text in `<think>...</think>` blocks (Qwen3, DeepSeek-R1, ...): split out of the
-model's output into `reasoning_content`, whole or incrementally for a stream, so the content
-(and the tool-call parser, which only ever sees the content) never holds the model's thoughts.
+"""Reasoning text in `<think>...</think>` blocks (Qwen3, DeepSeek-R1, GLM) or Mistral's
+`[THINK]...[/THINK]`: split out of the model's output into `reasoning_content`, whole or
+incrementally for a stream, so the content never holds the model's thoughts. (Harmony's
+analysis channel is read by its tool format, toolformats/harmony.py.)
 
 A template that opens the block in its generation prompt (the prompt ends with `<think>`)
 starts the output inside it; otherwise the output starts outside and may open a block."""
@@ -10,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from agentkv.server.tools import partial_tag_len
+from agentkv.server.toolformats.base import partial_marker_len
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+# reasoning parser name -> (open tag, close tag)
+REASONING_TAGS = {"think": (THINK_OPEN, THINK_CLOSE), "mistral": ("[THINK]", "[/THINK]")}
 
 
 class ReasoningSplit(NamedTuple):
@@ -26,10 +29,10 @@ def template_thinks(template: Any) -> bool:
     return THINK_OPEN in (getattr(template, "source", "") or "")
 
 
-def prompt_opens_thinking(prompt: str) -> bool:
-    """Whether the rendered prompt leaves the model inside a `<think>` block."""
+def prompt_opens_thinking(prompt: str, open_tag: str = THINK_OPEN, close_tag: str = THINK_CLOSE) -> bool:
+    """Whether the rendered prompt leaves the model inside a reasoning block."""
     tail = prompt.rstrip()
-    return tail.endswith(THINK_OPEN) or tail.rfind(THINK_OPEN) > tail.rfind(THINK_CLOSE)
+    return tail.endswith(open_tag) or tail.rfind(open_tag) > tail.rfind(close_tag)
 
 
 @dataclass(slots=True)
@@ -41,15 +44,17 @@ class ReasoningStreamParser:
 
     inside: bool = False
     buffer: str = ""
+    open_tag: str = THINK_OPEN
+    close_tag: str = THINK_CLOSE
 
     def feed(self, delta: str) -> ReasoningSplit:
         self.buffer += delta
         reasoning, content = [], []
         while True:
-            tag = THINK_CLOSE if self.inside else THINK_OPEN
+            tag = self.close_tag if self.inside else self.open_tag
             pos = self.buffer.find(tag)
             if pos < 0:
-                keep = partial_tag_len(self.buffer, tag)
+                keep = partial_marker_len(self.buffer, (tag,))
                 cut = len(self.buffer) - keep
                 (reasoning if self.inside else content).append(self.buffer[:cut])
                 self.buffer = self.buffer[cut:]

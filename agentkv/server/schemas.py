@@ -116,6 +116,7 @@ class ChatMessage(Open):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier assistant turn's reasoning, for templates that render it
 
 
 class FunctionDef(Closed):

@@ -13,9 +13,8 @@ from agentkv.server.generation import ChoiceStreams, Job, collect
 from agentkv.server.guard import cache_namespace
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.logprobs import TokenText, chat_logprobs
-from agentkv.server.output_parser import OutputEvent, OutputParser, OutputSpec, parse_output
+from agentkv.server.output_parser import OutputEvent, OutputParser, OutputSpec, output_spec, parse_output
 from agentkv.server.prologue import Ask, build_jobs, open_request
-from agentkv.server.reasoning import prompt_opens_thinking, template_thinks
 from agentkv.server.responses import (
     AssistantMessage,
     ChatChoice,
@@ -61,6 +60,7 @@ async def _jobs(
         template_kwargs=_template_kwargs(req),
     )
     prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
+    spec = output_spec(policy, state.output_formats(), prompt)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     ask = Ask(
@@ -68,11 +68,9 @@ async def _jobs(
         max_tokens,
         param,
         (req.top_logprobs or 0) if req.logprobs else None,
-        constraint=constraint_builder(policy, req.response_format),
-        keep_special_tokens=policy.parse,
+        constraint=constraint_builder(policy, req.response_format, spec.tool_format),
+        keep_special_tokens=spec.keeps_special_tokens,
     )
-    thinks = template_thinks(template)
-    spec = OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt))
     jobs = await build_jobs(state, engine, req, ask, "chatcmpl", cache_namespace(tenant, req.cache_salt))
     return jobs, spec
 

@@ -20,9 +20,8 @@ from agentkv.server.errors import APIError
 from agentkv.server.generation import ChoiceStreams, Job, collect
 from agentkv.server.guard import cache_namespace
 from agentkv.server.lifecycle import ServerState
-from agentkv.server.output_parser import OutputParser, OutputSpec, parse_output
+from agentkv.server.output_parser import OutputParser, OutputSpec, output_spec, parse_output
 from agentkv.server.prologue import Ask, build_jobs, open_request
-from agentkv.server.reasoning import prompt_opens_thinking, template_thinks
 from agentkv.server.streaming import sse_response
 from agentkv.server.tool_policy import constraint_builder
 from agentkv.server.translate import check_model
@@ -38,21 +37,36 @@ class Prepared(NamedTuple):
     namespace: Hashable = None  # the tenant's cache, where the pins go too
 
 
+def thinking_kwargs(thinking: dict[str, Any] | None) -> dict[str, Any]:
+    """Anthropic's `thinking` as the variables thinking templates read: `enable_thinking`
+    (Qwen3, GLM, DeepSeek V3.1's `thinking`) and the budget as `thinking_budget`."""
+    if not thinking or thinking.get("type") not in ("enabled", "disabled"):
+        return {}
+    enabled = thinking["type"] == "enabled"
+    kwargs: dict[str, Any] = {"enable_thinking": enabled, "thinking": enabled}
+    if enabled and isinstance(thinking.get("budget_tokens"), int):
+        kwargs["thinking_budget"] = thinking["budget_tokens"]
+    return kwargs
+
+
 async def _prepare(
     state: ServerState, req: MessagesRequest | CountTokensRequest, engine: Any, with_pins: bool = True
 ) -> Prepared:
     conv, policy = conversation(req), policy_of(req)
     template = state.chat_template()
     tools = policy.tools or None
+    kwargs = thinking_kwargs(req.thinking)
     heads = sorted({bp.num_messages for bp in conv.breakpoints}) if with_pins else []
 
     def render() -> tuple[str, list[int], dict[int, list[int] | None]]:
         """Off the event loop: the prompt and each distinct breakpoint head, rendered once."""
-        prompt = render_chat(template, conv.messages, tools=tools)
+        prompt = render_chat(template, conv.messages, tools=tools, template_kwargs=kwargs)
         head_ids: dict[int, list[int] | None] = {}
         for num in heads:
             try:
-                head = render_chat(template, conv.messages[:num], tools=tools, add_generation_prompt=False)
+                head = render_chat(
+                    template, conv.messages[:num], tools=tools, add_generation_prompt=False, template_kwargs=kwargs
+                )
             except APIError as exc:  # a template that refuses a partial conversation
                 log.info("cache_control breakpoint not pinned: %s", exc.message)
                 head_ids[num] = None
@@ -66,8 +80,7 @@ async def _prepare(
         for bp in conv.breakpoints
         if with_pins and head_ids.get(bp.num_messages) is not None
     ]
-    thinks = template_thinks(template)
-    return Prepared(engine, ids, OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt)), pins)
+    return Prepared(engine, ids, output_spec(policy, state.output_formats(), prompt), pins)
 
 
 async def count_tokens(state: ServerState, req: CountTokensRequest) -> CountTokensResponse:
@@ -94,8 +107,8 @@ async def create_message(state: ServerState, req: MessagesRequest, tenant: str |
         req.max_tokens,
         "max_tokens",
         None,
-        constraint=constraint_builder(policy, None),
-        keep_special_tokens=policy.parse,
+        constraint=constraint_builder(policy, None, prep.spec.tool_format),
+        keep_special_tokens=prep.spec.keeps_special_tokens,
     )
     jobs = await build_jobs(state, engine, fields, ask, "msg", prep.namespace)
     streams = ChoiceStreams(state, engine, jobs)

@@ -17,9 +17,8 @@ from agentkv.server.errors import APIError
 from agentkv.server.generation import ChoiceStreams, collect
 from agentkv.server.guard import cache_namespace
 from agentkv.server.lifecycle import ServerState
-from agentkv.server.output_parser import OutputParser, OutputSpec, parse_output
+from agentkv.server.output_parser import OutputParser, OutputSpec, output_spec, parse_output
 from agentkv.server.prologue import Ask, build_jobs, open_request
-from agentkv.server.reasoning import prompt_opens_thinking, template_thinks
 from agentkv.server.responses_objects import (
     EventWriter,
     FunctionCallOut,
@@ -70,8 +69,7 @@ async def _prepare(state: ServerState, store: ResponseStore, req: ResponsesReque
     # tool_choice "none" keeps the tools in the prompt: same prefix, same cache, no calls parsed.
     prompt = render_chat(template, system + history, tools=policy.tools or None, template_kwargs=template_kwargs(req))
     ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, False)
-    thinks = template_thinks(template)
-    return Prepared(ids, OutputSpec(policy, thinks, thinks and prompt_opens_thinking(prompt)), history, fmt)
+    return Prepared(ids, output_spec(policy, state.output_formats(), prompt), history, fmt)
 
 
 def _skeleton(state: ServerState, req: ResponsesRequest, policy: ToolPolicy) -> ResponseObject:
@@ -122,9 +120,9 @@ async def create_response(
         req.max_output_tokens,
         "max_output_tokens",
         None,
-        constraint=constraint_builder(policy, prep.fmt),
+        constraint=constraint_builder(policy, prep.fmt, prep.spec.tool_format),
         constraint_param="text.format",
-        keep_special_tokens=policy.parse,
+        keep_special_tokens=prep.spec.keeps_special_tokens,
     )
     jobs = await build_jobs(state, engine, fields, ask, "resp", cache_namespace(tenant, None))
     body = _skeleton(state, req, policy)

@@ -31,10 +31,12 @@ class ToolPolicy(NamedTuple):
 
     @property
     def max_calls(self) -> int | None:
-        return None if self.parallel else 1
+        """A named choice is exactly one call (OpenAI: "call exactly one specific function"),
+        as is `parallel_tool_calls: false`; otherwise any number."""
+        return None if self.parallel and not isinstance(self.choice, dict) else 1
 
     def grammar_calls(self) -> int:
-        return MAX_PARALLEL_CALLS if self.parallel else 1
+        return MAX_PARALLEL_CALLS if self.max_calls is None else 1
 
 
 def tool_policy(tools: list[dict[str, Any]], choice: Any, parallel: bool | None) -> ToolPolicy:
@@ -56,20 +58,18 @@ def tool_policy(tools: list[dict[str, Any]], choice: Any, parallel: bool | None)
     return ToolPolicy(tools, choice, parallel)
 
 
-def constraint_builder(policy: ToolPolicy, fmt: Any) -> Callable[[Any], Any] | None:
+def constraint_builder(policy: ToolPolicy, fmt: Any, tool_format: Any = None) -> Callable[[Any], Any] | None:
     """ConstraintFactory -> a fresh constraint, or None for free decoding. `fmt` is a
-    response_format-like object (type, json_schema.schema_) or None.
+    response_format-like object (type, json_schema.schema_) or None; `tool_format` the
+    model's ToolFormat (None or Hermes: the Hermes grammar), whose own syntax calls are
+    held to.
 
     Under "auto" with tools and a JSON format the output is held to the union: tool calls, or
     the format's JSON (vLLM imposes the format alone, and no agent can then call a tool)."""
-    if isinstance(policy.choice, dict):
-        chosen, calls = [policy.choice], policy.grammar_calls()
-        return lambda f: f.tool_call(chosen, calls)
-    if policy.choice == "required":
-        tools, calls = policy.tools, policy.grammar_calls()
-        return lambda f: f.tool_call(tools, calls)
+    if isinstance(policy.choice, dict) or policy.choice == "required":
+        return _calls(policy, [policy.choice] if isinstance(policy.choice, dict) else policy.tools, tool_format)
     if fmt is None or fmt.type == "text":
-        return None
+        return _strict_calls(policy, tool_format)
     if fmt.type == "json_object":
         schema: dict[str, Any] = {"type": "object"}
     elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
@@ -77,6 +77,33 @@ def constraint_builder(policy: ToolPolicy, fmt: Any) -> Callable[[Any], Any] | N
     else:
         schema = fmt.json_schema.schema_
     if policy.parse:
-        tools, calls = policy.tools, policy.grammar_calls()
-        return lambda f: f.tool_call(tools, calls, or_schema=schema)
+        return _calls(policy, policy.tools, tool_format, schema)
     return lambda f: f.json_schema(schema)
+
+
+def _strict_calls(policy: ToolPolicy, tool_format: Any) -> Callable[[Any], Any] | None:
+    """`strict: true` tools under "auto": text stays free, but a call, once begun, follows the
+    family's grammar (formats whose calls open with a literal; others decode freely)."""
+    if not policy.parse or not any(t["function"].get("strict") for t in policy.tools):
+        return None
+    from agentkv.server.toolformats.base import triggered_calls
+    from agentkv.server.toolformats.registry import get_format
+
+    tool_format = tool_format or get_format("hermes")
+    found = triggered_calls(tool_format.grammar(policy.tools), tool_format.trigger)
+    if found is None:
+        return None
+    trigger, tags = found
+    return lambda f: f.triggered_calls(trigger, tags)
+
+
+def _calls(
+    policy: ToolPolicy, tools: list[dict[str, Any]], tool_format: Any, or_schema: dict[str, Any] | None = None
+) -> Callable[[Any], Any]:
+    """Calls in the model's own syntax (Hermes by default), spaced as templates write them
+    back, so the next turn's prompt starts with exactly the generated text."""
+    from agentkv.server.toolformats.registry import get_format
+
+    calls = policy.grammar_calls()
+    plan = (tool_format or get_format("hermes")).grammar(tools)
+    return lambda f: f.call_grammar(plan, calls, or_schema)
