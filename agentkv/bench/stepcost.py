@@ -49,51 +49,60 @@ def engine_with_cache(model: Path, num_cached: int, free_blocks: int = 64):
     return engine
 
 
-def time_steps(engine, num_steps: int, num_streams: int, seed: int) -> list[float]:
-    """Python seconds of each of `num_steps` steps (wall minus the model run)."""
-    from agentkv.runtime.params import SamplingParams
+class Arm:
+    """One engine and its stream of requests, stepped a round at a time."""
 
-    rng, in_run, times = random.Random(seed), [0.0], []
-    run = engine.runner.run
+    def __init__(self, engine, num_streams: int, seed: int) -> None:
+        self.engine, self.num_streams = engine, num_streams
+        self.rng, self.in_run, self.times, self.next_id = random.Random(seed), [0.0], [], 0
+        run = engine.runner.run
 
-    def timed_run(chunks):
-        t0 = time.perf_counter()
-        try:
-            return run(chunks)
-        finally:
-            in_run[0] += time.perf_counter() - t0
+        def timed_run(chunks):
+            t0 = time.perf_counter()
+            try:
+                return run(chunks)
+            finally:
+                self.in_run[0] += time.perf_counter() - t0
 
-    engine.runner.run = timed_run
-    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
-    next_id = 0
-    while len(times) < num_steps:
-        while len(engine._requests) < num_streams:
-            prompt = [rng.randrange(3, SHAPE.vocab) for _ in range(rng.randrange(40, 120))]
-            engine.add_request(f"r{next_id}", prompt, params)
-            next_id += 1
-        in_run[0] = 0.0
-        t0 = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t0 - in_run[0])
-    return times
+        engine.runner.run = timed_run
+
+    def steps(self, num_steps: int) -> None:
+        """Step `num_steps` times, recording each step's Python seconds (wall minus the model run)."""
+        from agentkv.runtime.params import SamplingParams
+
+        params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+        engine, rng = self.engine, self.rng
+        for _ in range(num_steps):
+            while len(engine._requests) < self.num_streams:
+                prompt = [rng.randrange(3, SHAPE.vocab) for _ in range(rng.randrange(40, 120))]
+                engine.add_request(f"r{self.next_id}", prompt, params)
+                self.next_id += 1
+            self.in_run[0] = 0.0
+            t0 = time.perf_counter()
+            engine.step()
+            self.times.append(time.perf_counter() - t0 - self.in_run[0])
 
 
 def run(args: argparse.Namespace) -> int:
     model = synthetic_moe(SHAPE, "Q8_0")
-    arms = {}
-    for size in (int(s) for s in args.sizes.split(",")):
+    sizes = [int(s) for s in args.sizes.split(",")]
+    runs = {}
+    for size in sizes:
         log(f"stepcost: filling a cache of {size} blocks")
-        engine = engine_with_cache(model, size)
-        log(f"stepcost: {args.steps} steps at {engine.stats().kv_blocks_cached} cached blocks")
-        times = time_steps(engine, args.steps, args.streams, seed=1)
-        engine.scheduler.check_integrity()
+        runs[size] = Arm(engine_with_cache(model, size), args.streams, seed=1)
+    log(f"stepcost: {args.steps} steps per arm, the arms alternating every 25 steps (the load falls on both)")
+    for _ in range(0, args.steps, 25):
+        for arm in runs.values():
+            arm.steps(25)
+    arms = {}
+    for size, arm in runs.items():
+        arm.engine.scheduler.check_integrity()
         arms[size] = {
             "cached_blocks_at_start": size,
-            "median_ms": statistics.median(times) * 1e3,
-            "p90_ms": sorted(times)[int(0.9 * len(times))] * 1e3,
-            "evicted_blocks": engine.cache.evicted_blocks,
+            "median_ms": statistics.median(arm.times) * 1e3,
+            "p90_ms": sorted(arm.times)[int(0.9 * len(arm.times))] * 1e3,
+            "evicted_blocks": arm.engine.cache.evicted_blocks,
         }
-        del engine
     small, big = (arms[s]["median_ms"] for s in sorted(arms)[:: len(arms) - 1])
     payload = envelope("stepcost", steps=args.steps, streams=args.streams, arms=arms, ratio=big / small)
     md = ["# agentkv bench stepcost: Python time per engine step", ""]
