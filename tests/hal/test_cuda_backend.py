@@ -93,6 +93,16 @@ def test_a_decode_step_reads_the_host_only_at_its_fences(interpreted):
     assert len(control["hidden"]) == 5 and all(h.startswith("__float__ at ") for h in control["hidden"]), control
 
 
+def test_the_kernels_compile_for_the_h200_without_a_device():
+    """Triton's own compiler lowers every kernel (f32 and the three block families of matmul,
+    embedding, RMSNorm, attention over f32 and f16 KV) to an sm_90 cubin here: the
+    interpreter alone would accept what the compiler rejects (it did: non-constexpr globals)."""
+    from agentkv.hal.cuda.compile_check import compile_all
+
+    sizes = compile_all(90)
+    assert len(sizes) == 8 and all(size > 0 for size in sizes.values()), sizes
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(NO_DEVICE, reason="needs a CUDA device")
 def test_cuda_ops_witnessed_on_the_device():

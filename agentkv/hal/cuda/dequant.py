@@ -20,6 +20,9 @@ import triton
 import triton.language as tl
 
 F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 1, 2, 3, 8, 12, 13, 14, 30
+# the same codes as the kernels see them (a jitted function reads only constexpr globals)
+_F16, _Q4_0, _Q4_1, _Q8_0 = tl.constexpr(F16), tl.constexpr(Q4_0), tl.constexpr(Q4_1), tl.constexpr(Q8_0)
+_Q4_K, _Q5_K, _Q6_K, _BF16 = tl.constexpr(Q4_K), tl.constexpr(Q5_K), tl.constexpr(Q6_K), tl.constexpr(BF16)
 
 # qtype -> (weights per block, bytes per block): the formats `dequant` reads
 BLOCKS: dict[int, tuple[int, int]] = {
@@ -69,40 +72,40 @@ def _k4_scale_min(sp, sub, mask):
 def dequant(w_ptr, rows, cols, row_bytes, mask, QTYPE: tl.constexpr):
     """f32 weights at (`rows`, `cols`) (broadcast int32 index tensors) of a byte tensor of
     gguf rows `row_bytes` long; masked-out elements are 0."""
-    if QTYPE == F16 or QTYPE == BF16:
+    if QTYPE == _F16 or QTYPE == _BF16:
         bits = _u16(w_ptr + rows * row_bytes + cols * 2, mask)
-        if QTYPE == F16:
+        if QTYPE == _F16:
             out = bits.to(tl.float16, bitcast=True).to(tl.float32)
         else:
             out = (bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    elif QTYPE == Q8_0:
+    elif QTYPE == _Q8_0:
         blk = w_ptr + rows * row_bytes + (cols // 32) * 34
         q = tl.load(blk + 2 + cols % 32, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
         out = _f16(blk, mask) * q
-    elif QTYPE == Q4_0 or QTYPE == Q4_1:
-        bb: tl.constexpr = 18 if QTYPE == Q4_0 else 20
-        head: tl.constexpr = 2 if QTYPE == Q4_0 else 4
+    elif QTYPE == _Q4_0 or QTYPE == _Q4_1:
+        bb: tl.constexpr = 18 if QTYPE == _Q4_0 else 20
+        head: tl.constexpr = 2 if QTYPE == _Q4_0 else 4
         blk = w_ptr + rows * row_bytes + (cols // 32) * bb
         j = cols % 32
         q = (_byte(blk + head + j % 16, mask) >> (4 * (j // 16))) & 0xF
-        if QTYPE == Q4_0:
+        if QTYPE == _Q4_0:
             out = _f16(blk, mask) * (q - 8).to(tl.float32)
         else:
             out = _f16(blk, mask) * q.to(tl.float32) + _f16(blk + 2, mask)
-    elif QTYPE == Q4_K or QTYPE == Q5_K:
-        bb: tl.constexpr = 144 if QTYPE == Q4_K else 176
-        qs_at: tl.constexpr = 16 if QTYPE == Q4_K else 48
+    elif QTYPE == _Q4_K or QTYPE == _Q5_K:
+        bb: tl.constexpr = 144 if QTYPE == _Q4_K else 176
+        qs_at: tl.constexpr = 16 if QTYPE == _Q4_K else 48
         blk = w_ptr + rows * row_bytes + (cols // 256) * bb
         j = cols % 256
         group, jj = j // 64, j % 64
         upper = jj // 32  # 0: low nibbles, 1: high nibbles of the group's 32 bytes
         sc, mn = _k4_scale_min(blk + 4, 2 * group + upper, mask)
         q = (_byte(blk + qs_at + 32 * group + jj % 32, mask) >> (4 * upper)) & 0xF
-        if QTYPE == Q5_K:
+        if QTYPE == _Q5_K:
             q += ((_byte(blk + 16 + jj % 32, mask) >> (2 * group + upper)) & 1) << 4
         out = _f16(blk, mask) * sc * q.to(tl.float32) - _f16(blk + 2, mask) * mn
     else:
-        tl.static_assert(QTYPE == Q6_K, "dequant: unsupported qtype")
+        tl.static_assert(QTYPE == _Q6_K, "dequant: unsupported qtype")
         blk = w_ptr + rows * row_bytes + (cols // 256) * 210
         j = cols % 256
         half, jj = j // 128, j % 128

@@ -14,9 +14,9 @@ import triton.language as tl
 
 from agentkv.hal.cuda.dequant import dequant
 
-F32 = 0
-KEY_RANGE = 256  # attention's keys are cut at absolute multiples of this, as on the CPU
-NEG_BIG = -1.0e30  # a finite -inf: exp(NEG_BIG - m) is 0 and never NaN
+F32 = tl.constexpr(0)
+KEY_RANGE = tl.constexpr(256)  # attention's keys are cut at absolute multiples of this, as on the CPU
+NEG_BIG = tl.constexpr(-1.0e30)  # a finite -inf: exp(NEG_BIG - m) is 0 and never NaN
 
 
 @triton.jit
