@@ -29,7 +29,7 @@ from agentkv.witness.ops import (
 
 MODELS = ("smollm2", "gemma3-270m")  # the whole-model witness rows of the cuda backend
 # the inherited torch ops (witnessed with the torch backend) and attention shapes too slow to interpret
-_NOT_INTERPRETED = ("rope", "gated_act", "layer_norm", "moe_ffn", "matmul/I", "matmul/F8")
+_NOT_INTERPRETED = ("rope", "gated_act", "layer_norm", "moe_ffn")
 _LARGE_SHAPES = ("[7,576]x[1536,576]", "[33,1536]x[576,1536]")  # ~1 s each interpreted; the small ones stay
 
 
@@ -39,7 +39,6 @@ def interpreter_cases():
         c
         for c in op_cases()
         if not c[0].startswith(_NOT_INTERPRETED)
-        and not c[0].startswith("embedding/I")
         and c[1] not in _LARGE_SHAPES
         and (c[0].startswith("attention_inputs") or not c[0].startswith("attention"))
     ]

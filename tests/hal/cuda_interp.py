@@ -24,9 +24,11 @@ from agentkv.hal.base import AttnMeta, KVSpec, Tensor  # noqa: E402
 from agentkv.hal.cuda import interpreter_backend, launch  # noqa: E402
 from agentkv.hal.registry import lookup  # noqa: E402
 from agentkv.witness.cuda_ops import interpreter_cases  # noqa: E402
+from agentkv.witness.group32_ops import group32_weights  # noqa: E402
 from agentkv.witness.ops import compare, random_kquant_blocks  # noqa: E402
 
 FORMATS = {"F32": 0, "F16": 1, "BF16": 30, "Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+FORMATS.update(I4G32=1004, I8G32=1008, F8G32=1016)
 
 
 def witness(be, ref) -> list[dict]:
@@ -40,6 +42,8 @@ def _weight(be, qtype: int, rows: int, cols: int):
     rng = np.random.default_rng(qtype)
     if qtype in (12, 13, 14):
         return be.upload_weight("w", random_kquant_blocks(qtype, rows, cols, qtype), qtype, (rows, cols))
+    if qtype > 1000:
+        return be.upload_weight("w", group32_weights(qtype, rows, cols, qtype), qtype, (rows, cols))
     w = (rng.standard_normal((rows, cols)) / 16).astype(np.float32)
     data = {0: w, 1: w.astype(np.float16)}.get(qtype)
     if data is None:

@@ -61,7 +61,7 @@ def test_interpreted_kernels_are_witnessed_against_the_reference(interpreted):
     ops = {r["op"].split("/")[0] + ("/" + r["op"].split("/")[1] if r["op"].startswith("matmul/") else "") for r in rows}
     for op in ("matmul", "rms_norm", "add_norm", "glu", "attention", "attention_inputs", "embedding"):
         assert op in ops, op
-    for fmt in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"):
+    for fmt in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "I4G32", "I8G32", "F8G32"):
         assert f"matmul/{fmt}" in ops, fmt
     assert {"attention/ranges/kv=f32", "attention/ranges/kv=f16"} <= {r["op"] for r in rows}
     assert interpreted["identity"][:3] == ["cuda", "cpu", "triton-interpreter"]
@@ -72,7 +72,7 @@ def test_interpreted_kernels_are_row_invariant_and_the_check_can_fail(interprete
     the control picks tiles by the row count, as an autotuner keyed on M would, and is caught."""
     results = dict(interpreted["invariance"])
     control = results.pop("control/tiles_by_row_count")
-    assert len(results) == 11 and all(broken == [] for broken in results.values()), results
+    assert len(results) == 14 and all(broken == [] for broken in results.values()), results
     assert "chunked" in control and len(control) > 1
 
 

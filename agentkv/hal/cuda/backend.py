@@ -1,7 +1,7 @@
 """The `cuda` backend: the portable torch backend's glue with Triton kernels for everything
 whose bits torch would let depend on the row count on a GPU (GEMMs, reductions, attention).
 
-    matmul (f32, f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K weights, read from their
+    matmul (f32, f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, I4G32, I8G32, F8G32 weights, read from their
         gguf blocks): `matmul_kernel`, fixed BM x BN x BK tiles, K summed from 0 in BK steps
     embedding of quantized rows: `embedding_kernel`, elementwise dequantization
     rms_norm (and add_norm, the q/k norms built on it): `rms_norm_kernel`, a program per row

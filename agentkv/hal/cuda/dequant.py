@@ -12,6 +12,10 @@ dequantization up to the order of one multiply-add (the witness floors cover tha
     Q5_K 176 B / 256:  | d | dmin | scales 12 | qh 32 | qs 128 |
     Q6_K 210 B / 256:  | ql 128 | qh 64 | scales int8 x16 | d f16 |
     F16 / BF16:        two bytes per element
+    I4G32  24 B / 32:  | scale f32 | zero f32 | qs x16 (Q4_0 order) |  scale * (q - zero)
+    I8G32  40 B / 32:  | scale f32 | zero f32 | qs u8 x32 |             scale * (q - zero)
+    F8G32  36 B / 32:  | scale f32 | qs e4m3fn x32 |                   e4m3(q) * scale
+(the group-32 blocks of GPTQ, AWQ and compressed-tensors checkpoints: formats/quants/group32.py)
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import triton
 import triton.language as tl
 
 F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 1, 2, 3, 8, 12, 13, 14, 30
+I4G32, I8G32, F8G32 = 1004, 1008, 1016
 # the same codes as the kernels see them (a jitted function reads only constexpr globals)
 _F16, _Q4_0, _Q4_1, _Q8_0 = tl.constexpr(F16), tl.constexpr(Q4_0), tl.constexpr(Q4_1), tl.constexpr(Q8_0)
 _Q4_K, _Q5_K, _Q6_K, _BF16 = tl.constexpr(Q4_K), tl.constexpr(Q5_K), tl.constexpr(Q6_K), tl.constexpr(BF16)
+_I4G32, _I8G32, _F8G32 = tl.constexpr(I4G32), tl.constexpr(I8G32), tl.constexpr(F8G32)
 
 # qtype -> (weights per block, bytes per block): the formats `dequant` reads
 BLOCKS: dict[int, tuple[int, int]] = {
@@ -34,6 +40,9 @@ BLOCKS: dict[int, tuple[int, int]] = {
     Q4_K: (256, 144),
     Q5_K: (256, 176),
     Q6_K: (256, 210),
+    I4G32: (32, 24),
+    I8G32: (32, 40),
+    F8G32: (32, 36),
 }
 
 
@@ -48,6 +57,25 @@ def _u16(p, mask):
 @triton.jit
 def _f16(p, mask):
     return _u16(p, mask).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _f32(p, mask):
+    """Four little-endian bytes at `p` as float32."""
+    lo = _u16(p, mask).to(tl.uint32)
+    hi = _u16(p + 2, mask).to(tl.uint32)
+    return (lo | (hi << 16)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3(code):
+    """float8 e4m3fn codes (int32 0..255) as float32, exactly: sign, 4 exponent bits (bias 7),
+    3 mantissa bits, exponent 0 subnormal (m * 2^-9), S.1111.111 NaN."""
+    exp, man = (code >> 3) & 0xF, code & 7
+    normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+    value = tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)
+    value = tl.where((code & 0x7F) == 0x7F, float("nan"), value)
+    return tl.where((code & 0x80) != 0, -value, value)
 
 
 @triton.jit
@@ -104,6 +132,18 @@ def dequant(w_ptr, rows, cols, row_bytes, mask, QTYPE: tl.constexpr):
         if QTYPE == _Q5_K:
             q += ((_byte(blk + 16 + jj % 32, mask) >> (2 * group + upper)) & 1) << 4
         out = _f16(blk, mask) * sc * q.to(tl.float32) - _f16(blk + 2, mask) * mn
+    elif QTYPE == _I4G32 or QTYPE == _I8G32:
+        bb: tl.constexpr = 24 if QTYPE == _I4G32 else 40
+        blk = w_ptr + rows * row_bytes + (cols // 32) * bb
+        j = cols % 32
+        if QTYPE == _I4G32:
+            q = (_byte(blk + 8 + j % 16, mask) >> (4 * (j // 16))) & 0xF
+        else:
+            q = _byte(blk + 8 + j, mask)
+        out = _f32(blk, mask) * (q.to(tl.float32) - _f32(blk + 4, mask))
+    elif QTYPE == _F8G32:
+        blk = w_ptr + rows * row_bytes + (cols // 32) * 36
+        out = _e4m3(_byte(blk + 4 + cols % 32, mask)) * _f32(blk, mask)
     else:
         tl.static_assert(QTYPE == _Q6_K, "dequant: unsupported qtype")
         blk = w_ptr + rows * row_bytes + (cols // 256) * 210
