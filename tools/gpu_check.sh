@@ -4,12 +4,11 @@
 # exactness and sync checks on the device and a short benchmark against torch's eager path,
 # within five minutes, and writes JSON to $OUT (default ./gpu_check_out).
 #
-# The GPU machine has its own Python with torch, Triton, transformers, safetensors, numpy;
-# agentkv's other pure-Python needs travel as wheels in .whl/ (git-ignored), fetched here with
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl gguf jinja2 markupsafe pyyaml tqdm psutil
-# (see /work/shared/MEASUREMENTS.md for what that machine lacks).
+# The GPU machine has its own Python with torch, Triton, transformers (and so tqdm, pyyaml,
+# requests), safetensors and numpy, and reaches no registry. The only other import on this
+# script's path is gguf-py, which travels as a wheel in .whl/ (git-ignored), fetched with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl gguf
+# (MEASUREMENTS.md lists what that machine lacks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
