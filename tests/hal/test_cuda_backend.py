@@ -86,9 +86,10 @@ def test_interpreted_model_matches_the_reference_and_every_split(interpreted):
 
 
 def test_a_decode_step_reads_the_host_only_at_its_fences(interpreted):
-    """The seventh fence: no host read (a sync on a device) in a decode step but the
-    backend's `read`/`argmax`; the control hides one in rms_norm and is caught at each call."""
-    step, control = interpreted["fence"]["step"], interpreted["fence"]["control"]
+    """The seventh fence: no host read (a sync on a device) in a step (a decode row batched
+    with another sequence's chunk) but the backend's `read`/`argmax`; the control hides one
+    in rms_norm and is caught at each of its 5 calls."""
+    step, control = interpreted["model"]["step_host_reads"], interpreted["fence_control"]
     assert step["hidden"] == [] and step["fenced"] >= 1, step
     assert len(control["hidden"]) == 5 and all(h.startswith("__float__ at ") for h in control["hidden"]), control
 
