@@ -84,7 +84,7 @@ def _range_partial(
     m = tl.full((), NEG_BIG, tl.float32)
     s = tl.zeros((), tl.float32)
     acc = tl.zeros((HDP,), tl.float32)
-    for c0 in range(r0, r0 + KEY_RANGE, BN):
+    for c0 in range(r0, tl.minimum(r0 + KEY_RANGE, pos + 1), BN):  # steps past pos would be all masked
         kpos = c0 + tl.arange(0, BN)
         valid = (kpos <= pos) & (kpos >= lo)
         block = tl.load(tables_ptr + seq * W + kpos // BS, mask=valid, other=0).to(tl.int64)
