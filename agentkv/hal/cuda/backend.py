@@ -25,7 +25,8 @@ from agentkv.hal.base import AttnMeta, Capabilities, Layout, Tensor, Weight, che
 from agentkv.hal.cuda import launch
 from agentkv.hal.cuda.dequant import BLOCKS
 from agentkv.hal.identity import Identity
-from agentkv.hal.portable.backend import F32, TorchBackend, TorchKV
+from agentkv.hal.portable.backend import TorchBackend, TorchKV
+from agentkv.hal.portable.steps import to_device
 
 LAYOUTS = frozenset({Layout.ROW_MAJOR_F32, Layout.GGUF_ROWS})
 
@@ -77,12 +78,8 @@ class CudaBackend(TorchBackend):
     def embedding(self, weight: Weight, ids) -> Tensor:
         if weight.layout is Layout.ROW_MAJOR_F32:
             return super().embedding(weight, ids)
-        return Tensor(launch.embedding(self.tiles, weight, self._ids(ids)))
-
-    def _ids(self, ids) -> torch.Tensor:
-        from agentkv.hal.portable.steps import to_device
-
-        return to_device(np.asarray(ids, dtype=np.int64), self.device)
+        ids = to_device(np.asarray(ids, dtype=np.int64), self.device)
+        return Tensor(launch.embedding(self.tiles, weight, ids))
 
     def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
         check_layout(weight, LAYOUTS, "cuda matmul")
@@ -96,4 +93,4 @@ class CudaBackend(TorchBackend):
         return Tensor(launch.attention(self.tiles, q.raw, kv, layer, tables, scale, window, softcap))
 
 
-__all__ = ["F32", "CudaBackend"]
+__all__ = ["CudaBackend"]
