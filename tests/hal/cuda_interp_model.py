@@ -97,25 +97,24 @@ def model_checks(folder: Path, be, ref) -> dict:
     }
 
 
-def _decode_reads(folder: Path, be) -> dict:
-    runner = _runner(folder, be)
-    table = list(range(1))
-    runner.run([Chunk(PROMPT[:2], 0, table, None)])
-    with HostReads(be) as reads:
-        runner.run([Chunk(PROMPT[2:3], 2, table, "last")])
-    return {"hidden": reads.hidden, "fenced": reads.fenced}
-
-
 def fence_control(folder: Path) -> dict:
-    """Host reads during a decode step of a backend whose rms_norm reads a value back (a
-    hidden sync), which the count must catch (the real step is counted in model_checks)."""
-    from agentkv.hal.base import Tensor
+    """Host reads during a decode step of a backend whose matmul reads a value back (a hidden
+    sync, as a data-dependent branch would), which the count must catch at each of its calls
+    (the real step is counted in model_checks)."""
     from agentkv.hal.cuda.backend import CudaBackend
 
     class Leaky(CudaBackend):
-        def rms_norm(self, x, weight, eps, unit_offset=False):
-            scale = float(x.raw.abs().max())  # a host read: a sync on a device
-            return Tensor(super().rms_norm(x, weight, eps, unit_offset).raw * (scale / scale))
+        calls = 0
+
+        def matmul(self, x, weight, bias=None):
+            if float(x.raw.abs().max()) >= 0:  # a host read: a sync on a device
+                Leaky.calls += 1
+            return super().matmul(x, weight, bias)
 
     leaky = Leaky("cpu", interpreter=True, isa="triton-interpreter")
-    return _decode_reads(folder, leaky)
+    runner = _runner(folder, leaky)
+    runner.run([Chunk(PROMPT[:2], 0, [0], None)])
+    Leaky.calls = 0
+    with HostReads(leaky) as reads:
+        runner.run([Chunk(PROMPT[2:3], 2, [0], "last")])
+    return {"hidden": reads.hidden, "fenced": reads.fenced, "leaks": Leaky.calls}

@@ -4,7 +4,8 @@ whose bits torch would let depend on the row count on a GPU (GEMMs, reductions, 
     matmul (f32, f16, bf16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, I4G32, I8G32, F8G32 weights, read from their
         gguf blocks): `matmul_kernel`, fixed BM x BN x BK tiles, K summed from 0 in BK steps
     embedding of quantized rows: `embedding_kernel`, elementwise dequantization
-    rms_norm (and add_norm, the q/k norms built on it): `rms_norm_kernel`, a program per row
+    rms_norm (and the q/k norms built on it): `rms_norm_kernel`, a program per row
+    add_norm (residual add, optional post norm, next norm): `add_norm_kernel`, one launch
     attention (prefill and decode, windows, softcap, f16 KV): `attention_kernel`, a program
         per (row, head), 256-key ranges merged in ascending order
     rope, glu, gated_act, add, scale, kv_store: torch elementwise, one IEEE op per element
@@ -87,6 +88,11 @@ class CudaBackend(TorchBackend):
 
     def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:
         return Tensor(launch.rms_norm(self.tiles, x.raw, weight.raw, eps, unit_offset))
+
+    def add_norm(self, h, delta, weight, eps, unit_offset=False, post_weight=None) -> tuple[Tensor, Tensor]:
+        post = None if post_weight is None else post_weight.raw
+        h_new, normed = launch.add_norm(self.tiles, h.raw, delta.raw, weight.raw, eps, unit_offset, post)
+        return Tensor(h_new), Tensor(normed)
 
     def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale, window=None, softcap=None) -> Tensor:
         tables = launch.step_tables(meta, self.device)

@@ -32,6 +32,11 @@ def variants(everything: bool) -> list[tuple[str, object, dict, dict]]:
     out.append(("embedding/qtype=8", kernels.embedding_kernel, emb, {"QTYPE": 8, "BK": t.norm}))
     norm = {"x_ptr": "*fp32", "g_ptr": "*fp32", "o_ptr": "*fp32", "D": "i32", "eps": "fp32"}
     out.append(("rms_norm", kernels.rms_norm_kernel, norm, {"UNIT_OFFSET": True, "BD": t.norm}))
+    add = {name: "*fp32" for name in ("h_ptr", "d_ptr", "g_ptr", "p_ptr", "hn_ptr", "o_ptr")} | {
+        "D": "i32",
+        "eps": "fp32",
+    }
+    out.append(("add_norm/post", kernels.add_norm_kernel, add, {"POST": True, "UNIT_OFFSET": True, "BD": t.norm}))
     for kv, softcap in (("fp32", False), ("fp16", True)):
         sig = dict(
             zip(_ATTENTION, ("*fp32", f"*{kv}", f"*{kv}", "*fp32", "*i32", "*i32", "*i32", "fp32", "i32", "fp32"))

@@ -54,23 +54,59 @@ def embedding_kernel(ids_ptr, w_ptr, o_ptr, K, row_bytes, QTYPE: tl.constexpr, B
 
 
 @triton.jit
-def rms_norm_kernel(x_ptr, g_ptr, o_ptr, D, eps, UNIT_OFFSET: tl.constexpr, BD: tl.constexpr):
-    """One row per program: o = x / sqrt(mean(x^2) + eps) * gain, the sum of squares in BD
-    lanes over the row in BD steps, then one fixed tree (D <= BD: one step)."""
-    row = tl.program_id(0).to(tl.int64) * D
+def _inv_rms(x_ptr, row, D, eps, BD: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) of one row: BD lanes over the row in BD steps, one tree."""
     lanes = tl.arange(0, BD)
     acc = tl.zeros((BD,), tl.float32)
     for d0 in range(0, D, BD):
         x = tl.load(x_ptr + row + d0 + lanes, mask=d0 + lanes < D, other=0.0)
         acc += x * x
-    inv = 1.0 / tl.sqrt_rn(tl.sum(acc, axis=0) / D + eps)
+    return 1.0 / tl.sqrt_rn(tl.sum(acc, axis=0) / D + eps)
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, g_ptr, o_ptr, D, eps, UNIT_OFFSET: tl.constexpr, BD: tl.constexpr):
+    """One row per program: o = x / sqrt(mean(x^2) + eps) * gain."""
+    row = tl.program_id(0).to(tl.int64) * D
+    lanes = tl.arange(0, BD)
+    inv = _inv_rms(x_ptr, row, D, eps, BD)
     for d0 in range(0, D, BD):
         mask = d0 + lanes < D
-        x = tl.load(x_ptr + row + d0 + lanes, mask=mask, other=0.0)
         g = tl.load(g_ptr + d0 + lanes, mask=mask, other=0.0)
         if UNIT_OFFSET:
             g = 1.0 + g
-        tl.store(o_ptr + row + d0 + lanes, x * inv * g, mask=mask)
+        tl.store(o_ptr + row + d0 + lanes, tl.load(x_ptr + row + d0 + lanes, mask=mask, other=0.0) * inv * g, mask=mask)
+
+
+@triton.jit
+def add_norm_kernel(
+    h_ptr, d_ptr, g_ptr, p_ptr, hn_ptr, o_ptr, D, eps,
+    POST: tl.constexpr, UNIT_OFFSET: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """One row per program: hn = h + (rms_norm(delta, post gain) if POST else delta), then
+    o = rms_norm(hn, gain); the same arithmetic as rms_norm_kernel and an add, one launch."""
+    row = tl.program_id(0).to(tl.int64) * D
+    lanes = tl.arange(0, BD)
+    inv_d = _inv_rms(d_ptr, row, D, eps, BD) if POST else 1.0
+    for d0 in range(0, D, BD):
+        mask = d0 + lanes < D
+        delta = tl.load(d_ptr + row + d0 + lanes, mask=mask, other=0.0)
+        if POST:
+            gp = tl.load(p_ptr + d0 + lanes, mask=mask, other=0.0)
+            if UNIT_OFFSET:
+                gp = 1.0 + gp
+            delta = delta * inv_d * gp
+        hn = tl.load(h_ptr + row + d0 + lanes, mask=mask, other=0.0) + delta
+        tl.store(hn_ptr + row + d0 + lanes, hn, mask=mask)
+    inv = _inv_rms(hn_ptr, row, D, eps, BD)
+    for d0 in range(0, D, BD):
+        mask = d0 + lanes < D
+        g = tl.load(g_ptr + d0 + lanes, mask=mask, other=0.0)
+        if UNIT_OFFSET:
+            g = 1.0 + g
+        tl.store(
+            o_ptr + row + d0 + lanes, tl.load(hn_ptr + row + d0 + lanes, mask=mask, other=0.0) * inv * g, mask=mask
+        )
 
 
 @triton.jit

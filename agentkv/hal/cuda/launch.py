@@ -77,6 +77,21 @@ def rms_norm(tiles: Tiles, x: torch.Tensor, gain: torch.Tensor, eps: float, unit
     return out
 
 
+def add_norm(tiles: Tiles, h, delta, gain, eps: float, unit_offset: bool, post_gain) -> tuple:
+    """Backend.add_norm in one launch: (h + (rms_norm(delta, post_gain) if post_gain is not
+    None else delta), rms_norm of that with `gain`), both f32 `[n, d]`."""
+    h, delta = h.contiguous(), delta.contiguous()
+    d = h.shape[-1]
+    h_new, normed = torch.empty_like(h), torch.empty_like(h)
+    block = min(tiles.norm, triton.next_power_of_2(d))
+    post = post_gain is not None
+    kernels.add_norm_kernel[(h.numel() // d,)](
+        h, delta, gain, post_gain if post else gain, h_new, normed, d, eps,
+        POST=post, UNIT_OFFSET=unit_offset, BD=block,
+    )  # fmt: skip
+    return h_new, normed
+
+
 class StepTables(NamedTuple):
     tables: torch.Tensor  # int32 [num_seqs, width]: each sequence's block table, 0-padded
     row_seq: torch.Tensor  # int32 [n]: query row -> sequence
