@@ -1,5 +1,7 @@
 """The house's size rules, checked over the package, the benchmarks and the tools:
-no module over 400 lines, no function over 60 lines, no function with more than 8 parameters.
+no module over 400 lines, no function over 60 lines, no function with more than 8 parameters
+(except a Triton kernel, `@triton.jit`: its parameters are its launch ABI, which takes no
+structs, so they are counted against the line limit only).
 
 `python tools/style_check.py` prints every breach and exits 1 if there is one;
 `--report` prints the counts (modules, longest, over the limits) and exits 0."""
@@ -31,6 +33,10 @@ def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     return len(names) + (a.vararg is not None) + (a.kwarg is not None)
 
 
+def is_triton_kernel(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any(ast.unparse(d).split("(")[0] in ("triton.jit", "jit") for d in fn.decorator_list)
+
+
 def measure(path: Path) -> tuple[int, list[tuple[str, int, int, int]]]:
     """(module lines, [(function name, first line, lines, parameters)])."""
     text = path.read_text()
@@ -39,7 +45,8 @@ def measure(path: Path) -> tuple[int, list[tuple[str, int, int, int]]]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             length = node.end_lineno - node.lineno + 1
-            functions.append((node.name, node.lineno, length, parameters(node)))
+            count = 0 if is_triton_kernel(node) else parameters(node)
+            functions.append((node.name, node.lineno, length, count))
     return len(text.splitlines()), functions
 
 

@@ -50,7 +50,9 @@ FLAGS: dict[str, Flag] = {
     f.knob: f
     for f in (
         Flag(
-            "backend", "compute backend: cpu (compiled kernels, the default), torch (portable), torch-cuda, reference"
+            "backend",
+            "compute backend: cpu (compiled kernels, the default), torch (portable), cuda (Triton kernels on an "
+            "NVIDIA GPU), torch-cuda, reference",
         ),
         Flag(
             "weights", "keep quantized weights quantized (resident) or dequantize at load (f32)", choices=WEIGHTS_MODES

@@ -3,6 +3,7 @@ whole-model checks."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -12,7 +13,7 @@ from agentkv.witness.ops import WitnessRow, run_ops
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--backend", required=True, help="backend to witness (cpu, torch, torch-cuda, reference)")
+    p.add_argument("--backend", required=True, help="backend to witness (cpu, torch, torch-cuda, cuda, reference)")
     p.add_argument("--model", help="also witness a whole forward of this model")
     p.add_argument("--weights", choices=["resident", "f32"], default="resident")
     p.add_argument(
@@ -27,15 +28,29 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+# backends whose witness always includes whole models (each a SKIP where it cannot run)
+MODEL_ROWS = {"cuda": "agentkv.witness.cuda_ops:model_rows"}
+
+
+def _model_rows(name: str, backend, reference, cause: str = "") -> list[WitnessRow]:
+    if name not in MODEL_ROWS:
+        return []
+    module_name, attr = MODEL_ROWS[name].split(":")
+    return getattr(importlib.import_module(module_name), attr)(backend, reference, cause)
+
+
 def run(args) -> int:
     reference = lookup("reference")
     try:
         backend = lookup(args.backend).set_activation_dtype(args.activation_dtype)
     except (BackendUnavailable, UnknownBackend, ValueError) as e:
         rows = [WitnessRow("backend", args.backend, math.nan, math.nan, None, math.nan, "SKIP", str(e))]
+        rows += _model_rows(args.backend, None, reference, str(e))
     else:
         rows = run_ops(backend, reference)
-        if args.model:
+        if not args.model:
+            rows += _model_rows(args.backend, backend, reference)
+        else:
             from agentkv.witness.model import witness_model
 
             dtype = args.kv_cache_dtype

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agentkv.hal.base import AttnMeta, Backend, KVSpec, RopeSpec, RopeStyle
+from agentkv.hal.base import AttnMeta, Backend, KVSpec, RopeSpec, RopeStyle, Tensor
 from agentkv.hal.blocks import AttentionSpec
 from agentkv.witness.group32_ops import group32_cases
 
@@ -72,12 +72,12 @@ def _w(be: Backend, arr: np.ndarray, name: str = "w"):
     return be.upload_weight(name, arr.astype(np.float32), 0, arr.shape)
 
 
-def _attention_case(
-    be: Backend, seed: int, h: int, kvh: int, hd: int, lens: list[int], window: int | None, softcap: float | None
-) -> np.ndarray:
-    """A batch of sequences each with some cached and some new rows; returns the output.
-    The store holds `be.kv_dtype` elements."""
-    rng, bs = _rng(seed), 16
+def attention_case(
+    be: Backend, seed: int, heads: tuple[int, int, int], lens: list[int], window: int | None, softcap: float | None,
+    q_lens: list[int] | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Sequences of `lens` keys whose last `q_lens` (a third) rows query them, heads (h, kvh, hd)."""
+    (h, kvh, hd), rng, bs = heads, _rng(seed), 16
     num_blocks = sum(-(-n // bs) for n in lens) + 1
     kv = be.allocate_kv(KVSpec(1, num_blocks, bs, kvh, hd, be.kv_dtype))
     tables, next_block = [], 1
@@ -86,7 +86,7 @@ def _attention_case(
         tables.append(tuple(range(next_block, next_block + nb)))
         next_block += nb
     # store every position's K/V, then query the last q_len rows of each sequence
-    q_lens = [max(1, n // 3) for n in lens]
+    q_lens = q_lens or [max(1, n // 3) for n in lens]
     pos = np.concatenate([np.arange(n) for n in lens])
     slots = np.concatenate([np.asarray(t)[np.arange(n) // bs] * bs + np.arange(n) % bs for t, n in zip(tables, lens)])
     k = rng.standard_normal((len(pos), kvh, hd)).astype(np.float32)
@@ -201,14 +201,14 @@ def _attention_cases():
     ]:
 
         def att(be, h=h, kvh=kvh, hd=hd, lens=lens, window=window, cap=cap):
-            return _attention_case(be, 5, h, kvh, hd, lens, window, cap)
+            return attention_case(be, 5, (h, kvh, hd), lens, window, cap)
 
         label = "attention" + (f"/window={window}" if window else "") + (f"/softcap={cap}" if cap else "")
         cases.append((label, f"h={h},kvh={kvh},hd={hd},lens={lens}", att, COSINE_FLOOR_F32, False))
     for h, kvh, hd, lens in [(9, 3, 64, [37, 600]), (4, 1, 256, [300]), (4, 2, 40, [70, 5])]:
 
         def att16(be, h=h, kvh=kvh, hd=hd, lens=lens):
-            return with_kv_dtype(be, "f16", lambda: _attention_case(be, 6, h, kvh, hd, lens, None, None))
+            return with_kv_dtype(be, "f16", lambda: attention_case(be, 6, (h, kvh, hd), lens, None, None))
 
         cases.append(("attention/kv=f16", f"h={h},kvh={kvh},hd={hd},lens={lens}", att16, COSINE_FLOOR_KV_F16, False))
     return cases
@@ -265,7 +265,7 @@ def _fused_cases():
                 qn,
                 kn,
             )
-            k, v = (np.asarray(c[0]).reshape(-1, kvh * hd)[slots] for c in (kv.k, kv.v))
+            k, v = (be.read(Tensor(c[0])).reshape(-1, kvh * hd)[slots] for c in (kv.k, kv.v))  # a device store too
             return np.concatenate([be.read(q).reshape(n, -1), k, v], axis=1)
 
         label = f"attention_inputs/{style.value}/rope_dim={dim}" + ("/qk_norm" if norm else "")

@@ -13,7 +13,7 @@ import torch
 
 from agentkv.hal.base import AttnMeta, KVSpec
 from agentkv.hal.registry import lookup
-from agentkv.witness.ops import COSINE_FLOOR_KV_F16, _attention_case, _attention_cases, compare, with_kv_dtype
+from agentkv.witness.ops import COSINE_FLOOR_KV_F16, _attention_cases, attention_case, compare, with_kv_dtype
 from tests.hal.conftest import K
 
 BACKENDS = ["cpu", "torch", "reference"]
@@ -129,9 +129,9 @@ def test_control_a_reference_that_kept_f32_kv_fails_the_f16_floor():
     by orders of magnitude, though it would pass the f32 floor."""
     cpu, ref = lookup("cpu"), lookup("reference")
     for h, kvh, hd, lens in [(9, 3, 64, [37, 600]), (4, 1, 256, [300])]:
-        case = (6, h, kvh, hd, lens, None, None)
-        got = with_kv_dtype(cpu, "f16", lambda case=case: _attention_case(cpu, *case))
-        row = compare("attention", "", _attention_case(ref, *case), got, COSINE_FLOOR_KV_F16)
+        case = (6, (h, kvh, hd), lens, None, None)
+        got = with_kv_dtype(cpu, "f16", lambda case=case: attention_case(cpu, *case))
+        row = compare("attention", "", attention_case(ref, *case), got, COSINE_FLOOR_KV_F16)
         assert row.status == "FAIL" and 1 - row.cosine > 100 * (1 - COSINE_FLOOR_KV_F16)
         assert row.cosine > 0.9999
 

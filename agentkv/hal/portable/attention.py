@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from agentkv.hal.base import AttnMeta
+from agentkv.hal.portable.steps import to_device
 
 GROUP = 16  # attention query tile: positions [16j, 16j + 16) share one fixed-shape tile
 
@@ -73,4 +74,4 @@ def _slots(table, num_keys: int, bs: int, device) -> torch.Tensor:
     slots = blocks[pos // bs] * bs + pos % bs
     if len(slots) < num_keys:  # keys past the last block: any valid slot, they are masked
         slots = np.concatenate([slots, np.full(num_keys - len(slots), slots[-1])])
-    return torch.as_tensor(slots, device=device)
+    return to_device(slots, device)

@@ -32,7 +32,7 @@ from agentkv.hal.base import (
     check_layout,
 )
 from agentkv.hal.portable.attention import paged_attention_portable
-from agentkv.hal.portable.steps import slots_tensor
+from agentkv.hal.portable.steps import slots_tensor, to_device
 from agentkv.hal.rope import rope_tables
 
 F32 = 0
@@ -103,7 +103,9 @@ class TorchBackend(Backend):
     def upload(self, array: np.ndarray) -> Tensor:
         """A copy: from_numpy alone would alias the caller's array, and in-place ops (the cpu
         backend's add_norm) would then write into host memory the caller still owns."""
-        return Tensor(torch.tensor(np.asarray(array), dtype=torch.float32, device=self.device))
+        if self.device.type == "cpu":
+            return Tensor(torch.tensor(np.asarray(array), dtype=torch.float32))
+        return Tensor(to_device(np.asarray(array, dtype=np.float32), self.device))
 
     def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
         from agentkv.formats.quants import dequantize
@@ -123,8 +125,7 @@ class TorchBackend(Backend):
         return Tensor(x.raw.reshape(shape))
 
     def take_rows(self, x: Tensor, rows) -> Tensor:
-        idx = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=self.device)
-        return Tensor(x.raw.index_select(0, idx))
+        return Tensor(x.raw.index_select(0, to_device(np.asarray(rows, dtype=np.int64), self.device)))
 
     def fuse_rows(self, weights: list[Weight], name: str) -> Weight | None:
         first = weights[0]
@@ -141,8 +142,7 @@ class TorchBackend(Backend):
     # -- ops ------------------------------------------------------------------------------
     def embedding(self, weight: Weight, ids) -> Tensor:
         check_layout(weight, F32_ONLY, f"{self.name} embedding")
-        idx = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
-        return Tensor(weight.raw.index_select(0, idx))
+        return Tensor(weight.raw.index_select(0, to_device(np.asarray(ids, dtype=np.int64), self.device)))
 
     def lora_add(self, x: Tensor, y: Tensor, row_slots: np.ndarray, pieces) -> Tensor:
         """The numpy per-row op on the host (CPU tensors only: their numpy views share memory)."""
@@ -200,8 +200,8 @@ class TorchBackend(Backend):
             return memo[1], memo[2]
         pos = np.asarray(positions, dtype=np.int64)
         cos_t, sin_t = rope_tables(spec, int(pos.max(initial=0)) + 1)
-        cos = torch.from_numpy(cos_t[pos]).to(self.device)[:, None, :]
-        sin = torch.from_numpy(sin_t[pos]).to(self.device)[:, None, :]
+        cos = to_device(cos_t[pos], self.device)[:, None, :]
+        sin = to_device(sin_t[pos], self.device)[:, None, :]
         self._rope_memo[spec] = (positions, cos, sin)
         return cos, sin
 

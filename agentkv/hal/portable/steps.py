@@ -52,12 +52,22 @@ def step_rows(meta: AttnMeta) -> StepRows:
 _SLOTS_MEMO: list = [(None, None)]  # (slot_mapping array, tensor)
 
 
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on `device` without a host sync: on a CUDA device the copy goes through
+    pinned memory with `non_blocking`, so the host never waits for the stream (a pageable
+    copy does: torch's sync debug mode counts it). On the CPU the tensor may alias `array`."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def slots_tensor(slot_mapping, device) -> torch.Tensor:
     """slot_mapping as an int64 tensor on device, converted once per step: the memo holds the
     array itself, so an identity match is never a recycled id."""
     last_arr, last = _SLOTS_MEMO[0]
     if last_arr is slot_mapping and last.device == device:
         return last
-    out = torch.as_tensor(np.asarray(slot_mapping, dtype=np.int64), device=device)
+    out = to_device(np.asarray(slot_mapping, dtype=np.int64), device)
     _SLOTS_MEMO[0] = (slot_mapping, out)
     return out
