@@ -32,6 +32,7 @@ def make_engine(model: str, value: str, knob: str = "kv_cache_dtype", **knobs):
 def greedy(model: str, value: str, prompts: list[list[int]], max_tokens: int, knob: str = "kv_cache_dtype", **knobs):
     """Token ids and sampled logits rows of each prompt, greedy, batched in one engine whose
     `knob` is `value` (`knobs`: more engine knobs, e.g. kv_cache_blocks)."""
+    from agentkv.runtime.outputs import merge_into
     from agentkv.runtime.params import SamplingParams
 
     engine = make_engine(model, value, knob, **knobs)
@@ -39,12 +40,11 @@ def greedy(model: str, value: str, prompts: list[list[int]], max_tokens: int, kn
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts):
         engine.add_request(f"p{i}", ids, params)
-    outs = {}
+    outs: dict = {}
     while engine.has_unfinished():
         for out in engine.step():
-            if out.finished:
-                outs[out.request_id] = out.token_ids
-    return [(outs[f"p{i}"], engine.recorded.pop(f"p{i}")) for i in range(len(prompts))]
+            merge_into(outs, out)
+    return [(outs[f"p{i}"].token_ids, engine.recorded.pop(f"p{i}")) for i in range(len(prompts))]
 
 
 def top1(model: str, value: str, sequences: list[list[int]], knob: str = "kv_cache_dtype") -> list[np.ndarray]:
