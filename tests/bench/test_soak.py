@@ -13,7 +13,7 @@ from agentkv.bench.soak import rss_check
 from agentkv.cli import main
 
 pytestmark = pytest.mark.slow
-SOAK_S = 60
+SOAK_S = 120
 
 
 def test_rss_check_measures_growth_after_the_warm_up_only():
