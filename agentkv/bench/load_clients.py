@@ -164,6 +164,9 @@ def chat_body(model: str, max_tokens: int, i: int, turn: int) -> dict:
     }
 
 
+HEAD_START_S = 0.1  # a storm's leaving clients arrive this much earlier than the others
+
+
 async def run_clients(
     base: str, model: str, max_tokens: int, plans: list[Plan], *, turns: int = 1, killed: bool = False
 ) -> Tally:
@@ -172,7 +175,11 @@ async def run_clients(
 
     tally = Tally()
 
+    leavers = any(leave is not None for leave, _ in plans)
+
     async def client_loop(i: int, plan: Plan) -> None:
+        if leavers and plan[0] is None:
+            await asyncio.sleep(HEAD_START_S)  # the clients that will leave are admitted first
         async with httpx.AsyncClient(base_url=base, timeout=600) as client:
             for turn in range(turns):
                 await one_request(client, chat_body(model, max_tokens, i, turn), tally, plan, killed)
