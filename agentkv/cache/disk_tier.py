@@ -57,6 +57,11 @@ IGNORED_REASONS = (*IGNORE_REASONS, "stale_tmp", "unreadable")  # DiskStats.igno
 GroupOf = Callable[[Hashable], str]  # a namespace -> its group (tenant): the unit a flush deletes
 
 
+def group_digest(group: str) -> str:
+    """The hex name of a group's folder: a digest, so no tenant name is on disk."""
+    return hashlib.sha256(b"agentkv-group\0" + group.encode()).hexdigest()
+
+
 class DiskStats(NamedTuple):
     hit_blocks: int = 0  # blocks served from disk (or from the write queue)
     hit_tokens: int = 0  # their tokens (hit_blocks x block_size)
@@ -133,7 +138,7 @@ class DiskTier:
 
     def group(self, namespace: Hashable) -> str:
         """The hex name of `namespace`'s group folder (a digest: no tenant name on disk)."""
-        return hashlib.sha256(b"agentkv-group\0" + str(self._group_of(namespace)).encode()).hexdigest()
+        return group_digest(str(self._group_of(namespace)))
 
     def _drop(self, key: str) -> None:
         """Forget and delete one file (caller holds the lock)."""
@@ -319,7 +324,7 @@ class DiskTier:
         """Delete the blocks of one group (the `group_of` value of a namespace, e.g. a tenant),
         or every block with None, from the queue, the index and the disk (mutates); returns
         how many files went."""
-        digest = None if group is None else hashlib.sha256(b"agentkv-group\0" + group.encode()).hexdigest()
+        digest = None if group is None else group_digest(group)
         self.flush()
         with self._lock:
             gone = [k for k, (g, _) in self._index.items() if digest is None or g == digest]

@@ -44,12 +44,9 @@ class KVDisk:
     ) -> None:
         self.read_block, self.write_block = block_io
         fingerprint = fingerprint_for(tuple(fingerprint_parts), kv_spec.block_size, kv_spec)
-        self.tier = DiskTier(Path(directory), fingerprint, capacity_bytes, self._read, tenant_of)
+        self.tier = DiskTier(Path(directory), fingerprint, capacity_bytes, self.read_block, tenant_of)
         self.write_through = write_through
         self.block_size = kv_spec.block_size
-
-    def _read(self, block: int) -> bytes:
-        return self.read_block(block)
 
     def attach(self, cache: RadixCache) -> None:
         """Write-back (unless write-through): blocks go to disk as the RAM cache evicts them."""
