@@ -5,7 +5,8 @@ stdout. tests/hal/test_cuda_backend.py asserts on it; nothing here decides a pas
 
 Sections: the op witness against the reference, row invariance (alone, batched, chunked) of
 every kernel with a control that breaks it, host reads during a decode step (the seventh
-fence) with a control, and a tiny model's logits against the reference and across splits."""
+fence) with a control, a tiny model's logits against the reference and across splits, and a
+tiny MoE model's (the grouped expert dispatch, host reads counted, with a control)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,7 @@ def attention_invariance(be, rng) -> list[str]:
 
 def main(folder: Path) -> None:
     from tests.hal.cuda_interp_model import fence_control, model_checks
+    from tests.hal.cuda_interp_moe import moe_checks
 
     be, ref = interpreter_backend(), lookup("reference")
     result, timings = {"identity": list(be.identity)}, {}
@@ -127,6 +129,7 @@ def main(folder: Path) -> None:
         ("invariance", lambda: invariance(be)),
         ("model", lambda: model_checks(folder, be, ref)),
         ("fence_control", lambda: fence_control(folder)),
+        ("moe", lambda: moe_checks(folder, be, ref)),
     ]:
         start = time.perf_counter()
         result[name] = fn()

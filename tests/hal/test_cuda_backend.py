@@ -95,6 +95,20 @@ def test_a_decode_step_reads_the_host_only_at_its_fences(interpreted):
     assert all(h.startswith("__float__ at ") and "cuda_interp_model.py" in h for h in control["hidden"]), control
 
 
+def test_the_expert_dispatch_is_exact_and_reads_nothing_back(interpreted):
+    """The grouped MoE dispatch (hal/cuda/moe.py) on a tiny Qwen3-MoE GGUF (Q8_0 and F16
+    experts): logits against the reference; one chunk == two == a decode row in a batch; no
+    host read in that step. The control (the portable dispatch) gives the same bits but reads
+    each layer's expert counts back, and the count catches both."""
+    m = interpreted["moe"]
+    assert m["cosine"] >= 0.9999 and m["argmax_equal"], m
+    assert m["chunked_equal"] and m["decode_in_batch_equal"] and m["control_rows_differ"], m
+    assert m["step_host_reads"]["hidden"] == [] and m["step_host_reads"]["fenced"] >= 1, m
+    control = m["control_host_reads"]
+    assert control["equal"] and len(control["hidden"]) == 2, control
+    assert all(h.startswith("tolist at ") and "portable/moe.py" in h for h in control["hidden"]), control
+
+
 def test_the_kernels_compile_for_the_h200_without_a_device():
     """Triton's own compiler lowers every kernel (f32 and the three block families of matmul,
     embedding, RMSNorm, add_norm, attention over f32 and f16 KV) to an sm_90 cubin here: the
@@ -102,7 +116,7 @@ def test_the_kernels_compile_for_the_h200_without_a_device():
     from agentkv.hal.cuda.compile_check import compile_all
 
     sizes = compile_all(90)
-    assert len(sizes) == 9 and all(size > 0 for size in sizes.values()), sizes
+    assert len(sizes) == 11 and all(size > 0 for size in sizes.values()), sizes
 
 
 @pytest.mark.cuda

@@ -13,8 +13,10 @@ whose bits torch would let depend on the row count on a GPU (GEMMs, reductions, 
 Per-step index tensors reach the device through pinned, non-blocking copies (`to_device`),
 and nothing reads the device but `read`, `argmax` and `read_block`: the seventh fence.
 
-`layer_norm`, `attention_dense` (encoders) and `moe_ffn` stay the portable torch versions:
-encoders are not cached, and the MoE dispatch counts its experts on the host (a sync).
+    moe_ffn: the routed rows sorted by expert on the device and one `grouped_matmul_kernel`
+        launch per projection (hal/cuda/moe.py): no host read of the counts
+
+`layer_norm` and `attention_dense` (encoders, not cached) stay the portable torch versions.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ class CudaBackend(TorchBackend):
         post = None if post_weight is None else post_weight.raw
         h_new, normed = launch.add_norm(self.tiles, h.raw, delta.raw, weight.raw, eps, unit_offset, post)
         return Tensor(h_new), Tensor(normed)
+
+    def moe_ffn(self, x: Tensor, weights, spec) -> Tensor:
+        from agentkv.hal.cuda.moe import moe_ffn
+
+        return moe_ffn(self, x, weights, spec)
 
     def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale, window=None, softcap=None) -> Tensor:
         tables = launch.step_tables(meta, self.device)

@@ -172,3 +172,34 @@ def attention_kernel(
         s = s * a + s_r * b
         m = m_new
     tl.store(o_ptr + (r * H + head) * HD + dims, acc / s, mask=dims < HD)
+
+
+@triton.jit
+def grouped_matmul_kernel(
+    x_ptr, w_ptr, o_ptr, tile_expert_ptr, tile_row_ptr, row_end_ptr, N, K, row_bytes, E,
+    QTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """The experts' matmuls of one MoE layer in one launch: rows sorted by expert, tile t of
+    BM rows from `tile_row[t]` (up to the expert's `row_end`) times expert `tile_expert[t]`'s
+    weight (`w` holds the E experts' `[N, K]` weights back to back). A tile past the last
+    expert's (`tile_expert` == E) stores nothing: the grid is sized without reading the
+    counts back. Each output element sums K from 0 in BK steps, as `matmul_kernel` does."""
+    t = tl.program_id(0)
+    e = tl.load(tile_expert_ptr + t)
+    end = tl.where(e < E, tl.load(row_end_ptr + tl.minimum(e, E - 1)), 0)  # an empty tile: no row is < 0
+    e = tl.minimum(e, E - 1).to(tl.int64)
+    rm = tl.load(tile_row_ptr + t) + tl.arange(0, BM)
+    rows_ok = rm < end
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + rk
+        x = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=rows_ok[:, None] & (kk[None, :] < K), other=0.0)
+        wmask = (rn[:, None] < N) & (kk[None, :] < K)
+        if QTYPE == F32:
+            w = tl.load(w_ptr + (e * N + rn[:, None]) * K + kk[None, :], mask=wmask, other=0.0)
+        else:
+            w = dequant(w_ptr, e * N + rn[:, None], kk[None, :], row_bytes, wmask, QTYPE)
+        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+    tl.store(o_ptr + rm[:, None] * N + rn[None, :], acc, mask=rows_ok[:, None] & (rn[None, :] < N))

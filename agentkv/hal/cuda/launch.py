@@ -143,3 +143,44 @@ def attention(
         H=h, KVH=spec.num_kv_heads, HD=hd, HDP=triton.next_power_of_2(hd), BN=tiles.keys, SOFTCAP=bool(softcap),
     )  # fmt: skip
     return out
+
+
+class ExpertTiles(NamedTuple):
+    """Where each grouped-matmul program works, built on the device from the routing (no host
+    read): rows sorted by expert, expert e's rows at [row_start[e], row_end[e])."""
+
+    tile_expert: torch.Tensor  # int64 [tiles]: the program's expert, E for an empty tile
+    tile_row: torch.Tensor  # int64 [tiles]: its first sorted row
+    row_end: torch.Tensor  # int64 [E]
+    num_tiles: int  # cdiv(rows, bm) + E: at least the tiles the counts need, known on the host
+
+
+def expert_tiles(tiles: Tiles, chosen_sorted: torch.Tensor, num_experts: int) -> ExpertTiles:
+    """The tile tables of `chosen_sorted` (the experts of the sorted rows, ascending)."""
+    device, bm = chosen_sorted.device, tiles.bm
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, chosen_sorted, torch.ones_like(chosen_sorted))  # bincount reads its max back
+    row_end = torch.cumsum(counts, 0)
+    per_expert = (counts + bm - 1) // bm
+    tiles_end = torch.cumsum(per_expert, 0)
+    num_tiles = triton.cdiv(chosen_sorted.shape[0], bm) + num_experts
+    t = torch.arange(num_tiles, dtype=torch.int64, device=device)
+    expert = torch.searchsorted(tiles_end, t, right=True)
+    e = expert.clamp(max=num_experts - 1)
+    tile_row = (row_end - counts)[e] + (t - (tiles_end - per_expert)[e]) * bm
+    return ExpertTiles(expert, tile_row, row_end, num_tiles)
+
+
+def grouped_matmul(tiles: Tiles, x: torch.Tensor, stacked: Weight, num_experts: int, where: ExpertTiles):
+    """Rows of `x` `[m, k]` (sorted by expert) times their expert's weight: `stacked` holds the
+    experts' `[n, k]` weights back to back (`shape` `[E * n, k]`) -> f32 `[m, n]`."""
+    x = x.contiguous()
+    m, k = x.shape
+    n = stacked.shape[0] // num_experts
+    out = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    row_bytes = stacked.raw.shape[1] if stacked.qtype else 0
+    kernels.grouped_matmul_kernel[(where.num_tiles, triton.cdiv(n, tiles.bn))](
+        x, stacked.raw, out, where.tile_expert, where.tile_row, where.row_end, n, k, row_bytes, num_experts,
+        QTYPE=stacked.qtype, BM=tiles.bm, BN=tiles.bn, BK=tiles.bk,
+    )  # fmt: skip
+    return out

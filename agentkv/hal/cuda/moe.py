@@ -1,0 +1,69 @@
+"""The `cuda` backend's expert dispatch, without a host read: the portable dispatch
+(hal/portable/moe.py) counts each expert's tokens on the host to slice them, a sync per MoE
+layer on a device. Here the routed rows are sorted by expert on the device, and one grouped
+launch per projection runs every expert's rows (`grouped_matmul_kernel`), its grid sized by
+an upper bound the host knows (`cdiv(rows, BM) + E` tiles) rather than by the counts.
+
+    slots:   | token 0: rank 0 .. rank k-1 | token 1: ... |      (slot s = token * k + rank)
+    sorted:  | expert 0's slots | expert 1's slots | ...     (a stable sort of the chosen ids)
+
+Each slot's output row depends only on its token's row and its expert's weight, and each
+token sums its slots in rank order (as the portable dispatch does), so a token's bits never
+depend on which tokens share its batch. The experts' weights are stacked once per layer on
+first use (each expert's Weight then views its part, so memory is not doubled).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentkv.hal.base import Layout, Tensor, Weight
+from agentkv.hal.blocks import Experts, MoEFFN, MoEFFNSpec
+from agentkv.hal.cuda import launch
+from agentkv.hal.portable.moe import add_shared, route
+
+
+def stack(ws: tuple[Weight, ...], name: str) -> Weight:
+    """One Weight `[E * n, k]` holding the experts' weights back to back; each expert's
+    `raw` becomes a view of its rows (its old storage is freed with its last reference)."""
+    first = ws[0]
+    if any(w.qtype != first.qtype or w.shape != first.shape for w in ws):
+        raise ValueError(f"{name}: experts of mixed types or shapes cannot be stacked: {ws}")
+    stacked = torch.stack([w.raw for w in ws]).reshape(len(ws) * first.raw.shape[0], -1)
+    for e, w in enumerate(ws):
+        w.raw = stacked[e * first.raw.shape[0] : (e + 1) * first.raw.shape[0]]
+    shape = (len(ws) * first.shape[0], first.shape[1])
+    layout = Layout.ROW_MAJOR_F32 if first.qtype == 0 else Layout.GGUF_ROWS
+    return Weight(stacked, shape, first.qtype, name, layout=layout)
+
+
+def stacked_experts(backend, experts: Experts) -> tuple[Weight, Weight, Weight]:
+    """The layer's (gate, up, down) stacks, built on first use and kept while the backend lives."""
+    memo = backend.__dict__.setdefault("_stacked_experts", {})
+    entry = memo.get(id(experts))
+    if entry is None or entry[0] is not experts:
+        parts = tuple(stack(getattr(experts, p), f"experts.{p}") for p in ("gate", "up", "down"))
+        entry = memo[id(experts)] = (experts, parts)
+    return entry[1]
+
+
+def moe_ffn(backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec) -> Tensor:
+    """`Backend.moe_ffn` with grouped launches: see the module docstring. x `[n, d]` -> `[n, d]`."""
+    xs = x.raw
+    n, k, num_experts = xs.shape[0], spec.top_k, spec.num_experts
+    chosen, probs = route(backend.matmul(x, weights.router).raw, spec)
+    flat = chosen.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    where = launch.expert_tiles(backend.tiles, flat[order], num_experts)
+    gate, up, down = stacked_experts(backend, weights.experts)
+    rows = xs.index_select(0, order // k)
+    gate_rows = launch.grouped_matmul(backend.tiles, rows, gate, num_experts, where)
+    up_rows = launch.grouped_matmul(backend.tiles, rows, up, num_experts, where)
+    hidden = backend.glu([Tensor(gate_rows), Tensor(up_rows)], spec.act).raw
+    slots_out = torch.empty((n * k, xs.shape[1]), dtype=torch.float32, device=xs.device)
+    slots_out.index_copy_(0, order, launch.grouped_matmul(backend.tiles, hidden, down, num_experts, where))
+    per_rank = slots_out.view(n, k, -1)
+    out = probs[:, :1] * per_rank[:, 0]
+    for j in range(1, k):
+        out = out + probs[:, j : j + 1] * per_rank[:, j]
+    return add_shared(backend, x, weights, spec, out)
