@@ -11,10 +11,18 @@ call, where a chunk starts, or what else is in the batch.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from agentkv.hal.handles import (  # noqa: F401  (re-exported: the contract)
+    ACTIVATION_TENSOR_DTYPE,
+    WEIGHT_RESIDENCY,
+    BackendUnavailable,
+    Capabilities,
+    Tensor,
+    Weight,
+)
 from agentkv.hal.identity import Identity, fingerprint_of
 from agentkv.hal.layout import Layout, LayoutError, check_layout  # noqa: F401  (re-exported: the contract)
 from agentkv.hal.specs import (  # noqa: F401
@@ -34,54 +42,6 @@ if TYPE_CHECKING:
     from agentkv.hal.blocks import AttentionSpec, BlockSpec, DecoderLayer
 
 BackendClass = Literal["reference", "approx"]
-
-
-class Tensor:
-    """An opaque handle to a backend-owned activation. `raw` belongs to the backend alone."""
-
-    __slots__ = ("raw",)
-
-    def __init__(self, raw: Any):
-        self.raw = raw
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.raw.shape)
-
-    def __repr__(self) -> str:
-        return f"Tensor(shape={self.shape})"
-
-
-class BackendUnavailable(RuntimeError):
-    """A registered backend that cannot run here; the message names the cause (no device, a
-    missing dependency or compiler, a CPU feature, a failed kernel build)."""
-
-
-class Weight:
-    """A resident weight: the backend's own format (f32, or quantized blocks kept as such).
-
-    `shape` is the logical numpy-order shape (`[out, in]` for a linear weight); `qtype`
-    is the gguf quant type the resident data is in (F32 after dequantization); `layout`
-    says how `raw` holds it (F32 is ROW_MAJOR_F32, a quant type GGUF_ROWS)."""
-
-    __slots__ = ("raw", "shape", "qtype", "name", "layout")
-
-    def __init__(self, raw: Any, shape: tuple[int, ...], qtype: int, name: str = "", *, layout: Layout):
-        self.raw, self.shape, self.qtype, self.name = raw, tuple(shape), int(qtype), name
-        self.layout = Layout(layout)
-        if (self.layout is Layout.ROW_MAJOR_F32) != (self.qtype == 0):
-            raise LayoutError(f"weight {name!r}: layout {self.layout.value!r} cannot hold qtype {self.qtype}")
-
-    def __repr__(self) -> str:
-        return f"Weight({self.name!r}, shape={self.shape}, qtype={self.qtype}, layout={self.layout.value!r})"
-
-
-class Capabilities(NamedTuple):
-    device: str  # "cpu", "cuda:0", ...
-    resident_qtypes: frozenset[int]  # gguf quant types kept quantized in memory
-    asynchronous: bool = False  # ops may return before the work is done
-    fused_attention: bool = False
-    layouts: frozenset[Layout] = frozenset({Layout.ROW_MAJOR_F32})  # weight layouts the ops read
 
 
 class Backend(ABC):

@@ -72,7 +72,8 @@ class ReferenceBackend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(device="cpu", resident_qtypes=frozenset())
+        # the oracle loops in Python over each row's keys (one fixed order, readable)
+        return Capabilities(device="cpu", resident_qtypes=frozenset(), row_loops=frozenset({"attention"}))
 
     def upload(self, array: np.ndarray) -> Tensor:
         return Tensor(np.array(array, dtype=np.float32, copy=True))

@@ -13,6 +13,7 @@ from agentkv.formats.resolve import open_model
 from agentkv.formats.tokenizer import load_tokenizer
 from agentkv.hal.identity import describe
 from agentkv.hal.registry import lookup
+from agentkv.hal.residency import check_weights_fit
 from agentkv.models.base import LoadOptions
 from agentkv.models.registry import load_model
 from agentkv.runtime.config import DEFAULT_KV_MEMORY, EngineConfig
@@ -33,6 +34,7 @@ def load(config: EngineConfig) -> Loaded:
     source = open_model(config.model)
     backend = lookup(config.backend, config.cache.dtype, config.activation_dtype)
     log.info("%s, kv %s, activations %s", describe(backend.identity), backend.kv_dtype, backend.activation_dtype)
+    check_weights_fit(source, backend, resident=config.weights == "resident")
     model = load_model(source, backend, LoadOptions(weights=config.weights))
     try:
         template = load_chat_template(source)

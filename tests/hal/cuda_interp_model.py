@@ -11,6 +11,7 @@ import numpy as np
 from agentkv.formats.resolve import open_model
 from agentkv.models.registry import load_model
 from agentkv.runtime.runner import Chunk, ModelRunner
+from agentkv.witness.contract import OpWatch
 from agentkv.witness.host_sync import HostReads
 from agentkv.witness.ops import cosine
 
@@ -85,7 +86,7 @@ def model_checks(folder: Path, be, ref) -> dict:
     batched = _runner(folder, be)
     batched.run([Chunk(PROMPT[:-1], 0, table, None)])
     other = Chunk(PROMPT[::-1][:3], 0, list(range(8, 9)), "all")
-    with HostReads(be) as reads:
+    with HostReads(be) as reads, OpWatch(be, count_calls=False) as watch:
         step = batched.run([other, Chunk(PROMPT[-1:], len(PROMPT) - 1, table, "last")])
     return {
         "cosine": cosine(want, got),
@@ -94,6 +95,8 @@ def model_checks(folder: Path, be, ref) -> dict:
         "decode_in_batch_equal": bool(np.array_equal(step[-1], got[-1])),
         "control_rows_differ": not np.array_equal(got[-1], got[-2]),
         "step_host_reads": {"hidden": reads.hidden, "fenced": reads.fenced},
+        "step_off_dtype": watch.off_dtype,
+        "step_results": watch.checked,
     }
 
 

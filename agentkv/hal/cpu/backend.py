@@ -53,6 +53,7 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             asynchronous=False,
             fused_attention=True,
             layouts=LAYOUTS,
+            weights="mapped",  # the file's blocks are the weights (upload_weight)
         )
 
     @property

@@ -52,6 +52,7 @@ class CudaBackend(TorchBackend):
             asynchronous=not self.interpreter,
             fused_attention=True,
             layouts=LAYOUTS,
+            weights="copied" if self.interpreter else "device",
         )
 
     @property

@@ -13,7 +13,7 @@ import triton
 
 from agentkv.hal.base import AttnMeta, Weight
 from agentkv.hal.cuda import kernels
-from agentkv.hal.portable.steps import to_device
+from agentkv.hal.portable.steps import padded_tables, to_device
 
 
 class Tiles(NamedTuple):
@@ -108,11 +108,10 @@ def step_tables(meta: AttnMeta, device: torch.device) -> StepTables:
     last_meta, last = _TABLES_MEMO[0]
     if last_meta is meta and last.tables.device == device:
         return last
-    width = max(len(t) for t in meta.block_tables)
-    num_seqs, n = len(meta.block_tables), len(meta.positions)
+    padded = padded_tables(meta.block_tables)
+    (num_seqs, width), n = padded.shape, len(meta.positions)
     host = np.zeros(num_seqs * width + 2 * n, np.int32)
-    for i, table in enumerate(meta.block_tables):
-        host[i * width : i * width + len(table)] = table
+    host[: num_seqs * width] = padded.reshape(-1)
     host[num_seqs * width : num_seqs * width + n] = np.repeat(np.arange(num_seqs), meta.query_lens)
     host[num_seqs * width + n :] = meta.positions
     packed = to_device(host, device)

@@ -97,6 +97,8 @@ class TorchBackend(Backend):
             resident_qtypes=frozenset(),
             asynchronous=self.device.type == "cuda",
             layouts=F32_ONLY,
+            row_loops=frozenset({"attention"}),  # one padded 16-row tile loop per sequence
+            weights="device" if self.device.type == "cuda" else "copied",
         )
 
     # -- data in and out ------------------------------------------------------------------

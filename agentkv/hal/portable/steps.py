@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -18,14 +19,22 @@ def kernel_meta(meta: AttnMeta):
     last_meta, last = _META_MEMO[0]
     if last_meta is meta:
         return last
-    width = max(len(t) for t in meta.block_tables)
-    tables = np.zeros((len(meta.block_tables), width), np.int32)
-    for i, t in enumerate(meta.block_tables):
-        tables[i, : len(t)] = t
+    tables = padded_tables(meta.block_tables)
     row_seq = np.repeat(np.arange(len(meta.query_lens), dtype=np.int32), meta.query_lens)
     out = (torch.from_numpy(tables), torch.from_numpy(row_seq), torch.from_numpy(meta.positions.astype(np.int32)))
     _META_MEMO[0] = (meta, out)
     return out
+
+
+def padded_tables(block_tables) -> np.ndarray:
+    """The sequences' block tables as int32 `[num_seqs, width]`, 0-padded, without a Python
+    loop over the sequences (an op's Python work must not grow with its batch: the ledger's
+    row-loop fence, agentkv/witness/contract.py)."""
+    lens = np.fromiter(map(len, block_tables), np.int64, len(block_tables))
+    width = int(lens.max(initial=1))
+    tables = np.zeros((len(block_tables), width), np.int32)
+    tables[np.arange(width) < lens[:, None]] = np.fromiter(chain.from_iterable(block_tables), np.int32, int(lens.sum()))
+    return tables
 
 
 class StepRows(NamedTuple):
