@@ -6,8 +6,8 @@ whose bits torch would let depend on the row count on a GPU (GEMMs, reductions, 
     embedding of quantized rows: `embedding_kernel`, elementwise dequantization
     rms_norm (and the q/k norms built on it): `rms_norm_kernel`, a program per row
     add_norm (residual add, optional post norm, next norm): `add_norm_kernel`, one launch
-    attention (prefill and decode, windows, softcap, f16 KV): `attention_kernel`, a program
-        per (row, head), 256-key ranges merged in ascending order
+    attention (prefill and decode, windows, softcap, sinks, f16 KV): `attention_kernel`, a
+        program per (row, head), 256-key ranges merged in ascending order, then the sink
     rope, glu, gated_act, add, scale, kv_store: torch elementwise, one IEEE op per element
 
 Per-step index tensors reach the device through pinned, non-blocking copies (`to_device`),
@@ -105,6 +105,13 @@ class CudaBackend(TorchBackend):
     def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale, window=None, softcap=None) -> Tensor:
         tables = launch.step_tables(meta, self.device)
         return Tensor(launch.attention(self.tiles, q.raw, kv, layer, tables, scale, window, softcap))
+
+    def attention_sinks(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale, window, sinks, softcap=None):
+        """`attention` with each head's learned logit `sinks` `[h]` (a Weight, or None) in every
+        row's softmax denominator, added after the last 256-key range (gpt-oss)."""
+        tables = launch.step_tables(meta, self.device)
+        sink = None if sinks is None else sinks.raw.to(torch.float32).contiguous()
+        return Tensor(launch.attention(self.tiles, q.raw, kv, layer, tables, scale, window, softcap, sink))
 
 
 __all__ = ["CudaBackend"]

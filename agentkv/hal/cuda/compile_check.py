@@ -15,7 +15,18 @@ from agentkv.hal.cuda.dequant import BLOCKS
 from agentkv.hal.cuda.launch import DEVICE_TILES
 
 _MATMUL = ("x_ptr", "w_ptr", "b_ptr", "o_ptr", "M", "N", "K", "row_bytes")
-_ATTENTION = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "tables_ptr", "row_seq_ptr", "pos_ptr", "scale", "window", "softcap")
+_ATTENTION = (
+    "q_ptr",
+    "k_ptr",
+    "v_ptr",
+    "o_ptr",
+    "tables_ptr",
+    "row_seq_ptr",
+    "pos_ptr",
+    "sinks_ptr",
+    "scale",
+    "window",
+)
 
 
 def variants(everything: bool) -> list[tuple[str, object, dict, dict]]:
@@ -29,7 +40,7 @@ def variants(everything: bool) -> list[tuple[str, object, dict, dict]]:
         consts = {"QTYPE": q, "HAS_BIAS": q == 0, "BM": t.bm, "BN": t.bn, "BK": t.bk}
         out.append((f"matmul/qtype={q}", kernels.matmul_kernel, sig, consts))
     grouped = ("x_ptr", "w_ptr", "o_ptr", "tile_expert_ptr", "tile_row_ptr", "row_end_ptr", "N", "K", "row_bytes", "E")
-    for q in (0, 8):
+    for q in (0, 39):  # f32 experts, and MXFP4 (gpt-oss's)
         ptrs = ("*fp32", "*fp32" if q == 0 else "*u8", "*fp32", "*i64", "*i64", "*i64")
         sig = dict(zip(grouped, (*ptrs, "i32", "i32", "i32", "i32")))
         consts = {"QTYPE": q, "BM": t.bm, "BN": t.bn, "BK": t.bk}
@@ -45,11 +56,11 @@ def variants(everything: bool) -> list[tuple[str, object, dict, dict]]:
     out.append(("add_norm/post", kernels.add_norm_kernel, add, {"POST": True, "UNIT_OFFSET": True, "BD": t.norm}))
     for kv, softcap in (("fp32", False), ("fp16", True)):
         sig = dict(
-            zip(_ATTENTION, ("*fp32", f"*{kv}", f"*{kv}", "*fp32", "*i32", "*i32", "*i32", "fp32", "i32", "fp32"))
+            zip(_ATTENTION, ("*fp32", f"*{kv}", f"*{kv}", "*fp32", "*i32", "*i32", "*i32", "*fp32", "fp32", "i32"))
         )
-        sig.update(W="i32", BS="i32")
-        consts = {"H": 8, "KVH": 2, "HD": 64, "HDP": 64, "BN": t.keys, "SOFTCAP": softcap}
-        out.append((f"attention/kv={kv}/softcap={softcap}", kernels.attention_kernel, sig, consts))
+        sig.update(softcap="fp32", W="i32", BS="i32")
+        consts = {"H": 8, "KVH": 2, "HD": 64, "HDP": 64, "BN": t.keys, "SOFTCAP": softcap, "SINKS": not softcap}
+        out.append((f"attention/kv={kv}/softcap={softcap}/sinks={not softcap}", kernels.attention_kernel, sig, consts))
     return out
 
 

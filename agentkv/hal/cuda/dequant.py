@@ -15,6 +15,7 @@ dequantization up to the order of one multiply-add (the witness floors cover tha
     I4G32  24 B / 32:  | scale f32 | zero f32 | qs x16 (Q4_0 order) |  scale * (q - zero)
     I8G32  40 B / 32:  | scale f32 | zero f32 | qs u8 x32 |             scale * (q - zero)
     F8G32  36 B / 32:  | scale f32 | qs e4m3fn x32 |                   e4m3(q) * scale
+    MXFP4  17 B / 32:  | e E8M0 | qs x16 (Q4_0 order) |      e2m1x2(q) * 2^(e - 128)
 (the group-32 blocks of GPTQ, AWQ and compressed-tensors checkpoints: formats/quants/group32.py)
 """
 
@@ -25,10 +26,12 @@ import triton.language as tl
 
 F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 1, 2, 3, 8, 12, 13, 14, 30
 I4G32, I8G32, F8G32 = 1004, 1008, 1016
+MXFP4 = 39
 # the same codes as the kernels see them (a jitted function reads only constexpr globals)
 _F16, _Q4_0, _Q4_1, _Q8_0 = tl.constexpr(F16), tl.constexpr(Q4_0), tl.constexpr(Q4_1), tl.constexpr(Q8_0)
 _Q4_K, _Q5_K, _Q6_K, _BF16 = tl.constexpr(Q4_K), tl.constexpr(Q5_K), tl.constexpr(Q6_K), tl.constexpr(BF16)
 _I4G32, _I8G32, _F8G32 = tl.constexpr(I4G32), tl.constexpr(I8G32), tl.constexpr(F8G32)
+_MXFP4 = tl.constexpr(MXFP4)
 
 # qtype -> (weights per block, bytes per block): the formats `dequant` reads
 BLOCKS: dict[int, tuple[int, int]] = {
@@ -43,6 +46,7 @@ BLOCKS: dict[int, tuple[int, int]] = {
     I4G32: (32, 24),
     I8G32: (32, 40),
     F8G32: (32, 36),
+    MXFP4: (32, 17),
 }
 
 
@@ -97,6 +101,24 @@ def _k4_scale_min(sp, sub, mask):
 
 
 @triton.jit
+def _e2m1x2(q):
+    """An E2M1 code (sign in bit 3) doubled, as ggml keeps it: 0, 1, 2, 3, 4, 6, 8, 12."""
+    m = q & 7
+    e = m >> 1
+    mag = tl.where(e == 0, m & 1, (1 << e) + (m & 1) * (1 << e) // 2).to(tl.float32)
+    return tl.where(q >= 8, -mag, mag)
+
+
+@triton.jit
+def _e8m0_half(e):
+    """2^(e - 128) from its float32 bits (e = 0 and 1 as the subnormals 2^-128 and 2^-127),
+    as ggml's GGML_E8M0_TO_FP32_HALF; each product with `_e2m1x2` is exact in f32."""
+    e = e.to(tl.uint32)
+    bits = tl.where(e < 2, tl.full(e.shape, 0x00200000, tl.uint32) << e, (e - 1) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def dequant(w_ptr, rows, cols, row_bytes, mask, QTYPE: tl.constexpr):
     """f32 weights at (`rows`, `cols`) (broadcast int32 index tensors) of a byte tensor of
     gguf rows `row_bytes` long; masked-out elements are 0."""
@@ -144,6 +166,10 @@ def dequant(w_ptr, rows, cols, row_bytes, mask, QTYPE: tl.constexpr):
     elif QTYPE == _F8G32:
         blk = w_ptr + rows * row_bytes + (cols // 32) * 36
         out = _e4m3(_byte(blk + 4 + cols % 32, mask)) * _f32(blk, mask)
+    elif QTYPE == _MXFP4:
+        blk = w_ptr + rows * row_bytes + (cols // 32) * 17
+        j = cols % 32
+        out = _e2m1x2((_byte(blk + 1 + j % 16, mask) >> (4 * (j // 16))) & 0xF) * _e8m0_half(_byte(blk, mask))
     else:
         tl.static_assert(QTYPE == _Q6_K, "dequant: unsupported qtype")
         blk = w_ptr + rows * row_bytes + (cols // 256) * 210

@@ -143,14 +143,16 @@ def _range_partial(
 
 @triton.jit
 def attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, row_seq_ptr, pos_ptr, scale, window, softcap, W, BS,
+    q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, row_seq_ptr, pos_ptr, sinks_ptr, scale, window, softcap, W, BS,
     H: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr, BN: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
 ):  # fmt: skip
     """One program per (query row, head): causal attention over the row's paged keys
     [lo, pos], lo = max(pos + 1 - window, 0) (no window: a window past every position). Keys are cut at absolute
     multiples of KEY_RANGE; each range's partial softmax is merged into the running one in
-    ascending order, so a query's bits never depend on the rows around it."""
+    ascending order, so a query's bits never depend on the rows around it. With SINKS, the
+    head's learned logit `sinks[head]` joins the denominator after the last range (gpt-oss),
+    as the cpu kernel adds it."""
     r = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     kvh = head // (H // KVH)
@@ -171,6 +173,12 @@ def attention_kernel(
         acc = acc * a + acc_r * b
         s = s * a + s_r * b
         m = m_new
+    if SINKS:
+        sink = tl.load(sinks_ptr + head)
+        m_new = tl.maximum(m, sink)
+        a = tl.exp(m - m_new)
+        acc = acc * a
+        s = s * a + tl.exp(sink - m_new)
     tl.store(o_ptr + (r * H + head) * HD + dims, acc / s, mask=dims < HD)
 
 

@@ -126,9 +126,10 @@ def step_tables(meta: AttnMeta, device: torch.device) -> StepTables:
 
 
 def attention(
-    tiles: Tiles, q: torch.Tensor, kv, layer: int, step: StepTables, scale: float, window, softcap
+    tiles: Tiles, q: torch.Tensor, kv, layer: int, step: StepTables, scale: float, window, softcap, sinks=None
 ) -> torch.Tensor:
-    """Paged causal attention of q `[n, h, hd]` over the TorchKV store -> `[n, h, hd]`."""
+    """Paged causal attention of q `[n, h, hd]` over the TorchKV store -> `[n, h, hd]`;
+    `sinks` f32 `[h]` (or None): each head's logit in every row's denominator."""
     q = q.contiguous()
     n, h, hd = q.shape
     spec = kv.spec
@@ -138,8 +139,9 @@ def attention(
     no_window = 1 << 30  # past every position: lo = 0
     kernels.attention_kernel[(n, h)](
         q, kv.k_slots[layer], kv.v_slots[layer], out, step.tables, step.row_seq, step.positions,
-        float(scale), int(window or no_window), float(softcap or 0.0), step.width, spec.block_size,
-        H=h, KVH=spec.num_kv_heads, HD=hd, HDP=triton.next_power_of_2(hd), BN=tiles.keys, SOFTCAP=bool(softcap),
+        out if sinks is None else sinks, float(scale), int(window or no_window), float(softcap or 0.0), step.width,
+        spec.block_size, H=h, KVH=spec.num_kv_heads, HD=hd, HDP=triton.next_power_of_2(hd), BN=tiles.keys,
+        SOFTCAP=bool(softcap), SINKS=sinks is not None,
     )  # fmt: skip
     return out
 
