@@ -89,8 +89,9 @@ def mxfp4_lines(result: dict) -> list[str]:
     q4 = {r["m"]: r for r in result["rows"] if r["format"] == "Q4_0"}
     for r in result["rows"]:
         ratio = r["ms_per_expert"] / q4[r["m"]]["ms_per_expert"]
-        lines.append(
-            f"  - {r['format']} m={r['m']}: {r['ms_per_expert']:.2f} ms/expert, {r['gbs']:.1f} GB/s "
-            f"({100 * r['of_bandwidth']:.0f}% of bandwidth), {r['gflops']:.0f} GFLOP/s; time / Q4_0's {ratio:.2f}"
-        )
+        parts = [f"{r['ms_per_expert']:.2f} ms/expert"]
+        if r["m"] == 1:  # weights stream from DRAM only in the sweep
+            parts.append(f"{r['gbs']:.1f} GB/s ({100 * r['of_bandwidth']:.0f}% of bandwidth)")
+        parts.append(f"{r['gflops']:.0f} GFLOP/s; time / Q4_0's {ratio:.2f}")
+        lines.append(f"  - {r['format']} m={r['m']}: " + ", ".join(parts))
     return lines
