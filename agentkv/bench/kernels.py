@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from agentkv.bench.common import bar_plot, envelope, print_paths, table, write_outputs
+from agentkv.bench.kernels_mxfp4 import bench_mxfp4, mxfp4_lines
 
 Q4_1, Q8_0 = 3, 8
 SHAPES = [  # label, tensor name in the GGUF, n, k, qtype
@@ -239,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
     sweep, attn = bench_sweep(K, weights, timer, args.seconds * 3), bench_attention(K, timer, args.seconds)
     steps = bench_steps(timer, args.seconds * 3, args.step_rows) if args.step_rows else []
     attn["long_decode"] = bench_long_decode(K, timer, args.seconds)
+    mxfp4 = bench_mxfp4(K, timer, args.seconds * 3, args.m)
     payload = envelope(
         "kernels",
         threads=args.threads,
@@ -249,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
         sweep=sweep,
         attention=attn,
         steps=steps,
+        mxfp4=mxfp4,
     )
     out = Path(args.out)
     md = [f"{source}; {args.threads} threads; {args.clock} clock; kernels {K.isa()}", ""]
@@ -275,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
     )
     md += attention_lines(attn)
     md += steps_lines(steps)
+    md += mxfp4_lines(mxfp4)
     groups = {f"m={m}": {r["shape"].split()[0]: r["speedup"] for r in shapes if r["m"] == m} for m in args.m}
     png = bar_plot(out / "kernels.png", "compiled qmatmul speedup over torch f32 F.linear", groups, "×")
     md.append(f"\n![kernels]({png.name})" if png else "")

@@ -117,6 +117,8 @@ def test_kernels_tiny(tmp_path):
     assert all(r["speedup"] > 0 for r in payload["shapes"])
     long = payload["attention"]["long_decode"]
     assert long["context"] == 8192 and long["decode_f32_us"] > 0 and long["decode_f16_us"] > 0
+    mxfp4 = {(r["format"], r["m"]): r for r in payload["mxfp4"]["rows"]}
+    assert set(mxfp4) == {("MXFP4", 1), ("Q4_0", 1)} and all(r["gbs"] > 0 for r in mxfp4.values())
 
 
 def test_missing_peer_is_skipped_not_passed(tmp_path, monkeypatch):
