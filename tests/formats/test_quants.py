@@ -227,11 +227,12 @@ def test_quant_names_and_quantizable_exact():
         13: "Q5_K",
         14: "Q6_K",
         30: "BF16",
+        39: "MXFP4",
         1004: "I4G32",
         1008: "I8G32",
         1016: "F8G32",  # agentkv's own group-32 blocks (quant checkpoints)
     }
-    assert QUANTIZABLE == {0, 1, 2, 3, 6, 7, 8, 30}
+    assert QUANTIZABLE == {0, 1, 2, 3, 6, 7, 8, 30, 39}
 
 
 def test_block_info_and_row_bytes():

@@ -1,6 +1,6 @@
 """The quant entry points: `dequantize`/`quantize` by gguf type number, and `QUANT_NAMES`.
 
-Importing this module registers every codec (floats, legacy, K-quants).
+Importing this module registers every codec (floats, legacy, K-quants, MXFP4).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from agentkv.formats.quants import floats, group32, kquants, legacy  # noqa: F401  (registration)
+from agentkv.formats.quants import floats, group32, kquants, legacy, mxfp4  # noqa: F401  (registration)
 from agentkv.formats.quants.base import get_codec, registered
 
 # gguf type number -> format name, for every type this package can dequantize.
