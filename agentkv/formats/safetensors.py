@@ -25,6 +25,7 @@ from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, get_tensor_name_map
 from agentkv.formats.errors import SafetensorsError
 from agentkv.formats.hparams import HF_ARCH, hparams_from_config
 from agentkv.formats.quant_ckpt import QuantModule, describe, find_modules, load_module, parse_scheme
+from agentkv.formats.quant_ckpt import mxfp4 as mx
 from agentkv.formats.source import HParams, ModelSource, TensorInfo
 
 # safetensors dtype -> (numpy dtype as stored, ggml type of TensorInfo.qtype)
@@ -39,6 +40,8 @@ DTYPES: dict[str, tuple[np.dtype, GGMLQuantizationType]] = {
     "I64": (np.dtype("<i8"), GGMLQuantizationType.I64),
     # float8 e4m3fn codes, read only as a part of a quantized module (quant_ckpt)
     "F8_E4M3": (np.dtype("u1"), GGMLQuantizationType.I8),
+    # MXFP4 codes and E8M0 scales, read only as a part of an MXFP4 expert pair (quant_ckpt.mxfp4)
+    "U8": (np.dtype("u1"), GGMLQuantizationType.I8),
 }
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -171,11 +174,16 @@ class SafetensorsSource(ModelSource):
         raw: dict[str, _Entry] = {}
         for file in self._shard_files():
             raw.update(_file_entries(file))
-        self.scheme = parse_scheme(self.metadata, f"{self.path / 'config.json'}")
+        self._mx_pairs: dict[str, mx.MxPair] = {}
+        self.scheme = (
+            None if mx.is_mxfp4(self.metadata) else parse_scheme(self.metadata, str(self.path / "config.json"))
+        )
         self._modules: dict[str, QuantModule] = {}
         self._parts: dict[str, _Entry] = {}
         if self.scheme is not None:
             self._split_quant_parts(raw)
+        elif mx.is_mxfp4(self.metadata):
+            self._split_mxfp4_pairs(raw)
         self._add_names(raw)
         self._hparams: HParams | None = None
 
@@ -188,6 +196,14 @@ class SafetensorsSource(ModelSource):
             first = self._parts[next(iter(module.parts.values()))]
             raw[logical] = first._replace(hf_name=logical)
             self._modules[logical] = module
+
+    def _split_mxfp4_pairs(self, raw: dict[str, _Entry]) -> None:
+        """Move each MXFP4 pair out of `raw`; its logical expert weights take their place."""
+        self._mx_pairs = mx.find_pairs(list(raw), str(self.path))
+        for part in {p for pair in self._mx_pairs.values() for p in (pair.blocks, pair.scales)}:
+            self._parts[part] = raw.pop(part)
+        for logical, pair in self._mx_pairs.items():
+            raw[logical] = self._parts[pair.blocks]._replace(hf_name=logical)
 
     def _shard_files(self) -> list[Path]:
         index = self.path / INDEX_FILE
@@ -250,6 +266,10 @@ class SafetensorsSource(ModelSource):
         """A plain tensor is memory-mapped; a quantized module's weight is unpacked from its
         parts and repacked into its resident blocks (a new array, about the parts' size)."""
         entry = self._lookup(name)
+        pair = self._mx_pairs.get(entry.hf_name)
+        if pair is not None:
+            data, shape = mx.load_pair(pair, _array(self._parts[pair.blocks]), _array(self._parts[pair.scales]))
+            return TensorInfo(name, shape, int(GGMLQuantizationType.MXFP4), data)
         module = self._modules.get(entry.hf_name)
         if module is not None:
             resident, shape = load_module(self.scheme, module, lambda part: _part_array(self._parts[part]))
@@ -259,6 +279,8 @@ class SafetensorsSource(ModelSource):
     def checkpoint_format(self, name: str) -> str | None:
         """How the checkpoint stores this tensor (`gptq int4 g128 sym`, ...); None when plain."""
         entry = self._lookup(name)
+        if entry.hf_name in self._mx_pairs:
+            return "mxfp4 blocks+scales"
         return describe(self.scheme) if entry.hf_name in self._modules else None
 
     def fallback_reason(self, name: str) -> str | None:

@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from agentkv.formats.errors import QuantError
+from agentkv.formats.errors import FormatError, QuantError
 from agentkv.formats.quants import dequantize, quantize
 from agentkv.formats.quants.mxfp4 import from_hf_blocks
+from agentkv.formats.safetensors import SafetensorsSource
+
+MXFP4_CONFIG = {"model_type": "gpt_oss", "num_hidden_layers": 1, "quantization_config": {"quant_method": "mxfp4"}}
 
 
 def every_code_and_scale() -> np.ndarray:
@@ -82,3 +85,61 @@ def test_transformers_form_errors_name_the_tensor():
     scales[2, 1] = 255
     with pytest.raises(QuantError, match=r"w: MXFP4 scale byte 255 \(E8M0 NaN\) at \[2, 1\]"):
         from_hf_blocks(blocks, scales, "w")
+
+
+def write_mxfp4_folder(folder, tensors: dict[str, np.ndarray]) -> SafetensorsSource:
+    import json
+
+    from safetensors.numpy import save_file
+
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(MXFP4_CONFIG))
+    save_file(tensors, str(folder / "model.safetensors"))
+    return SafetensorsSource(folder)
+
+
+def expert_tensor(source: SafetensorsSource, projection: str):
+    """The layer-0 expert tensor by its GGUF name once gpt_oss names map, else its HF name."""
+    names = {f"blk.0.ffn_{projection}_exps.weight", f"model.layers.0.mlp.experts.{projection}_proj.weight"}
+    (name,) = names & set(source.tensor_names())
+    return source.tensor(name)
+
+
+def test_safetensors_reader_keeps_experts_mxfp4(tmp_path):
+    """gate_up splits into gate (even rows) and up (odd rows), as llama.cpp's converter does;
+    every expert stays MXFP4 blocks and decodes as transformers' dequantization does."""
+    torch = pytest.importorskip("torch")
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    rng = np.random.default_rng(8)
+    prefix = "model.layers.0.mlp.experts."
+    parts = {
+        "gate_up_proj": (rng.integers(0, 256, (2, 6, 2, 16), np.uint8), rng.integers(100, 140, (2, 6, 2), np.uint8)),
+        "down_proj": (rng.integers(0, 256, (2, 64, 1, 16), np.uint8), rng.integers(100, 140, (2, 64, 1), np.uint8)),
+    }
+    tensors = {f"{prefix}{p}{s}": a for p, (b, sc) in parts.items() for s, a in (("_blocks", b), ("_scales", sc))}
+    tensors[f"{prefix}down_proj_bias"] = np.zeros((2, 64), np.float32)
+    source = write_mxfp4_folder(tmp_path / "m", tensors)
+    want = {
+        p: convert_moe_packed_tensors(torch.from_numpy(b), torch.from_numpy(sc), dtype=torch.float32).transpose(1, 2)
+        for p, (b, sc) in parts.items()
+    }
+    for projection, expect in [("gate", want["gate_up_proj"][:, ::2]), ("up", want["gate_up_proj"][:, 1::2])]:
+        info = expert_tensor(source, projection)
+        assert (info.qtype, info.shape, info.data.shape) == (T.MXFP4, (2, 3, 64), (2, 3, 2 * 17))
+        assert np.array_equal(dequantize(info.data, T.MXFP4), expect.numpy())
+    down = expert_tensor(source, "down")
+    assert (down.shape, np.array_equal(dequantize(down.data, T.MXFP4), want["down_proj"].numpy())) == (
+        (2, 64, 32),
+        True,
+    )
+    assert source.checkpoint_format(down.name) == "mxfp4 blocks+scales"
+    assert not any(n.endswith(("_blocks", "_scales")) for n in source.tensor_names())
+
+
+def test_safetensors_reader_names_a_lone_blocks_tensor(tmp_path):
+    tensors = {"model.layers.0.mlp.experts.down_proj_blocks": np.zeros((1, 4, 1, 16), np.uint8)}
+    with pytest.raises(
+        FormatError, match=r"m: tensor 'model.layers.0.mlp.experts.down_proj_blocks' has no '.*down_proj_scales'"
+    ):
+        write_mxfp4_folder(tmp_path / "m", tensors)
