@@ -139,28 +139,38 @@ class GptOssModel(Model):
         )
 
     def _expert_views(self, i: int) -> dict[str, tuple[TensorInfo, ...]]:
-        """Per-expert `[out, in]` weights and their biases: views of a GGUF's 3-D tensors,
-        or a HF folder's interleaved gate|up split and transposed (a copy in the file's dtype)."""
+        """Per-expert `[out, in]` weights and their biases. The weights: views of the 3-D
+        `ffn_*_exps` tensors (a GGUF's, or a HF MXFP4 folder's as the reader presents them),
+        or a plain HF folder's interleaved gate|up split and transposed (a copy in the file's
+        dtype). The biases: a GGUF's `ffn_*_exps.bias`, or HF's `gate_up_proj_bias` split."""
         E, src = self.config.num_experts, self.source
         if src.has_tensor(f"blk.{i}.ffn_gate_exps.weight"):
             out = {p: expert_tensors(src, i, p, E).views for p in EXPERT_PROJECTIONS}
+        else:
+            out = self._hf_experts(i)
+        if src.has_tensor(f"blk.{i}.ffn_gate_exps.bias"):
             for p in EXPERT_PROJECTIONS:
                 bias = src.tensor(f"blk.{i}.ffn_{p}_exps.bias")
                 out[p + "_bias"] = tuple(_row(bias, e, bias.data[e]) for e in range(E))
             return out
         base = HF_EXPERTS.format(i=i)
+        gu_bias, d_bias = src.tensor(base + "gate_up_proj_bias"), src.tensor(base + "down_proj_bias")
+        out["gate_bias"] = tuple(_row(gu_bias, e, gu_bias.data[e, 0::2]) for e in range(E))
+        out["up_bias"] = tuple(_row(gu_bias, e, gu_bias.data[e, 1::2]) for e in range(E))
+        out["down_bias"] = tuple(_row(d_bias, e, d_bias.data[e]) for e in range(E))
+        return out
+
+    def _hf_experts(self, i: int) -> dict[str, tuple[TensorInfo, ...]]:
+        """A plain HF folder's experts (`x @ W` layout, gate|up interleaved by column) as `[out, in]`."""
+        E, src, base = self.config.num_experts, self.source, HF_EXPERTS.format(i=i)
         down_name = f"blk.{i}.ffn_down_exps"  # gguf-py's map names HF's down_proj so, without `.weight`
         gate_up = src.tensor(base + "gate_up_proj")
         down = src.tensor(down_name if src.has_tensor(down_name) else base + "down_proj")
-        gu_bias, d_bias = src.tensor(base + "gate_up_proj_bias"), src.tensor(base + "down_proj_bias")
         t = lambda info, e, cols: _row(info, e, np.ascontiguousarray(info.data[e][:, cols].T))  # noqa: E731
         return {
             "gate": tuple(t(gate_up, e, slice(0, None, 2)) for e in range(E)),
             "up": tuple(t(gate_up, e, slice(1, None, 2)) for e in range(E)),
             "down": tuple(t(down, e, slice(None)) for e in range(E)),
-            "gate_bias": tuple(_row(gu_bias, e, gu_bias.data[e, 0::2]) for e in range(E)),
-            "up_bias": tuple(_row(gu_bias, e, gu_bias.data[e, 1::2]) for e in range(E)),
-            "down_bias": tuple(_row(d_bias, e, d_bias.data[e]) for e in range(E)),
         }
 
     def experts_summary(self) -> str:

@@ -74,3 +74,38 @@ def harmony_tokenizer(folder: Path) -> dict[str, int]:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in HARMONY_SPECIALS])
     tok.save(str(folder / "tokenizer.json"))
     return {t: tok.token_to_id(t) for t in HARMONY_SPECIALS}
+
+
+def tiny_gpt_oss_mxfp4(folder: Path, vocab_size: int = 128, seed: int = 0):
+    """The tiny gpt-oss with its experts in MXFP4 as transformers saves them (`*_blocks` uint8
+    `[E, out, in/32, 16]`, `*_scales` `[E, out, in/32]`, `quantization_config.quant_method:
+    mxfp4`), random codes and scales; returns the f32 model whose experts hold exactly those
+    values, decoded by transformers' own `convert_moe_packed_tensors` (the oracle's side)."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model = tiny_gpt_oss(folder, vocab_size=vocab_size, seed=seed)
+    tensors = load_file(str(folder / "model.safetensors"))
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            for proj in ("gate_up_proj", "down_proj"):
+                param = getattr(layer.mlp.experts, proj)  # [E, in, out]
+                num, d_in, d_out = param.shape
+                blocks = rng.integers(0, 256, (num, d_out, d_in // 32, 16), dtype=np.uint8)
+                scales = rng.integers(121, 125, (num, d_out, d_in // 32), dtype=np.uint8)
+                name = f"model.layers.{i}.mlp.experts.{proj}"
+                decoded = convert_moe_packed_tensors(
+                    torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32
+                )
+                param.copy_(decoded)
+                del tensors[name]
+                tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["router", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    return model
