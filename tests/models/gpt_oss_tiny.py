@@ -34,12 +34,16 @@ TINY_GPT_OSS = dict(
 )
 
 
-def tiny_gpt_oss(folder: Path, vocab_size: int = 128, dtype: torch.dtype = torch.float32, seed: int = 0):
+def tiny_gpt_oss(
+    folder: Path, vocab_size: int = 128, dtype: torch.dtype = torch.float32, seed: int = 0, truncate: bool = False
+):
     """Save a random tiny gpt-oss to `folder` in `dtype`; returns the f32 model holding exactly
-    the saved values (bf16-rounded for bf16), the oracle's side."""
+    the saved values (bf16-rounded for bf16), the oracle's side. `truncate`: YaRN's correction
+    range rounded to whole dims, as llama.cpp computes it (gpt-oss's own config does not)."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
-    config = GptOssConfig(vocab_size=vocab_size, **TINY_GPT_OSS)
+    rope = {**TINY_GPT_OSS["rope_parameters"], "truncate": truncate}
+    config = GptOssConfig(vocab_size=vocab_size, **{**TINY_GPT_OSS, "rope_parameters": rope})
     torch.manual_seed(seed)
     model = GptOssForCausalLM(config).eval()
     model.config._attn_implementation = "eager"
@@ -76,7 +80,7 @@ def harmony_tokenizer(folder: Path) -> dict[str, int]:
     return {t: tok.token_to_id(t) for t in HARMONY_SPECIALS}
 
 
-def tiny_gpt_oss_mxfp4(folder: Path, vocab_size: int = 128, seed: int = 0):
+def tiny_gpt_oss_mxfp4(folder: Path, vocab_size: int = 128, seed: int = 0, truncate: bool = False):
     """The tiny gpt-oss with its experts in MXFP4 as transformers saves them (`*_blocks` uint8
     `[E, out, in/32, 16]`, `*_scales` `[E, out, in/32]`, `quantization_config.quant_method:
     mxfp4`), random codes and scales; returns the f32 model whose experts hold exactly those
@@ -87,7 +91,7 @@ def tiny_gpt_oss_mxfp4(folder: Path, vocab_size: int = 128, seed: int = 0):
     from safetensors.numpy import load_file, save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    model = tiny_gpt_oss(folder, vocab_size=vocab_size, seed=seed)
+    model = tiny_gpt_oss(folder, vocab_size=vocab_size, seed=seed, truncate=truncate)
     tensors = load_file(str(folder / "model.safetensors"))
     rng = np.random.default_rng(seed)
     with torch.no_grad():
