@@ -144,12 +144,13 @@ def _family_summary(source: ModelSource) -> dict[str, Any]:
 
 def _cpu_residency(qtype: int, shape: tuple[int, ...]) -> str:
     """How the cpu backend holds this tensor with --weights resident (the default): in its own
-    blocks when a kernel reads them (matrices only), else widened to f32."""
+    blocks when a kernel reads them (matrices, and 3-D banks of expert matrices), else widened
+    to f32."""
     from agentkv.hal.kernels.qtypes import QTYPE_BLOCK
 
     if qtype == GGMLQuantizationType.F32 or (qtype in (1, 30) and len(shape) != 2):  # f16/bf16 vectors
         return "f32"
-    if qtype in QTYPE_BLOCK and len(shape) == 2 and shape[1] % QTYPE_BLOCK[qtype][0] == 0:
+    if qtype in QTYPE_BLOCK and len(shape) in (2, 3) and shape[-1] % QTYPE_BLOCK[qtype][0] == 0:
         return "resident"
     return "f32 (fallback)"
 

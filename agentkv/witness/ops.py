@@ -33,7 +33,7 @@ COSINE_FLOOR_KV_F16 = 1 - 1e-10
 # so the floor sits 5x below the worst of them.
 COSINE_FLOOR_INT8 = 1 - 1e-4
 
-Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K = 8, 2, 3, 12, 13, 14
+Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, MXFP4 = 8, 2, 3, 12, 13, 14, 39
 
 
 class WitnessRow(NamedTuple):
@@ -278,7 +278,7 @@ def _quant_cases():
     from agentkv.formats.quants import QUANTIZABLE, quantize
 
     cases = []
-    for qtype, name in [(Q8_0, "Q8_0"), (Q4_0, "Q4_0"), (Q4_1, "Q4_1")]:
+    for qtype, name in [(Q8_0, "Q8_0"), (Q4_0, "Q4_0"), (Q4_1, "Q4_1"), (MXFP4, "MXFP4")]:
         if qtype not in QUANTIZABLE:
             continue
         for n in (1, 19):

@@ -29,6 +29,7 @@
 #include "qmatmul_impl.h"
 #include "qmatmul_vnni.h"
 #include "quant.h"
+#include "mxfp4.h"
 
 namespace agentkv {
 namespace {
@@ -243,6 +244,7 @@ static void dispatch(int qtype, Fn&& fn) {
         case I4G32: fn(FmtI4G32{}); break;
         case I8G32: fn(FmtI8G32{}); break;
         case F8G32: fn(FmtF8G32{}); break;
+        case MXFP4: fn(FmtMXFP4{}); break;
         default: throw std::invalid_argument("agentkv kernels: unsupported qtype " + std::to_string(qtype));
     }
 }
@@ -263,6 +265,7 @@ bool qtype_info(int qtype, int& block_weights, int& block_bytes) {
         case I4G32: block_weights = FmtI4G32::QK; block_bytes = FmtI4G32::BYTES; return true;
         case I8G32: block_weights = FmtI8G32::QK; block_bytes = FmtI8G32::BYTES; return true;
         case F8G32: block_weights = FmtF8G32::QK; block_bytes = FmtF8G32::BYTES; return true;
+        case MXFP4: block_weights = FmtMXFP4::QK; block_bytes = FmtMXFP4::BYTES; return true;
         default: return false;
     }
 }

@@ -36,6 +36,7 @@ bool cpu_supports() {
 #include "quant.h"
 #include "simd512.h"
 #include "formats512.h"
+#include "mxfp4_512.h"
 
 namespace agentkv {
 namespace avx512 {
@@ -473,6 +474,7 @@ static void dispatch(int qtype, Fn&& fn) {
         case I4G32: fn(formats512::WI4G32{}); break;
         case I8G32: fn(formats512::WI8G32{}); break;
         case F8G32: fn(Wide<FmtF8G32>{}); break;
+        case MXFP4: fn(formats512::WMXFP4{}); break;
         default: break;  // qmatmul_raw validated qtype (and no std:: code is built for AVX-512 here)
     }
 }
