@@ -26,6 +26,7 @@ HF_ARCH = {
     "qwen3_moe": "qwen3moe",
     "mixtral": "llama",  # llama.cpp converts mixtral to arch `llama` with expert_count > 0
     "olmoe": "olmoe",
+    "gpt_oss": "gpt-oss",
 }
 
 

@@ -216,8 +216,14 @@ class ReferenceBackend(Backend):
         window: int | None = None,
         softcap: float | None = None,
     ) -> Tensor:
+        return self.attention_sinks(q, kv, layer, meta, scale, window, None, softcap)
+
+    def attention_sinks(self, q: Tensor, kv: RefKV, layer: int, meta: AttnMeta, scale, window, sinks, softcap=None):
+        """`attention` where each head's learned logit `sinks` `[h]` (a Weight, or None) joins
+        every row's softmax denominator (gpt-oss), after the row's own keys."""
         qs = q.raw
         n, h, hd = qs.shape
+        sink = None if sinks is None else sinks.raw.reshape(kv.spec.num_kv_heads, -1, 1)  # [kvh, g, 1]
         kvh = kv.spec.num_kv_heads
         out = np.empty_like(qs)
         for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables):
@@ -230,7 +236,8 @@ class ReferenceBackend(Backend):
                 pos = int(meta.positions[r])
                 lo = max(0, pos + 1 - window) if window else 0
                 qr = qs[r].reshape(kvh, h // kvh, hd)
-                out[r] = _attend_row(qr, keys[:, :, lo : pos + 1], vals[:, lo : pos + 1], scale, softcap).reshape(h, hd)
+                att = _attend_row(qr, keys[:, :, lo : pos + 1], vals[:, lo : pos + 1], scale, softcap, sink)
+                out[r] = att.reshape(h, hd)
         return Tensor(out)
 
     def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens, scale: float) -> Tensor:
@@ -270,12 +277,17 @@ def _softmax(v: np.ndarray) -> np.ndarray:
     return e / e.sum(dtype=np.float32)
 
 
-def _attend_row(qr: np.ndarray, keys: np.ndarray, vals: np.ndarray, scale: float, softcap: float | None) -> np.ndarray:
-    """One query row: qr `[kvh, g, hd]`, keys `[kvh, hd, L]`, vals `[kvh, L, hd]` -> `[kvh, g, hd]`."""
+def _attend_row(qr, keys, vals, scale: float, softcap: float | None, sink=None) -> np.ndarray:
+    """One query row: qr `[kvh, g, hd]`, keys `[kvh, hd, L]`, vals `[kvh, L, hd]` -> `[kvh, g, hd]`;
+    `sink` `[kvh, g, 1]` (or None): a logit per head that joins the denominator, never a value."""
     scores = np.matmul(qr, np.ascontiguousarray(keys)) * np.float32(scale)
     if softcap:
         c = np.float32(softcap)
         scores = np.tanh(scores / c) * c
-    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs = scores / scores.sum(axis=-1, keepdims=True, dtype=np.float32)
+    top = scores.max(axis=-1, keepdims=True)
+    if sink is not None:
+        top = np.maximum(top, sink)
+    scores = np.exp(scores - top)
+    denom = scores.sum(axis=-1, keepdims=True, dtype=np.float32)
+    probs = scores / (denom if sink is None else denom + np.exp(sink - top))
     return np.matmul(probs, np.ascontiguousarray(vals))

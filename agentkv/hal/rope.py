@@ -47,14 +47,16 @@ def _llama3(freqs: np.ndarray, sc: dict, factor: float) -> np.ndarray:
 
 
 def _yarn(freqs: np.ndarray, sc: dict, factor: float, dim: int, base: float):
-    old_len = float(sc.get("original_max_position_embeddings", 4096))
+    old_len = float(sc.get("original_max_position_embeddings", sc.get("original_context_length", 4096)))
     beta_fast, beta_slow = float(sc.get("beta_fast", 32)), float(sc.get("beta_slow", 1))
 
     def correction_dim(num_rot: float) -> float:
         return (dim * math.log(old_len / (num_rot * 2 * math.pi))) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if sc.get("truncate", True):  # gpt-oss's HF config keeps the fractional bounds (truncate: false)
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)

@@ -26,6 +26,7 @@ _FAMILIES: dict[str, str] = {
     "qwen3moe": "agentkv.models.moe:MoEModel",
     "olmoe": "agentkv.models.moe:MoEModel",
     "mixtral": "agentkv.models.moe:MoEModel",  # arch `llama` with experts (see family_of)
+    "gpt-oss": "agentkv.models.gpt_oss:GptOssModel",
 }
 
 

@@ -150,7 +150,13 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         window: int | None = None,
         softcap: float | None = None,
     ) -> Tensor:
-        return Tensor(_kernel_attention(self._kernels, q.raw, kv, layer, meta, scale, window, softcap))
+        return Tensor(_kernel_attention(self._kernels, q.raw, (kv, layer), meta, scale, window, softcap))
+
+    def attention_sinks(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale, window, sinks, softcap=None):
+        """`attention` with each head's learned logit `sinks` `[h]` (a Weight, or None) joining
+        the merged ranges as one last term (attention_ranges.cpp: `finish`)."""
+        sink = None if sinks is None else sinks.raw
+        return Tensor(_kernel_attention(self._kernels, q.raw, (kv, layer), meta, scale, window, softcap, sink))
 
 
 def _mapped_tensor(data: np.ndarray, rows: int) -> torch.Tensor:
@@ -166,9 +172,10 @@ def _mapped_tensor(data: np.ndarray, rows: int) -> torch.Tensor:
         return torch.from_numpy(arr.reshape(rows, -1))
 
 
-def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window, softcap):
+def _kernel_attention(mod, q, kv_layer: tuple[TorchKV, int], meta: AttnMeta, scale, window, softcap, sinks=None):
     """The compiled kernel walks each row's keys 0..pos in order: invariant by construction."""
     tables, row_seq, row_pos = kernel_meta(meta)
+    kv, layer = kv_layer
     return mod.paged_attention(
         q.contiguous(),
         kv.k_blocks[layer],
@@ -179,4 +186,5 @@ def _kernel_attention(mod, q, kv: TorchKV, layer, meta: AttnMeta, scale, window,
         float(scale),
         int(window or 0),
         float(softcap or 0.0),
+        sinks,
     )

@@ -14,7 +14,7 @@
 // The merge of ranges 0..R-1 of one (row, head), state (M, L, O[hd]) starting as range 0's
 // own (m, l, acc); for each later range, in order:
 //   M' = max(M, m);  a = exp(M - M'), b = exp(m - M');  L = L*a + l*b;  O = O*a + acc*b
-// then out = O / L. Neither the tile, the thread that ran a range nor the mode changes a
+// then out = O / L (a head's sink, where it has one, joins as a last term: `finish`). Neither the tile, the thread that ran a range nor the mode changes a
 // row's ranges, their order or this arithmetic: the bits depend on the row alone.
 //
 // Key position p of sequence s lives in block block_tables[s][p / block_size] at offset
@@ -105,8 +105,21 @@ static void merge(float* state, float m, float l, const float* acc, int64_t hd, 
     for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * wa + acc[d] * wb;
 }
 
-static void finish(const float* state, int64_t hd, float* out) {
-    for (int64_t d = 0; d < hd; ++d) out[d] = state[2 + d] / state[1];
+// out = O / L, after the head's sink (a learned logit in the denominator only, gpt-oss)
+// joins the merged state as one last term: M' = max(M, sink); L = L*a + exp(sink - M');
+// O = O*a with a = exp(M - M'). It comes after every range, so it never moves a row's bits.
+static void finish(const float* state, int64_t hd, float* out, const float* sink) {
+    if (sink == nullptr) {
+        for (int64_t d = 0; d < hd; ++d) out[d] = state[2 + d] / state[1];
+        return;
+    }
+    const float mx = std::max(state[0], *sink), wa = std::exp(state[0] - mx);
+    const float l = state[1] * wa + std::exp(*sink - mx);
+    for (int64_t d = 0; d < hd; ++d) out[d] = state[2 + d] * wa / l;
+}
+
+static inline const float* sink_of(const AttentionArgs& a, int64_t head) {
+    return a.sinks == nullptr ? nullptr : a.sinks + head;
 }
 
 // The unit over keys [r0, r1) of `row`, heads of run r of kv head kv; `where` holds their
@@ -188,7 +201,8 @@ static void run_tile(const Plan& p, const Tile& t, int64_t kv, int64_t r, Scratc
     }
     for (int64_t i = 0; i < t.rows; ++i)
         for (int hh = 0; hh < nh; ++hh)
-            finish(sc.state.data() + (i * nh + hh) * stride, a.hd, a.out + ((t.row0 + i) * a.h + p.h0(kv, r) + hh) * a.hd);
+            finish(sc.state.data() + (i * nh + hh) * stride, a.hd, a.out + ((t.row0 + i) * a.h + p.h0(kv, r) + hh) * a.hd,
+                   sink_of(a, p.h0(kv, r) + hh));
 }
 
 // Consecutive rows of one sequence, at most ROW_TILE each, longest first (threads stay
@@ -246,7 +260,7 @@ static void run_split(const Plan& p) {
                     merge(sc.state.data(), part[hh], part[MAX_HEADS + hh], part + 2 * MAX_HEADS + hh * a.hd, a.hd,
                           i == first_task[u]);
                 }
-                finish(sc.state.data(), a.hd, a.out + (row * a.h + p.h0(kv, r) + hh) * a.hd);
+                finish(sc.state.data(), a.hd, a.out + (row * a.h + p.h0(kv, r) + hh) * a.hd, sink_of(a, p.h0(kv, r) + hh));
             }
         }
     });

@@ -125,7 +125,8 @@ void check_attention_indices(const at::Tensor& block_tables, const at::Tensor& r
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& row_seq,
-                           const at::Tensor& row_pos, double scale, int64_t window, double softcap) {
+                           const at::Tensor& row_pos, double scale, int64_t window, double softcap,
+                           const c10::optional<at::Tensor>& sinks) {
     fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(q, "q", 3);
     check_kv(k_cache, v_cache, 4);
@@ -140,13 +141,18 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     TORCH_CHECK(softcap >= 0, "softcap must be >= 0, got ", softcap);
     check_indices_once(0, {block_tables, row_seq, row_pos}, {k_cache.size(0), k_cache.size(1)},
                        [&] { check_attention_indices(block_tables, row_seq, row_pos, k_cache.size(0), k_cache.size(1)); });
+    if (sinks.has_value()) {
+        check_f32(*sinks, "sinks", 1);
+        TORCH_CHECK(sinks->size(0) == h, "sinks has ", sinks->size(0), " entries, expected one per head: ", h);
+    }
     auto out = at::empty_like(q);
     if (n == 0 || h == 0 || hd == 0) return out;
     AttentionArgs a{q.data_ptr<float>(), f32_of(k_cache), f32_of(v_cache),
                     block_tables.data_ptr<int32_t>(), row_seq.data_ptr<int32_t>(),
                     row_pos.data_ptr<int32_t>(), out.data_ptr<float>(), n, h, kvh, hd,
                     k_cache.size(1), block_tables.size(1), static_cast<float>(scale),
-                    static_cast<float>(softcap), window, half_of(k_cache), half_of(v_cache)};
+                    static_cast<float>(softcap), window, half_of(k_cache), half_of(v_cache),
+                    sinks.has_value() ? sinks->data_ptr<float>() : nullptr};
     paged_attention_raw(a);
     return out;
 }
@@ -303,7 +309,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("paged_attention", &agentkv::ops::paged_attention, nogil, "paged causal attention -> [n,h,hd]",
           py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
           py::arg("row_seq"), py::arg("row_pos"), py::arg("scale"), py::arg("window") = 0,
-          py::arg("softcap") = 0.0);
+          py::arg("softcap") = 0.0, py::arg("sinks") = py::none());
     m.def("rms_norm", &agentkv::ops::rms_norm, nogil, "RMSNorm over the last dim -> same shape",
           py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("unit_offset") = false);
     m.def("add_norm", &agentkv::ops::add_norm, nogil, "h += [rms_norm(delta, post_weight) | delta] in place; -> rms_norm(h)",

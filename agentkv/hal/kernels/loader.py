@@ -79,7 +79,8 @@ def load() -> ModuleType:
       dequantize(w uint8 [n, row_bytes], qtype, n, k) -> f32 [n, k]   (== gguf-py, bit for bit)
       paged_attention(q f32 [n, h, hd], k_cache, v_cache f32 [num_blocks, block_size, kvh, hd],
                       block_tables int32 [num_seqs, max_blocks], row_seq int32 [n],
-                      row_pos int32 [n], scale, window=0, softcap=0.0) -> f32 [n, h, hd]
+                      row_pos int32 [n], scale, window=0, softcap=0.0,
+                      sinks f32 [h] | None) -> f32 [n, h, hd]
       rms_norm(x f32 [..., d], w f32 [d], eps, unit_offset) -> f32 [..., d]
       add_norm(h f32 [n, d] (updated in place), delta f32 [n, d], w f32 [d], post_w f32 [d] | None,
                eps, unit_offset) -> normed f32 [n, d]

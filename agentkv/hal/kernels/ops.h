@@ -12,7 +12,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int6
 at::Tensor matmul_f32(const at::Tensor& x, const at::Tensor& w);
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& row_seq,
-                           const at::Tensor& row_pos, double scale, int64_t window, double softcap);
+                           const at::Tensor& row_pos, double scale, int64_t window, double softcap,
+                           const c10::optional<at::Tensor>& sinks = c10::nullopt);
 at::Tensor add_norm(at::Tensor h, const at::Tensor& delta, const at::Tensor& w,
                     const c10::optional<at::Tensor>& post_w, double eps, bool unit_offset);
 at::Tensor glu(const at::Tensor& x, int64_t kind);

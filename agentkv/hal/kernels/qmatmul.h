@@ -48,6 +48,7 @@ struct AttentionArgs {
     int64_t window;
     const uint16_t* k_half = nullptr;  // the same shape as IEEE f16 bits (k_cache null), or null
     const uint16_t* v_half = nullptr;
+    const float* sinks = nullptr;  // [h] per-head logits joining each row's softmax denominator, or null
 };
 void paged_attention_raw(const AttentionArgs& a);
 

@@ -14,9 +14,10 @@ GROUP = 16  # attention query tile: positions [16j, 16j + 16) share one fixed-sh
 
 
 def paged_attention_portable(
-    q: torch.Tensor, kv, layer: int, meta: AttnMeta, scale: float, window: int | None, softcap: float | None
+    q: torch.Tensor, kv, layer: int, meta: AttnMeta, scale: float, window: int | None, softcap: float | None, sinks=None
 ) -> torch.Tensor:
-    """Backend.attention for a TorchKV store `kv`, one tile per 16-aligned group of positions."""
+    """Backend.attention for a TorchKV store `kv`, one tile per 16-aligned group of positions;
+    `sinks` `[h]` (or None): per-head logits in the softmax denominator (gpt-oss)."""
     out = torch.empty_like(q)
     for start, qlen, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables):
         pos0 = ctx - qlen
@@ -25,20 +26,22 @@ def paged_attention_portable(
             group = (pos0 + r) // GROUP
             take = min(qlen - r, (group + 1) * GROUP - (pos0 + r))
             rows = slice(start + r, start + r + take)
-            out[rows] = _attend_group(q[rows], kv, layer, table, pos0 + r, scale, window, softcap)
+            out[rows] = _attend_group(q[rows], (kv, layer, table), pos0 + r, scale, window, softcap, sinks)
             r += take
     return out
 
 
 def _attend_group(
-    q: torch.Tensor, kv, layer: int, table, first_pos: int, scale: float, window: int | None, softcap: float | None
+    q: torch.Tensor, where: tuple, first_pos: int, scale: float, window: int | None, softcap: float | None, sinks=None
 ) -> torch.Tensor:
     """Queries at positions [first_pos, first_pos + m) inside group g = first_pos // 16, the
     positions [16g, 16g + 16).
 
     Every such query is computed in a tile of exactly 16 rows at row `pos % 16` against keys
     [0, 16g + 16), so its shapes (and so its bits) are the same in decode and in any prefill
-    chunk. Keys past a query's position are masked to -inf; their V rows get weight 0."""
+    chunk. Keys past a query's position are masked to -inf; their V rows get weight 0.
+    `where` is (the TorchKV store, the layer, the sequence's block table)."""
+    kv, layer, table = where
     m, h, hd = q.shape
     kvh, bs = kv.spec.num_kv_heads, kv.spec.block_size
     group = first_pos // GROUP
@@ -60,7 +63,11 @@ def _attend_group(
     if window:
         mask |= kpos[None, :] <= qpos[:, None] - window
     scores = scores.masked_fill(mask[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:  # one more column per head, dropped after the softmax: same shape every call
+        sink = sinks.reshape(kvh, g, 1, 1).expand(kvh, g, GROUP, 1).reshape(kvh, g * GROUP, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, vals.permute(1, 0, 2))  # [kvh, g*16, hd]
     out = out.reshape(kvh, g, GROUP, hd).permute(2, 0, 1, 3).reshape(GROUP, h, hd)
     return out[off : off + m]

@@ -269,6 +269,12 @@ class TorchBackend(Backend):
     ) -> Tensor:
         return Tensor(paged_attention_portable(q.raw, kv, layer, meta, scale, window, softcap))
 
+    def attention_sinks(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale, window, sinks, softcap=None):
+        """`attention` with each head's learned logit `sinks` `[h]` (a Weight, or None) in every
+        row's softmax denominator (gpt-oss): one more column of the same fixed-shape tile."""
+        sink = None if sinks is None else sinks.raw
+        return Tensor(paged_attention_portable(q.raw, kv, layer, meta, scale, window, softcap, sink))
+
     def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens, scale: float) -> Tensor:
         out, start = torch.empty_like(q.raw), 0
         h, kvh = q.raw.shape[1], k.raw.shape[1]
