@@ -71,6 +71,9 @@ class BiasedMoEFFN:
 def _biased_moe(weights: BiasedMoEFFN, backend: Backend, x: Tensor, spec: BiasedMoEFFNSpec) -> Tensor:
     if not isinstance(spec, BiasedMoEFFNSpec):
         raise TypeError(f"a BiasedMoEFFN needs a BiasedMoEFFNSpec, got {spec!r}")
+    own = getattr(backend, "biased_moe_ffn", None)  # a backend's own dispatch (`cuda`: grouped launches)
+    if own is not None:
+        return own(x, weights, spec)
     logits = backend.matmul(x, weights.router, weights.router_bias)  # [n, E]
     if isinstance(x.raw, np.ndarray):
         return _per_token(backend, x, weights, spec, logits.raw)
@@ -82,6 +85,14 @@ def clamped_swiglu_np(gate: np.ndarray, up: np.ndarray, alpha: float, limit: flo
     g = np.minimum(gate, np.float32(limit))
     u = np.clip(up, np.float32(-limit), np.float32(limit))
     return (u + np.float32(1.0)) * (g / (np.float32(1.0) + np.exp(-np.float32(alpha) * g)))
+
+
+def clamped_swiglu_torch(gate, up, alpha: float, limit: float):
+    """`clamped_swiglu_np` on torch tensors, elementwise (exp: no scalar tail of its own)."""
+    import torch
+
+    g, u = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (u + 1.0) * (g / (1.0 + torch.exp(-alpha * g)))
 
 
 def _per_token(backend: Backend, x: Tensor, w: BiasedMoEFFN, spec: BiasedMoEFFNSpec, logits) -> Tensor:
@@ -122,9 +133,9 @@ def _grouped(backend: Backend, x: Tensor, w: BiasedMoEFFN, spec: BiasedMoEFFNSpe
         slots = order[start : start + count]
         start += count
         rows = Tensor(xs.index_select(0, slots // k))
-        gate = backend.matmul(rows, ex.gate[e], w.gate_bias[e]).raw.clamp(max=spec.limit)
-        up = backend.matmul(rows, ex.up[e], w.up_bias[e]).raw.clamp(-spec.limit, spec.limit)
-        hidden = (up + 1.0) * (gate / (1.0 + torch.exp(-spec.alpha * gate)))  # exp: no scalar tail of its own
+        gate = backend.matmul(rows, ex.gate[e], w.gate_bias[e]).raw
+        up = backend.matmul(rows, ex.up[e], w.up_bias[e]).raw
+        hidden = clamped_swiglu_torch(gate, up, spec.alpha, spec.limit)
         slots_out.index_copy_(0, slots, backend.matmul(Tensor(hidden), ex.down[e], w.down_bias[e]).raw)
     per_rank = slots_out.view(n, k, -1)
     out = probs[:, :1] * per_rank[:, 0]

@@ -40,7 +40,8 @@ def interpreter_cases():
         for c in op_cases()
         if not c[0].startswith(_NOT_INTERPRETED)
         and c[1] not in _LARGE_SHAPES
-        and (c[0].startswith("attention_inputs") or not c[0].startswith("attention"))
+        and (c[0].startswith(("attention_inputs", "attention_sinks")) or not c[0].startswith("attention"))
+        and "600]" not in c[1]  # a 600-key sinks case: the 270/300-key cases below cross the range already
     ]
     return cases + _interpreter_attention_cases()
 

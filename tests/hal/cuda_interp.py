@@ -29,7 +29,7 @@ from agentkv.witness.group32_ops import group32_weights  # noqa: E402
 from agentkv.witness.ops import compare, random_kquant_blocks  # noqa: E402
 
 FORMATS = {"F32": 0, "F16": 1, "BF16": 30, "Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-FORMATS.update(I4G32=1004, I8G32=1008, F8G32=1016)
+FORMATS.update(I4G32=1004, I8G32=1008, F8G32=1016, MXFP4=39)
 
 
 def witness(be, ref) -> list[dict]:
@@ -120,7 +120,7 @@ def attention_invariance(be, rng) -> list[str]:
 
 def main(folder: Path) -> None:
     from tests.hal.cuda_interp_model import fence_control, model_checks
-    from tests.hal.cuda_interp_moe import moe_checks
+    from tests.hal.cuda_interp_moe import GPT_OSS_PROMPT, gpt_oss, moe_checks, tiny_moe
 
     be, ref = interpreter_backend(), lookup("reference")
     result, timings = {"identity": list(be.identity)}, {}
@@ -129,7 +129,8 @@ def main(folder: Path) -> None:
         ("invariance", lambda: invariance(be)),
         ("model", lambda: model_checks(folder, be, ref)),
         ("fence_control", lambda: fence_control(folder)),
-        ("moe", lambda: moe_checks(folder, be, ref)),
+        ("moe", lambda: moe_checks(tiny_moe(folder), be, ref)),
+        ("gpt_oss", lambda: moe_checks(gpt_oss(folder), be, ref, GPT_OSS_PROMPT, control=False)),
     ]:
         start = time.perf_counter()
         result[name] = fn()

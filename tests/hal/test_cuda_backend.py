@@ -61,8 +61,9 @@ def test_interpreted_kernels_are_witnessed_against_the_reference(interpreted):
     ops = {r["op"].split("/")[0] + ("/" + r["op"].split("/")[1] if r["op"].startswith("matmul/") else "") for r in rows}
     for op in ("matmul", "rms_norm", "add_norm", "glu", "attention", "attention_inputs", "embedding"):
         assert op in ops, op
-    for fmt in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "I4G32", "I8G32", "F8G32"):
+    for fmt in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "I4G32", "I8G32", "F8G32", "MXFP4"):
         assert f"matmul/{fmt}" in ops, fmt
+    assert {"attention_sinks/window=8", "attention_sinks/window=128"} <= {r["op"] for r in rows}
     assert {"attention/ranges/kv=f32", "attention/ranges/kv=f16"} <= {r["op"] for r in rows}
     assert interpreted["identity"][:3] == ["cuda", "cpu", "triton-interpreter"]
 
@@ -72,7 +73,7 @@ def test_interpreted_kernels_are_row_invariant_and_the_check_can_fail(interprete
     the control picks tiles by the row count, as an autotuner keyed on M would, and is caught."""
     results = dict(interpreted["invariance"])
     control = results.pop("control/tiles_by_row_count")
-    assert len(results) == 14 and all(broken == [] for broken in results.values()), results
+    assert len(results) == 15 and all(broken == [] for broken in results.values()), results
     assert "chunked" in control and len(control) > 1
 
 
@@ -108,6 +109,16 @@ def test_the_expert_dispatch_is_exact_and_reads_nothing_back(interpreted):
     control = m["control_host_reads"]
     assert control["equal"] and len(control["hidden"]) == 2, control
     assert all(h.startswith("tolist at ") and "portable/moe.py" in h for h in control["hidden"]), control
+
+
+def test_gpt_oss_runs_exactly_and_reads_nothing_back(interpreted):
+    """The tiny gpt-oss (MXFP4 experts with biases, attention sinks, a 16-token window crossed
+    by an 18-token prompt) on the `cuda` kernels: logits against the reference; one chunk ==
+    two == a decode row in a batch; no host read in that step (the grouped biased experts)."""
+    m = interpreted["gpt_oss"]
+    assert m["cosine"] >= 0.9999 and m["argmax_equal"], m
+    assert m["chunked_equal"] and m["decode_in_batch_equal"] and m["control_rows_differ"], m
+    assert m["step_host_reads"]["hidden"] == [] and m["step_host_reads"]["fenced"] >= 1, m
 
 
 def test_the_kernels_compile_for_the_h200_without_a_device():

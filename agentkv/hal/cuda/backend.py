@@ -102,16 +102,22 @@ class CudaBackend(TorchBackend):
 
         return moe_ffn(self, x, weights, spec)
 
+    def biased_moe_ffn(self, x: Tensor, weights, spec) -> Tensor:
+        from agentkv.hal.cuda.moe import biased_moe_ffn
+
+        return biased_moe_ffn(self, x, weights, spec)
+
     def attention(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale, window=None, softcap=None) -> Tensor:
         tables = launch.step_tables(meta, self.device)
-        return Tensor(launch.attention(self.tiles, q.raw, kv, layer, tables, scale, window, softcap))
+        return Tensor(launch.attention(self.tiles, q.raw, kv, layer, tables, launch.Scores(scale, window, softcap)))
 
     def attention_sinks(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale, window, sinks, softcap=None):
         """`attention` with each head's learned logit `sinks` `[h]` (a Weight, or None) in every
         row's softmax denominator, added after the last 256-key range (gpt-oss)."""
         tables = launch.step_tables(meta, self.device)
         sink = None if sinks is None else sinks.raw.to(torch.float32).contiguous()
-        return Tensor(launch.attention(self.tiles, q.raw, kv, layer, tables, scale, window, softcap, sink))
+        scores = launch.Scores(scale, window, softcap, sink)
+        return Tensor(launch.attention(self.tiles, q.raw, kv, layer, tables, scores))
 
 
 __all__ = ["CudaBackend"]

@@ -39,11 +39,23 @@ def variants(everything: bool) -> list[tuple[str, object, dict, dict]]:
         sig = dict(zip(_MATMUL, ("*fp32", "*fp32" if q == 0 else "*u8", "*fp32", "*fp32", "i32", "i32", "i32", "i32")))
         consts = {"QTYPE": q, "HAS_BIAS": q == 0, "BM": t.bm, "BN": t.bn, "BK": t.bk}
         out.append((f"matmul/qtype={q}", kernels.matmul_kernel, sig, consts))
-    grouped = ("x_ptr", "w_ptr", "o_ptr", "tile_expert_ptr", "tile_row_ptr", "row_end_ptr", "N", "K", "row_bytes", "E")
+    grouped = (
+        "x_ptr",
+        "w_ptr",
+        "b_ptr",
+        "o_ptr",
+        "tile_expert_ptr",
+        "tile_row_ptr",
+        "row_end_ptr",
+        "N",
+        "K",
+        "row_bytes",
+        "E",
+    )
     for q in (0, 39):  # f32 experts, and MXFP4 (gpt-oss's)
-        ptrs = ("*fp32", "*fp32" if q == 0 else "*u8", "*fp32", "*i64", "*i64", "*i64")
+        ptrs = ("*fp32", "*fp32" if q == 0 else "*u8", "*fp32", "*fp32", "*i64", "*i64", "*i64")
         sig = dict(zip(grouped, (*ptrs, "i32", "i32", "i32", "i32")))
-        consts = {"QTYPE": q, "BM": t.bm, "BN": t.bn, "BK": t.bk}
+        consts = {"QTYPE": q, "HAS_BIAS": q != 0, "BM": t.bm, "BN": t.bn, "BK": t.bk}
         out.append((f"grouped_matmul/qtype={q}", kernels.grouped_matmul_kernel, sig, consts))
     emb = {"ids_ptr": "*i64", "w_ptr": "*u8", "o_ptr": "*fp32", "K": "i32", "row_bytes": "i32"}
     out.append(("embedding/qtype=8", kernels.embedding_kernel, emb, {"QTYPE": 8, "BK": t.norm}))

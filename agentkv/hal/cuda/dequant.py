@@ -119,6 +119,12 @@ def _e8m0_half(e):
 
 
 @triton.jit
+def _mxfp4(blk, j, mask):
+    """Element j of the MXFP4 blocks at `blk`: its nibble (Q4_0's order) times the scale."""
+    return _e2m1x2((_byte(blk + 1 + j % 16, mask) >> (4 * (j // 16))) & 0xF) * _e8m0_half(_byte(blk, mask))
+
+
+@triton.jit
 def dequant(w_ptr, rows, cols, row_bytes, mask, QTYPE: tl.constexpr):
     """f32 weights at (`rows`, `cols`) (broadcast int32 index tensors) of a byte tensor of
     gguf rows `row_bytes` long; masked-out elements are 0."""
@@ -167,9 +173,7 @@ def dequant(w_ptr, rows, cols, row_bytes, mask, QTYPE: tl.constexpr):
         blk = w_ptr + rows * row_bytes + (cols // 32) * 36
         out = _e4m3(_byte(blk + 4 + cols % 32, mask)) * _f32(blk, mask)
     elif QTYPE == _MXFP4:
-        blk = w_ptr + rows * row_bytes + (cols // 32) * 17
-        j = cols % 32
-        out = _e2m1x2((_byte(blk + 1 + j % 16, mask) >> (4 * (j // 16))) & 0xF) * _e8m0_half(_byte(blk, mask))
+        out = _mxfp4(w_ptr + rows * row_bytes + (cols // 32) * 17, cols % 32, mask)
     else:
         tl.static_assert(QTYPE == _Q6_K, "dequant: unsupported qtype")
         blk = w_ptr + rows * row_bytes + (cols // 256) * 210

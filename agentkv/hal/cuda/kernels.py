@@ -184,14 +184,15 @@ def attention_kernel(
 
 @triton.jit
 def grouped_matmul_kernel(
-    x_ptr, w_ptr, o_ptr, tile_expert_ptr, tile_row_ptr, row_end_ptr, N, K, row_bytes, E,
-    QTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, o_ptr, tile_expert_ptr, tile_row_ptr, row_end_ptr, N, K, row_bytes, E,
+    QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     """The experts' matmuls of one MoE layer in one launch: rows sorted by expert, tile t of
     BM rows from `tile_row[t]` (up to the expert's `row_end`) times expert `tile_expert[t]`'s
     weight (`w` holds the E experts' `[N, K]` weights back to back). A tile past the last
     expert's (`tile_expert` == E) stores nothing: the grid is sized without reading the
-    counts back. Each output element sums K from 0 in BK steps, as `matmul_kernel` does."""
+    counts back. Each output element sums K from 0 in BK steps, as `matmul_kernel` does, then
+    adds the expert's bias (`b` `[E, N]`, with HAS_BIAS)."""
     t = tl.program_id(0)
     e = tl.load(tile_expert_ptr + t)
     end = tl.where(e < E, tl.load(row_end_ptr + tl.minimum(e, E - 1)), 0)  # an empty tile: no row is < 0
@@ -210,4 +211,6 @@ def grouped_matmul_kernel(
         else:
             w = dequant(w_ptr, e * N + rn[:, None], kk[None, :], row_bytes, wmask, QTYPE)
         acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + e * N + rn, mask=rn < N, other=0.0)[None, :]
     tl.store(o_ptr + rm[:, None] * N + rn[None, :], acc, mask=rows_ok[:, None] & (rn[None, :] < N))

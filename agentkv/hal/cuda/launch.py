@@ -125,11 +125,20 @@ def step_tables(meta: AttnMeta, device: torch.device) -> StepTables:
     return out
 
 
-def attention(
-    tiles: Tiles, q: torch.Tensor, kv, layer: int, step: StepTables, scale: float, window, softcap, sinks=None
-) -> torch.Tensor:
-    """Paged causal attention of q `[n, h, hd]` over the TorchKV store -> `[n, h, hd]`;
-    `sinks` f32 `[h]` (or None): each head's logit in every row's denominator."""
+class Scores(NamedTuple):
+    """How attention scores its keys: the scale, a window (None: all), a softcap (None: none)
+    and each head's sink logit (f32 `[h]` on the device, or None)."""
+
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None
+
+
+def attention(tiles: Tiles, q: torch.Tensor, kv, layer: int, step: StepTables, scores: Scores) -> torch.Tensor:
+    """Paged causal attention of q `[n, h, hd]` over the TorchKV store -> `[n, h, hd]`; a
+    sink joins every row's denominator after its keys."""
+    scale, window, softcap, sinks = scores
     q = q.contiguous()
     n, h, hd = q.shape
     spec = kv.spec
@@ -172,16 +181,18 @@ def expert_tiles(tiles: Tiles, chosen_sorted: torch.Tensor, num_experts: int) ->
     return ExpertTiles(expert, tile_row, row_end, num_tiles)
 
 
-def grouped_matmul(tiles: Tiles, x: torch.Tensor, stacked: Weight, num_experts: int, where: ExpertTiles):
-    """Rows of `x` `[m, k]` (sorted by expert) times their expert's weight: `stacked` holds the
-    experts' `[n, k]` weights back to back (`shape` `[E * n, k]`) -> f32 `[m, n]`."""
+def grouped_matmul(tiles: Tiles, x: torch.Tensor, stacked: Weight, num_experts: int, where: ExpertTiles, bias=None):
+    """Rows of `x` `[m, k]` (sorted by expert) times their expert's weight (+ its bias): `stacked`
+    holds the experts' `[n, k]` weights back to back (`shape` `[E * n, k]`), `bias` f32 `[E, n]`
+    or None -> f32 `[m, n]`."""
     x = x.contiguous()
     m, k = x.shape
     n = stacked.shape[0] // num_experts
     out = torch.empty((m, n), dtype=torch.float32, device=x.device)
     row_bytes = stacked.raw.shape[1] if stacked.qtype else 0
     kernels.grouped_matmul_kernel[(where.num_tiles, triton.cdiv(n, tiles.bn))](
-        x, stacked.raw, out, where.tile_expert, where.tile_row, where.row_end, n, k, row_bytes, num_experts,
-        QTYPE=stacked.qtype, BM=tiles.bm, BN=tiles.bn, BK=tiles.bk,
+        x, stacked.raw, out if bias is None else bias, out, where.tile_expert, where.tile_row, where.row_end,
+        n, k, row_bytes, num_experts, QTYPE=stacked.qtype, HAS_BIAS=bias is not None, BM=tiles.bm, BN=tiles.bn,
+        BK=tiles.bk,
     )  # fmt: skip
     return out

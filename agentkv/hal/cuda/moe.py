@@ -49,21 +49,56 @@ def stacked_experts(backend, experts: Experts) -> tuple[Weight, Weight, Weight]:
 
 def moe_ffn(backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec) -> Tensor:
     """`Backend.moe_ffn` with grouped launches: see the module docstring. x `[n, d]` -> `[n, d]`."""
-    xs = x.raw
-    n, k, num_experts = xs.shape[0], spec.top_k, spec.num_experts
     chosen, probs = route(backend.matmul(x, weights.router).raw, spec)
+
+    def act(gate_rows, up_rows):
+        return backend.glu([Tensor(gate_rows), Tensor(up_rows)], spec.act).raw
+
+    out = _routed(backend, x.raw, weights.experts, chosen, probs, act)
+    return add_shared(backend, x, weights, spec, out)
+
+
+def biased_moe_ffn(backend, x: Tensor, weights, spec) -> Tensor:
+    """gpt-oss's FFN kind (hal/biased_moe.py: router and expert biases, the clamped SwiGLU)
+    with the same grouped launches; the biases ride in the kernel's epilogue."""
+    from agentkv.hal.biased_moe import clamped_swiglu_torch
+
+    chosen, probs = route(backend.matmul(x, weights.router, weights.router_bias).raw, spec.routing)
+
+    def act(gate_rows, up_rows):
+        return clamped_swiglu_torch(gate_rows, up_rows, spec.alpha, spec.limit)
+
+    biases = tuple(stacked_biases(backend, weights, p) for p in ("gate_bias", "up_bias", "down_bias"))
+    return Tensor(_routed(backend, x.raw, weights.experts, chosen, probs, act, biases))
+
+
+def stacked_biases(backend, weights, part: str) -> torch.Tensor:
+    """The experts' biases of one projection as f32 `[E, n]`, built on first use."""
+    memo = backend.__dict__.setdefault("_stacked_biases", {})
+    key = (id(weights), part)
+    entry = memo.get(key)
+    if entry is None or entry[0] is not weights:
+        entry = memo[key] = (weights, torch.stack([b.raw.to(torch.float32) for b in getattr(weights, part)]))
+    return entry[1]
+
+
+def _routed(backend, xs: torch.Tensor, experts: Experts, chosen, probs, act, biases=(None, None, None)):
+    """The routed experts' weighted sum `[n, d]` (each token's slots in rank order); `act`
+    turns (gate rows, up rows) into the down projection's input."""
+    n, k = chosen.shape
+    num_experts = experts.num_experts
     flat = chosen.reshape(-1)
     order = torch.argsort(flat, stable=True)
     where = launch.expert_tiles(backend.tiles, flat[order], num_experts)
-    gate, up, down = stacked_experts(backend, weights.experts)
+    gate, up, down = stacked_experts(backend, experts)
     rows = xs.index_select(0, order // k)
-    gate_rows = launch.grouped_matmul(backend.tiles, rows, gate, num_experts, where)
-    up_rows = launch.grouped_matmul(backend.tiles, rows, up, num_experts, where)
-    hidden = backend.glu([Tensor(gate_rows), Tensor(up_rows)], spec.act).raw
+    gate_rows = launch.grouped_matmul(backend.tiles, rows, gate, num_experts, where, biases[0])
+    up_rows = launch.grouped_matmul(backend.tiles, rows, up, num_experts, where, biases[1])
+    hidden = act(gate_rows, up_rows)
     slots_out = torch.empty((n * k, xs.shape[1]), dtype=torch.float32, device=xs.device)
-    slots_out.index_copy_(0, order, launch.grouped_matmul(backend.tiles, hidden, down, num_experts, where))
+    slots_out.index_copy_(0, order, launch.grouped_matmul(backend.tiles, hidden, down, num_experts, where, biases[2]))
     per_rank = slots_out.view(n, k, -1)
     out = probs[:, :1] * per_rank[:, 0]
     for j in range(1, k):
         out = out + probs[:, j : j + 1] * per_rank[:, j]
-    return add_shared(backend, x, weights, spec, out)
+    return out
