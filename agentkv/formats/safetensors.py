@@ -274,6 +274,10 @@ class SafetensorsSource(ModelSource):
         if module is not None:
             resident, shape = load_module(self.scheme, module, lambda part: _part_array(self._parts[part]))
             return TensorInfo(name, shape, resident.qtype, resident.data)
+        if entry.dtype == "U8":  # uint8 has no plain meaning here (it would read as int8)
+            raise SafetensorsError(
+                f"{entry.file}: tensor {entry.hf_name!r} is U8, read only as the blocks or scales of MXFP4 experts"
+            )
         return TensorInfo(name, entry.shape, int(DTYPES[entry.dtype][1]), _array(entry))
 
     def checkpoint_format(self, name: str) -> str | None:

@@ -119,6 +119,7 @@ def test_safetensors_reader_keeps_experts_mxfp4(tmp_path):
     }
     tensors = {f"{prefix}{p}{s}": a for p, (b, sc) in parts.items() for s, a in (("_blocks", b), ("_scales", sc))}
     tensors[f"{prefix}down_proj_bias"] = np.zeros((2, 64), np.float32)
+    tensors["stray"] = np.zeros(3, np.uint8)  # U8 outside a pair: refused, never read as int8
     source = write_mxfp4_folder(tmp_path / "m", tensors)
     want = {
         p: convert_moe_packed_tensors(torch.from_numpy(b), torch.from_numpy(sc), dtype=torch.float32).transpose(1, 2)
@@ -135,6 +136,8 @@ def test_safetensors_reader_keeps_experts_mxfp4(tmp_path):
     )
     assert source.checkpoint_format(down.name) == "mxfp4 blocks+scales"
     assert not any(n.endswith(("_blocks", "_scales")) for n in source.tensor_names())
+    with pytest.raises(FormatError, match=r"tensor 'stray' is U8, read only as the blocks or scales"):
+        source.tensor("stray")
 
 
 def test_safetensors_reader_names_a_lone_blocks_tensor(tmp_path):

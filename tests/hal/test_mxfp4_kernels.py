@@ -81,6 +81,16 @@ def test_qmatmul_equals_f32_matmul_of_the_reference_weights(m, threads, isa):
     assert torch.equal(ours, K.matmul_f32(x, ref))
 
 
+@pytest.mark.parametrize("m", [1, 49])
+def test_qmatmul_at_gpt_oss_width(m, isa):
+    """k = 2880 (90 blocks): past the AVX-512 decode path's 64-block scale span, and the
+    prefill path's k blocking (rows of 1024 or more)."""
+    raw = random_blocks(7, 2880, seed=8)
+    x = torch.randn(m, 2880, generator=torch.Generator().manual_seed(9))
+    ours = K.qmatmul(x, torch.from_numpy(raw), MXFP4, 7, 2880)
+    assert torch.equal(ours, K.matmul_f32(x, torch.from_numpy(dequantize(raw, MXFP4))))
+
+
 def test_a_changed_code_changes_the_bits(isa):
     """Control: one code of one block moved by one step is seen in that column only."""
     raw = random_blocks(N, KDIM, seed=6)

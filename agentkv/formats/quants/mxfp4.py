@@ -92,11 +92,24 @@ def from_hf_blocks(blocks: np.ndarray, scales: np.ndarray, name: str = "tensor")
         )
     if np.any(scales == 255):
         raise QuantError(f"{name}: MXFP4 scale byte 255 (E8M0 NaN) at {np.argwhere(scales == 255)[0].tolist()}")
-    pairs = blocks.reshape(-1, HALF)
-    codes = np.empty((pairs.shape[0], 2 * HALF), np.uint8)
-    np.bitwise_and(pairs, 0x0F, out=codes[:, 0::2])  # even elements: low nibbles
-    np.right_shift(pairs, 4, out=codes[:, 1::2])
-    out = np.empty((pairs.shape[0], 1 + HALF), np.uint8)
+    pairs, out = blocks.reshape(-1, HALF), np.empty((scales.size, 1 + HALF), np.uint8)
     out[:, 0] = scales.reshape(-1)
-    out[:, 1:] = codes[:, :HALF] | (codes[:, HALF:] << np.uint8(4))
+    for start in range(0, len(out), _REPACK_CHUNK):  # temporaries stay cache-sized
+        _repack(pairs[start : start + _REPACK_CHUNK], out[start : start + _REPACK_CHUNK, 1:])
     return out.reshape(*scales.shape[:-1], scales.shape[-1] * (1 + HALF))
+
+
+_REPACK_CHUNK = 1 << 16  # blocks
+
+
+def _repack(hf: np.ndarray, qs: np.ndarray) -> None:
+    """transformers' 16 code bytes per block -> GGUF's (`qs` mutated). Element 2j is the low
+    nibble of hf[j] and 2j + 1 its high nibble; GGUF byte k holds elements k (low) and k + 16
+    (high), which are nibbles of hf[k // 2] and hf[8 + k // 2]:
+
+        qs[2j]     = lo(hf[j]) | lo(hf[8 + j]) << 4
+        qs[2j + 1] = hi(hf[j]) | hi(hf[8 + j]) << 4
+    """
+    first, second = hf[:, :8], hf[:, 8:]
+    np.bitwise_or(first & np.uint8(0x0F), second << np.uint8(4), out=qs[:, 0::2])
+    np.bitwise_or(first >> np.uint8(4), second & np.uint8(0xF0), out=qs[:, 1::2])
