@@ -15,6 +15,7 @@ from agentkv.server.logprobs import TokenText, completion_logprobs
 from agentkv.server.prologue import Ask, build_jobs, open_request, prompt_id_lists
 from agentkv.server.responses import CompletionChoice, CompletionResponse, PromptTokensDetails, Usage, new_id, now
 from agentkv.server.schemas import CompletionRequest
+from agentkv.server.serving_lora import echoed_model
 from agentkv.server.streaming import sse_response
 
 
@@ -88,7 +89,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, tenant: 
     return CompletionResponse(
         id=jobs[0].request_id.rsplit("-", 1)[0],
         created=now(),
-        model=state.model_name,
+        model=echoed_model(state, engine, req),
         choices=choices,
         usage=_usage(last, req.n, req.max_tokens != 0),
     )
@@ -97,7 +98,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, tenant: 
 async def _chunks(
     state: ServerState, req: CompletionRequest, streams: ChoiceStreams, prompts: list[list[int]], text_of: TokenText
 ) -> AsyncIterator[str]:
-    chunk_id, created, model = new_id("cmpl"), now(), state.model_name
+    chunk_id, created, model = new_id("cmpl"), now(), echoed_model(state, state.require_engine(), req)
     keep = req.max_tokens != 0
     finals: dict[int, Any] = {}
     echoed: set[int] = set()
