@@ -31,6 +31,7 @@ from agentkv.server.responses import (
     new_id,
     now,
 )
+from agentkv.server.route_tag import strip_messages
 from agentkv.server.schemas import ChatCompletionRequest
 from agentkv.server.serving_lora import echoed_model
 from agentkv.server.streaming import sse_response
@@ -55,7 +56,7 @@ async def _jobs(
     template = state.chat_template()
     prompt = render_chat(
         template,
-        req.messages,
+        strip_messages(req.messages),  # the cluster front's routing tag (server/route_tag.py)
         tools=policy.tools or None,
         add_generation_prompt=req.add_generation_prompt,
         template_kwargs=_template_kwargs(req),
