@@ -75,7 +75,10 @@ def _which(file: Path, names: list[str], pairs: dict, params: list[str]) -> dict
     if len(names) == 1:
         if len(params) == 1:
             return {names[0]: params[0]}
-        return {names[0]: _alone(file, names[0], pairs[names[0]])}
+        raise _error(
+            f"{file}: module {names[0]!r} is the only expert wrapper of its layer but target_parameters names "
+            f"both {EXPERT_PARAMS}; cannot tell which one it adapts (lora_A {list(pairs[names[0]]['A'].shape)})"
+        )
     x, y = sorted(names)
     ax, bx, ay, by = pairs[x]["A"], pairs[x]["B"], pairs[y]["A"], pairs[y]["B"]
     if ax.shape[1] == by.shape[0] and bx.shape[0] == 2 * ay.shape[1]:
@@ -85,13 +88,6 @@ def _which(file: Path, names: list[str], pairs: dict, params: list[str]) -> dict
     raise _error(
         f"{file}: modules {x!r} (lora_A {list(ax.shape)}, lora_B {list(bx.shape)}) and {y!r} (lora_A "
         f"{list(ay.shape)}, lora_B {list(by.shape)}) are not gate_up_proj [2I, H] and down_proj [H, I] adapters"
-    )
-
-
-def _alone(file: Path, name: str, pair: dict) -> str:
-    raise _error(
-        f"{file}: module {name!r} is the only expert wrapper of its layer but target_parameters names both "
-        f"{EXPERT_PARAMS}; cannot tell which one it adapts (lora_A {list(pair['A'].shape)})"
     )
 
 
