@@ -48,6 +48,7 @@ class ClusterSpec:
     router_args: tuple[str, ...] = ()
     health_check_interval_s: int = 2
     startup_timeout_s: float = 600.0
+    front_port: int | None = None  # the LoRA-aware front door (commands/cluster_front.py), if any
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= 64:
@@ -73,6 +74,10 @@ class ClusterSpec:
         return f"http://{_url_host(self.host)}:{self.router_port}"
 
     @property
+    def front_url(self) -> str:
+        return f"http://{_url_host(self.host)}:{self.front_port}"
+
+    @property
     def worker_urls(self) -> list[str]:
         return [f"http://{_url_host(self.host)}:{p}" for p in self.worker_ports]
 
@@ -89,6 +94,7 @@ class Cluster:
         self.spec = spec
         self.workers: list[subprocess.Popen] = []
         self.router: subprocess.Popen | None = None
+        self.front: subprocess.Popen | None = None
 
     def __enter__(self) -> Cluster:
         try:
@@ -126,6 +132,9 @@ class Cluster:
         for proc, url in zip(self.workers, spec.worker_urls):
             wait_healthy(url, proc, deadline, what="worker")
         self.router = launch_router(spec, deadline)
+        if spec.front_port is not None:
+            self.front = _spawn(front_command(spec))
+            wait_healthy(spec.front_url, self.front, deadline, what="front")
 
     def kill_worker(self, index: int) -> None:
         """SIGKILL worker `index` (a crash, not a shutdown) and reap it."""
@@ -134,7 +143,7 @@ class Cluster:
         proc.wait()
 
     def stop(self) -> None:
-        procs = ([self.router] if self.router is not None else []) + self.workers
+        procs = [p for p in (self.front, self.router) if p is not None] + self.workers
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -144,7 +153,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.workers, self.router = [], None
+        self.workers, self.router, self.front = [], None, None
 
 
 def launch_router(spec: ClusterSpec, deadline: float) -> subprocess.Popen:
@@ -159,6 +168,12 @@ def launch_router(spec: ClusterSpec, deadline: float) -> subprocess.Popen:
         proc.wait()
         raise
     return proc
+
+
+def front_command(spec: ClusterSpec) -> list[str]:
+    """The LoRA-aware front's command line (in front of the router)."""
+    front = ["--router", spec.router_url, "--host", spec.host, "--port", str(spec.front_port)]
+    return [sys.executable, "-m", "agentkv.commands.cluster_front", *front]
 
 
 def router_command(spec: ClusterSpec) -> list[str]:
@@ -274,6 +289,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", default="cache_aware", choices=POLICIES)
     parser.add_argument(
+        "--front-port",
+        type=int,
+        default=None,
+        help="serve a front door on this port that puts a LoRA adapter into the text the router hashes",
+    )
+    parser.add_argument(
         "--router-arg",
         action="append",
         default=[],
@@ -293,6 +314,7 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
         policy=args.policy,
         worker_args=tuple(worker_flags(args) + extra),
         router_args=tuple(args.router_arg),
+        front_port=args.front_port,
     )
 
 
@@ -329,7 +351,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve_until_exit(cluster: Cluster) -> None:
     """Block until SIGINT/SIGTERM or until a process of the cluster exits."""
-    procs: Sequence[subprocess.Popen] = [cluster.router, *cluster.workers]  # type: ignore[list-item]
+    procs: Sequence[subprocess.Popen] = [p for p in (cluster.front, cluster.router) if p is not None]
+    procs = [*procs, *cluster.workers]
     while all(p.poll() is None for p in procs):
         time.sleep(1.0)
     print("agentkv cluster: a process exited; stopping the cluster", file=sys.stderr)

@@ -5,8 +5,9 @@ PEFT's conventions, kept exactly: a module's delta is `scaling * B @ A` with A `
 B `[out, r]`; scaling is `alpha / r`, or `alpha / sqrt(r)` with `use_rslora`; `rank_pattern`
 and `alpha_pattern` override r and alpha for the modules whose name ends in a pattern
 (`(.*\\.)?{pattern}$`, the first pattern that matches). Only what agentkv can apply is accepted:
-attention q/k/v/o and the dense MLP's gate/up/down of each decoder layer; anything else (the
-embeddings, the LM head, MoE experts, DoRA, biases) is refused with the module's name.
+attention q/k/v/o, the dense MLP's gate/up/down of each decoder layer, and an MoE layer's routed
+experts where PEFT targets their fused parameters (`formats/lora_experts.py`); anything else (the
+embeddings, the LM head, routers, shared experts, DoRA, biases) is refused with the module's name.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from agentkv.formats.errors import FormatError
+from agentkv.formats.lora_experts import expert_modules, is_expert_wrapper
 from agentkv.formats.quants import dequantize
 from agentkv.formats.safetensors import DTYPES, _array, _file_entries
 
@@ -56,6 +58,7 @@ class LoraModule:
     b: np.ndarray
     scaling: float
     interleaved: bool = False  # B's q/k rows in llama.cpp's permuted order (a llama GGUF adapter)
+    expert: int = -1  # the routed expert whose gate/up/down it adapts (-1: a dense projection)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +108,10 @@ def read_peft_adapter(folder: str | Path) -> LoraAdapterFile:
             raise AdapterError(f"{weights_path}: tensor {key!r} is not a LoRA A/B weight (only LoRA is supported)")
         arr = dequantize(np.asarray(_array(entry)), int(DTYPES[entry.dtype][1])).reshape(entry.shape)
         pairs.setdefault(found["module"], {})[found["part"]] = np.ascontiguousarray(arr, dtype=np.float32)
-    modules = tuple(_module(weights_path, name, parts, config) for name, parts in pairs.items())
+    experts = {name: parts for name, parts in pairs.items() if is_expert_wrapper(name)}
+    modules = tuple(_module(weights_path, name, parts, config) for name, parts in pairs.items() if name not in experts)
+    if experts:
+        modules += tuple(expert_modules(weights_path, experts, config, LoraModule))
     if not modules:
         raise AdapterError(f"{weights_path}: holds no LoRA weights")
     return LoraAdapterFile(str(folder), modules, _digest(modules))
@@ -145,7 +151,7 @@ def _module(file: Path, name: str, parts: dict[str, np.ndarray], config: dict[st
     if kind is None:
         raise AdapterError(
             f"{file}: module {name!r} cannot take a LoRA adapter in agentkv (supported: the decoder layers' "
-            "q/k/v/o_proj and dense mlp gate/up/down_proj)"
+            "q/k/v/o_proj, dense mlp gate/up/down_proj, and target_parameters mlp.experts.gate_up_proj/down_proj)"
         )
     if set(parts) != {"A", "B"}:
         raise AdapterError(f"{file}: module {name!r} has lora_{'/'.join(sorted(parts))} but needs both lora_A and B")
@@ -168,8 +174,9 @@ def _digest(modules: tuple[LoraModule, ...]) -> str:
     The config counts only through what it resolves to, so a renamed folder or a reordered
     JSON is the same adapter, and any change that changes a delta is a different one."""
     h = hashlib.sha256(b"agentkv-lora-v1\0")
-    for m in sorted(modules, key=lambda m: (m.layer, m.kind)):
-        h.update(f"{m.layer}|{m.kind}|{float(m.scaling).hex()}|{list(m.a.shape)}|{list(m.b.shape)}|".encode())
+    for m in sorted(modules, key=lambda m: (m.layer, m.expert, m.kind)):
+        expert = f"e{m.expert}|" if m.expert >= 0 else ""  # dense modules keep their v1 bytes
+        h.update(f"{m.layer}|{expert}{m.kind}|{float(m.scaling).hex()}|{list(m.a.shape)}|{list(m.b.shape)}|".encode())
         h.update(f"{m.interleaved}\0".encode())
         h.update(np.ascontiguousarray(m.a, dtype="<f4").tobytes())
         h.update(np.ascontiguousarray(m.b, dtype="<f4").tobytes())

@@ -73,6 +73,15 @@ def targets(layer: DecoderLayer, spec: BlockSpec) -> dict[str, Target]:
     return found
 
 
+def expert_target(layer: DecoderLayer, kind: str, expert: int) -> Target | None:
+    """Routed expert `expert`'s gate, up or down weight in an MoE layer (None: no such expert)."""
+    experts = getattr(layer.ffn, "experts", None)
+    if experts is None or kind not in ("gate", "up", "down") or not 0 <= expert < experts.num_experts:
+        return None
+    w = getattr(experts, kind)[expert]
+    return Target(w, 0, w.shape[0], w.shape[1])
+
+
 def _add(found: dict[str, Target], proj: Projection, kinds: Sequence[str], sizes: Sequence[int]) -> None:
     if len(proj.weights) == len(kinds):
         for kind, w in zip(kinds, proj.weights):
@@ -88,7 +97,7 @@ class LoraView:
     """The backend as a step with adapter rows sees it: every op is the backend's own, except
     `matmul`, which adds the step's pieces for the weight it multiplies, and the composed ops
     that call matmul (`decoder_block`, `ffn`), which run the base class's composition on this
-    view so that their matmuls come back here."""
+    view so that their matmuls come back here; `moe_ffn` adds the routed experts' adapters."""
 
     def __init__(self, backend: Backend, step: LoraStep):
         self._backend, self._step = backend, step
@@ -103,6 +112,15 @@ class LoraView:
 
     def ffn(self, x: Tensor, weights: Any, spec: Any) -> Tensor:
         return Backend.ffn(self, x, weights, spec)  # type: ignore[arg-type]
+
+    def moe_ffn(self, x: Tensor, weights: Any, spec: Any) -> Tensor:
+        """The backend's MoE FFN, or where the step adapts this layer's experts, its dispatch
+        with each expert matmul's deltas added (hal/lora_moe.py)."""
+        from agentkv.hal.lora_moe import experts_adapted, lora_moe_ffn
+
+        if experts_adapted(weights, self._step.pieces):
+            return lora_moe_ffn(self._backend, x, weights, spec, self._step)
+        return self._backend.moe_ffn(x, weights, spec)
 
     def decoder_block(self, *args: Any) -> tuple[Tensor, Tensor]:
         return Backend.decoder_block(self, *args)  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ from agentkv.hal.blocks import (
     project,
     tiled_gate,
 )
+from agentkv.hal.lora import LoraView
 from agentkv.models.base import LoadOptions, Model, attention_weights, dense_ffn
 from agentkv.models.config import SourceKeys
 from agentkv.models.llama import LlamaConfig
@@ -117,6 +118,7 @@ class MoEConfig:
 
 class MoEModel(Model):
     config_type = MoEConfig
+    supports_lora = True  # runtime/adapters.py: attention projections and routed experts
 
     def __init__(self, source, backend, options: LoadOptions = LoadOptions()):
         super().__init__(source, backend, options)
@@ -134,7 +136,7 @@ class MoEModel(Model):
         self.expert_formats: dict[str, tuple[int, int]] = {}  # file tensor -> (file qtype, resident qtype)
         self.embed = self.weight("token_embd.weight")
         self.layers = [self._layer(i) for i in range(hp.num_layers)]
-        # OLMoE's q/k norms `[h * hd]`, `[kvh * hd]` per layer (applied in `_olmoe_block`)
+        # OLMoE's q/k norms `[h * hd]`, `[kvh * hd]` per layer (applied in `OlmoeBlock`)
         self.proj_norms = (
             [
                 (self.weight(f"blk.{i}.attn_q_norm.weight"), self.weight(f"blk.{i}.attn_k_norm.weight"))
@@ -168,7 +170,7 @@ class MoEModel(Model):
 
     def _layer(self, i: int) -> DecoderLayer:
         """Layer i: llama attention (per-head q/k norms where the file has them, except OLMoE's
-        whole-projection norms, applied in `_olmoe_block`), and an MoE FFN where the layer has
+        whole-projection norms, applied in `OlmoeBlock`), and an MoE FFN where the layer has
         a router, else a dense one (Qwen2-MoE's mlp_only_layers)."""
         attention = attention_weights(self, i, qk_norms=False if self.config.whole_qk_norm else None)
         if not self.source.has_tensor(f"blk.{i}.ffn_gate_inp.weight"):
@@ -228,17 +230,28 @@ class MoEModel(Model):
             f"; dequantized to f32: {', '.join(f'{n} {q}' for q, n in sorted(fell.items()))}" if fell else ""
         )
 
-    def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
+    def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray, lora=None) -> Tensor:
+        """`lora` (a hal.lora.LoraStep): the step's per-row adapters, added to the projections
+        and the routed experts (the blocks run on a `LoraView` of the backend)."""
         be = self.backend
         h = be.embedding(self.embed, token_ids)  # [n, d]
         x = be.rms_norm(h, self.layers[0].attention.norm, self.hparams.norm_eps)
-        block = self._olmoe_block if self.config.whole_qk_norm else be.decoder_block
+        blocks = be if lora is None else LoraView(be, lora)
+        block = OlmoeBlock(blocks, self.proj_norms) if self.config.whole_qk_norm else blocks.decoder_block
         for i, layer in enumerate(self.layers):
             next_norm = self.layers[i + 1].attention.norm if i + 1 < len(self.layers) else self.norm
             h, x = block(h, x, layer, self.blocks[i], meta, kv, i, next_norm)
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]
 
-    def _olmoe_block(
+
+class OlmoeBlock:
+    """`Backend.decoder_block` with OLMoE's q/k RMSNorm over the whole projection (`[h * hd]`,
+    `[kvh * hd]`) before the heads are split and rotated, on `be` (the backend or a LoraView)."""
+
+    def __init__(self, be, proj_norms: list[tuple[Weight, Weight]]):
+        self.be, self.proj_norms = be, proj_norms
+
+    def __call__(
         self,
         h: Tensor,
         x: Tensor,
@@ -249,9 +262,7 @@ class MoEModel(Model):
         index: int,
         next_norm: Weight,
     ) -> tuple[Tensor, Tensor]:
-        """`Backend.decoder_block` with OLMoE's q/k RMSNorm over the whole projection
-        (`[h * hd]`, `[kvh * hd]`) before the heads are split and rotated."""
-        be, a = self.backend, spec.attention
+        be, a = self.be, spec.attention
         qkv = project(be, x, layer.attention.qkv)
         q, k, v = qkv if isinstance(qkv, list) else be.split(qkv, a.qkv_sizes)
         q_norm, k_norm = self.proj_norms[index]

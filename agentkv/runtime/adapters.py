@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from agentkv.formats.lora import WEIGHTS_FILE, AdapterError, LoraAdapterFile, read_adapter
-from agentkv.hal.lora import LoraPiece, LoraStep, targets
+from agentkv.hal.lora import LoraPiece, LoraStep, expert_target, targets
 
 F32, F16 = 0, 1  # GGML's qtypes
 
@@ -117,7 +117,12 @@ def attach(model: Any, file: LoraAdapterFile, name: str, scale: float = 1.0, dty
     for m in file.modules:
         if m.layer >= len(layers):
             raise AdapterError(f"{where}: module {m.name!r} is in layer {m.layer}; the model has {len(layers)}")
-        target = targets(layers[m.layer], specs[m.layer]).get(m.kind)
+        if m.expert >= 0:
+            target = expert_target(layers[m.layer], m.kind, m.expert)
+            if target is None:
+                raise AdapterError(f"{where}: module {m.name!r}: layer {m.layer} has no routed expert {m.expert}")
+        else:
+            target = targets(layers[m.layer], specs[m.layer]).get(m.kind)
         if target is None:
             raise AdapterError(f"{where}: module {m.name!r}: layer {m.layer} has no dense {m.kind} projection")
         if m.a.shape[1] != target.inp or m.b.shape[0] != target.out:
@@ -159,7 +164,7 @@ def _base_rows(model: Any, m: Any) -> np.ndarray:
     """B's rows in the base weight's row order: llama.cpp's converter permutes a GGUF llama's
     q/k rows (rope pairs adjacent), in its base and in its adapters' B alike; a PEFT B meets
     a permuted base, or a llama.cpp B an HF base, through that permutation or its inverse."""
-    base = bool(getattr(model.config, "interleaved", False))
+    base = bool(getattr(getattr(model.config, "attention", model.config), "interleaved", False))
     if m.kind not in ("q", "k") or base == m.interleaved:
         return m.b
     hp, b = model.hparams, m.b

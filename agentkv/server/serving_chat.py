@@ -31,7 +31,9 @@ from agentkv.server.responses import (
     new_id,
     now,
 )
+from agentkv.server.route_tag import strip_messages
 from agentkv.server.schemas import ChatCompletionRequest
+from agentkv.server.serving_lora import echoed_model
 from agentkv.server.streaming import sse_response
 from agentkv.server.tool_policy import constraint_builder, tool_policy
 
@@ -54,7 +56,7 @@ async def _jobs(
     template = state.chat_template()
     prompt = render_chat(
         template,
-        req.messages,
+        strip_messages(req.messages),  # the cluster front's routing tag (server/route_tag.py)
         tools=policy.tools or None,
         add_generation_prompt=req.add_generation_prompt,
         template_kwargs=_template_kwargs(req),
@@ -116,7 +118,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     return ChatCompletionResponse(
         id=jobs[0].request_id.rsplit("-", 1)[0],
         created=now(),
-        model=state.model_name,
+        model=echoed_model(state, engine, req),
         choices=choices,
         usage=_usage([last[i] for i in sorted(last)]),
     )
@@ -127,7 +129,7 @@ async def _chunks(
 ) -> AsyncIterator[str]:
     """SSE payloads: a role chunk per choice (at once, before any token), reasoning/content/
     tool deltas, a finish chunk per choice, then usage (if asked)."""
-    chunk_id, created, model = new_id("chatcmpl"), now(), state.model_name
+    chunk_id, created, model = new_id("chatcmpl"), now(), echoed_model(state, state.require_engine(), req)
     text_of = TokenText(state.require_engine().tokenizer)
     parsers = {i: OutputParser(spec) for i in range(req.n)}
     finals: dict[int, Any] = {}

@@ -14,7 +14,9 @@ from agentkv.server.lifecycle import ServerState
 from agentkv.server.logprobs import TokenText, completion_logprobs
 from agentkv.server.prologue import Ask, build_jobs, open_request, prompt_id_lists
 from agentkv.server.responses import CompletionChoice, CompletionResponse, PromptTokensDetails, Usage, new_id, now
+from agentkv.server.route_tag import strip_prompt
 from agentkv.server.schemas import CompletionRequest
+from agentkv.server.serving_lora import echoed_model
 from agentkv.server.streaming import sse_response
 
 
@@ -27,7 +29,8 @@ async def _jobs(
         raise bad_request("suffix is not supported", param="suffix")
     if req.max_tokens == 0 and not req.echo:
         raise bad_request("max_tokens=0 is only meaningful with echo=true", param="max_tokens")
-    prompts = await prompt_id_lists(engine, req.prompt, req.add_special_tokens)
+    prompt = strip_prompt(req.prompt)  # the cluster front's routing tag (server/route_tag.py)
+    prompts = await prompt_id_lists(engine, prompt, req.add_special_tokens)
     # max_tokens=0 (score the prompt only) runs one token and drops it.
     ask = Ask(
         prompts,
@@ -88,7 +91,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, tenant: 
     return CompletionResponse(
         id=jobs[0].request_id.rsplit("-", 1)[0],
         created=now(),
-        model=state.model_name,
+        model=echoed_model(state, engine, req),
         choices=choices,
         usage=_usage(last, req.n, req.max_tokens != 0),
     )
@@ -97,7 +100,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, tenant: 
 async def _chunks(
     state: ServerState, req: CompletionRequest, streams: ChoiceStreams, prompts: list[list[int]], text_of: TokenText
 ) -> AsyncIterator[str]:
-    chunk_id, created, model = new_id("cmpl"), now(), state.model_name
+    chunk_id, created, model = new_id("cmpl"), now(), echoed_model(state, state.require_engine(), req)
     keep = req.max_tokens != 0
     finals: dict[int, Any] = {}
     echoed: set[int] = set()

@@ -52,6 +52,15 @@ def adapter_name(state: ServerState, engine: Any, model: str | None) -> str | No
     return model if model in registry.names() else None
 
 
+def echoed_model(state: ServerState, engine: Any, req: Any) -> str:
+    """The model a response names: an adapter as the request's `model` named it (`a` or
+    `base:a`, as vLLM and SGLang echo it), else the served name (llama.cpp's `lora` list
+    leaves `model` the base's)."""
+    if getattr(req, "lora", None) is None and adapter_name(state, engine, req.model) is not None:
+        return req.model
+    return state.model_name
+
+
 def requested(state: ServerState, engine: Any, req: Any) -> tuple[str | None, float | None]:
     """(adapter name, scale or None) a request asks for: llama.cpp's `lora` list when given
     (the one entry whose scale is not 0), else the adapter its `model` names."""

@@ -22,6 +22,7 @@ from agentkv.server.guard import cache_namespace
 from agentkv.server.lifecycle import ServerState
 from agentkv.server.output_parser import OutputParser, OutputSpec, output_spec, parse_output
 from agentkv.server.prologue import Ask, build_jobs, open_request
+from agentkv.server.serving_lora import echoed_model
 from agentkv.server.streaming import sse_response
 from agentkv.server.tool_policy import constraint_builder
 from agentkv.server.translate import check_model
@@ -34,7 +35,8 @@ class Prepared(NamedTuple):
     prompt_ids: list[int]
     spec: OutputSpec
     pins: list[tuple[int, float]]  # (prefix length, ttl_s) per cache_control breakpoint
-    namespace: Hashable = None  # the tenant's cache, where the pins go too
+    namespace: Hashable = None  # the tenant's cache (and adapter's), where the pins go too
+    model: str = ""  # the model the response names
 
 
 def thinking_kwargs(thinking: dict[str, Any] | None) -> dict[str, Any]:
@@ -111,6 +113,7 @@ async def create_message(state: ServerState, req: MessagesRequest, tenant: str |
         keep_special_tokens=prep.spec.keeps_special_tokens,
     )
     jobs = await build_jobs(state, engine, fields, ask, "msg", prep.namespace)
+    prep = prep._replace(namespace=jobs[0].namespace, model=echoed_model(state, engine, req))  # the adapter's
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
         return await sse_response(
@@ -132,7 +135,7 @@ async def create_message(state: ServerState, req: MessagesRequest, tenant: str |
     reason, sequence = stop_reason(out, len(parsed.calls), req.stop_sequences)
     return MessageResponse(
         id=_message_id(jobs),
-        model=state.model_name,
+        model=prep.model,
         content=content,
         stop_reason=reason,
         stop_sequence=sequence,
@@ -218,7 +221,7 @@ async def _events(
                 "id": _message_id(jobs),
                 "type": "message",
                 "role": "assistant",
-                "model": state.model_name,
+                "model": prep.model,
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,

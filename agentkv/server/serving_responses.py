@@ -45,6 +45,7 @@ from agentkv.server.responses_translate import (
     template_kwargs,
 )
 from agentkv.server.schemas import ChatMessage, ResponseFormat
+from agentkv.server.serving_lora import echoed_model
 from agentkv.server.streaming import sse_response
 from agentkv.server.tool_policy import ToolPolicy, constraint_builder
 from agentkv.server.tools import ParsedCall
@@ -72,7 +73,7 @@ async def _prepare(state: ServerState, store: ResponseStore, req: ResponsesReque
     return Prepared(ids, output_spec(policy, state.output_formats(), prompt), history, fmt)
 
 
-def _skeleton(state: ServerState, req: ResponsesRequest, policy: ToolPolicy) -> ResponseObject:
+def _skeleton(model: str, req: ResponsesRequest, policy: ToolPolicy) -> ResponseObject:
     """The response as `response.created` shows it: the request echoed, no output yet."""
     choice: Any = policy.choice
     if isinstance(choice, dict):
@@ -91,7 +92,7 @@ def _skeleton(state: ServerState, req: ResponsesRequest, policy: ToolPolicy) -> 
     return ResponseObject(
         id=item_id("resp"),
         status="in_progress",
-        model=state.model_name,
+        model=model,
         instructions=req.instructions,
         parallel_tool_calls=policy.parallel,
         tool_choice=choice,
@@ -125,7 +126,7 @@ async def create_response(
         keep_special_tokens=prep.spec.keeps_special_tokens,
     )
     jobs = await build_jobs(state, engine, fields, ask, "resp", cache_namespace(tenant, None))
-    body = _skeleton(state, req, policy)
+    body = _skeleton(echoed_model(state, engine, req), req, policy)
     streams = ChoiceStreams(state, engine, jobs)
     if req.stream:
         return await sse_response(

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from agentkv.commands.lora_flags import add_lora_arguments, apply_lora
+from agentkv.formats.chat_template import ChatTemplate
 from agentkv.runtime.async_engine import AsyncEngine
 from agentkv.server.app import create_app
 from tests.models.test_lora import peft_adapter
@@ -18,6 +19,7 @@ from tests.runtime.test_exactness import byte_level_tokenizer, tiny_hf_model
 from tests.server.conftest import make_client, serve
 
 PROMPT = "the quick brown fox"
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,10 @@ def lora_server(tmp_path_factory):
     engine = AsyncEngine.from_model(str(root / "base"), kv_cache_blocks=128)
     apply_lora(engine.engine, args)
     engine.start()
-    for server in serve(create_app(engine, served_model_name="tiny", runtime_lora=True), engine):
+    app = create_app(
+        engine, served_model_name="tiny", runtime_lora=True, chat_template=ChatTemplate(TEMPLATE, origin="test")
+    )
+    for server in serve(app, engine):
         yield server, root
 
 
@@ -127,3 +132,27 @@ def test_runtime_loading_is_off_unless_enabled(lora_server):
             body = {"lora_name": "c", "lora_path": str(root / "c")}
             assert http.post("/v1/load_lora_adapter", json=body).status_code == 404
             assert http.get("/v1/models").json()["data"][1]["parent"] == "tiny"  # adapters still served
+
+
+def test_every_api_echoes_the_adapter_and_pins_in_its_namespace(lora_server):
+    """Chat, completions, Responses and Anthropic Messages name the adapter as requested; an
+    Anthropic cache_control pin of an adapter request lands where that request's KV is (the
+    adapter's namespace: the pin finds the prefix, `cache_creation_input_tokens` > 0)."""
+    import anthropic
+
+    server, _ = lora_server
+    client = make_client(server)
+    assert complete(client, "tiny:a").model == "tiny:a" and complete(client, "tiny").model == "tiny"
+    ask = [{"role": "user", "content": PROMPT}]
+    assert client.chat.completions.create(model="b", messages=ask, max_tokens=2).model == "b"
+    assert client.responses.create(model="a", input=PROMPT, max_output_tokens=2).model == "a"
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+    system = [{"type": "text", "text": "pinned adapter prefix " * 6, "cache_control": {"type": "ephemeral"}}]
+    engine = server.engine.engine
+    before = engine.cache.num_pins
+    pinned = claude.messages.create(model="a", max_tokens=2, system=system, messages=ask)
+    assert pinned.model == "a" and engine.cache.num_pins == before + 1
+    assert pinned.usage.cache_creation_input_tokens > 0
+    with claude.messages.stream(model="b", max_tokens=2, system=system, messages=ask) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.model == "b" and streamed.usage.cache_creation_input_tokens > 0

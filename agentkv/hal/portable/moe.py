@@ -44,8 +44,11 @@ def _rank_sum(w: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec) -> Tensor:
-    """`Backend.moe_ffn` for torch tensors: see the module docstring. x `[n, d]` -> `[n, d]`."""
+def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec, expert_matmul=None) -> Tensor:
+    """`Backend.moe_ffn` for torch tensors: see the module docstring. x `[n, d]` -> `[n, d]`.
+    `expert_matmul(rows, weight, tokens)` replaces the experts' `backend.matmul(rows, weight)`
+    (hal/lora_moe.py adds the rows' LoRA deltas; `tokens`: the token each row came from)."""
+    matmul = expert_matmul or (lambda rows, w, _tokens: backend.matmul(rows, w))
     xs = x.raw
     n, k = xs.shape[0], spec.top_k
     chosen, probs = route(backend.matmul(x, weights.router).raw, spec)
@@ -59,9 +62,10 @@ def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec) 
             continue
         slots = order[start : start + count]
         start += count
-        rows = Tensor(xs.index_select(0, slots // k))
-        hidden = backend.glu([backend.matmul(rows, ex.gate[e]), backend.matmul(rows, ex.up[e])], spec.act)
-        slots_out.index_copy_(0, slots, backend.matmul(hidden, ex.down[e]).raw)
+        tokens = slots // k
+        rows = Tensor(xs.index_select(0, tokens))
+        hidden = backend.glu([matmul(rows, ex.gate[e], tokens), matmul(rows, ex.up[e], tokens)], spec.act)
+        slots_out.index_copy_(0, slots, matmul(hidden, ex.down[e], tokens).raw)
     per_rank = slots_out.view(n, k, -1)
     out = probs[:, :1] * per_rank[:, 0]
     for j in range(1, k):
