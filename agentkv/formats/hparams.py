@@ -26,6 +26,9 @@ HF_ARCH = {
     "qwen3_moe": "qwen3moe",
     "mixtral": "llama",  # llama.cpp converts mixtral to arch `llama` with expert_count > 0
     "olmoe": "olmoe",
+    "glm4_moe": "glm4moe",
+    "deepseek_v2": "deepseek2",
+    "deepseek_v3": "deepseek2",  # llama.cpp converts V3 (Kimi-K2, Moonlight) to arch `deepseek2`
 }
 
 
