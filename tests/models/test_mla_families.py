@@ -1,0 +1,177 @@
+"""DeepSeek-V2 / V3 (multi-head latent attention, softmax or sigmoid routing with groups and the
+correction bias, shared experts, a leading dense layer) and GLM-4.5 MoE (partial rotary, q/k/v
+biases, sigmoid routing with bias and groups) against HF transformers, from tiny random models
+saved as safetensors by transformers itself.
+
+Tolerance: cosine >= 0.99999 per position and equal argmax (float32 both sides; the absorbed
+MLA form sums in another order than HF's expanded one). It holds only while every token picks
+the same experts on both sides, so the routers' decisions are first asserted to have margins
+(the kept groups' and the chosen experts' scores beat the next by ROUTER_MARGIN). The controls
+change one convention (the rope pair layout, the group limit, the renormalisation) and miss
+the floor, so the comparison can fail."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from agentkv.formats.resolve import open_model
+from agentkv.hal.registry import lookup
+from agentkv.models.registry import family_config, load_model
+from tests.models.helpers import BACKENDS, assert_logits_match, cosines, hf_logits, our_logits, prompt, tiny_hf_model
+
+MIN_COS = 0.99999
+ROUTER_MARGIN = 1e-3
+PROMPT_LEN = 13
+EXPERTS = dict(num_experts_per_tok=2, n_routed_experts=8, moe_intermediate_size=32, n_shared_experts=1)
+MLA = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_key_value_heads=4)
+YARN = dict(
+    rope_type="yarn",
+    rope_theta=10000.0,
+    factor=4.0,
+    original_max_position_embeddings=64,
+    mscale=1.0,
+    mscale_all_dim=0.707,
+    beta_fast=32,
+    beta_slow=1,
+)
+FAMILIES = {
+    "deepseek_v2": dict(  # V2-Lite's shape: a full-rank q, greedy softmax routing, unnormalised
+        **EXPERTS, **MLA, q_lora_rank=None, topk_method="greedy", norm_topk_prob=False, first_k_dense_replace=1
+    ),
+    "deepseek_v3": dict(  # low-rank q, sigmoid + bias, 2 groups (1 kept), YaRN with DeepSeek's mscale
+        **EXPERTS,
+        **MLA,
+        q_lora_rank=24,
+        n_group=2,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        first_k_dense_replace=1,
+        num_nextn_predict_layers=0,
+        rope_parameters=YARN,
+    ),
+    "glm4_moe": dict(
+        **EXPERTS,
+        head_dim=16,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        num_hidden_layers=3,
+        attention_bias=True,
+        num_nextn_predict_layers=0,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    ),
+}
+SEEDS = {"deepseek_v2": 0, "deepseek_v3": 0, "glm4_moe": 0}  # seeds whose routers clear the margin
+
+
+def build(folder, model_type: str):
+    """The tiny model saved in `folder`, its correction biases random (HF zeroes them)."""
+    model = tiny_hf_model(folder, model_type, seed=SEEDS[model_type], **FAMILIES[model_type])
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+            if bias is not None:
+                bias.copy_(0.2 * torch.randn(bias.shape, generator=gen))
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """model type -> (folder, HF logits, prompt, router margin), each built and run once."""
+    out = {}
+    ids = prompt(PROMPT_LEN)
+    for model_type in FAMILIES:
+        folder = tmp_path_factory.mktemp(model_type)
+        model = build(folder, model_type)
+        out[model_type] = folder, *logits_and_margin(model, ids), ids
+    return out
+
+
+def logits_and_margin(model, ids: list[int]) -> tuple[np.ndarray, float]:
+    """HF's logits and the smallest gap, over MoE layers and positions, between the last kept
+    and the first dropped group score and between the k-th and (k+1)-th expert choice score in
+    the kept groups, as the family's router computes them (float64)."""
+    cfg, gaps, hooks = model.config, [], []
+    k, groups = cfg.num_experts_per_tok, getattr(cfg, "n_group", None) or 1
+    kept = getattr(cfg, "topk_group", None) or groups
+    sigmoid = cfg.model_type != "deepseek_v2"
+    if cfg.model_type == "deepseek_v2" and getattr(cfg, "topk_method", "greedy") == "greedy":
+        groups = kept = 1
+
+    def hook(module, args, _out):
+        logits = args[0].reshape(-1, args[0].shape[-1]).double() @ module.weight.double().T
+        scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
+        bias = getattr(module, "e_score_correction_bias", None)
+        choice = scores + bias.double() if bias is not None else scores
+        grouped = choice.reshape(len(choice), groups, -1)
+        if groups > 1:
+            by_group = grouped.topk(2, dim=-1).values.sum(-1) if sigmoid else grouped.max(-1).values
+            ranked = by_group.sort(dim=-1, descending=True).values
+            gaps.append(float((ranked[:, kept - 1] - ranked[:, kept]).min()))
+            drop = by_group.argsort(dim=-1, descending=True)[:, kept:]
+            grouped = grouped.scatter(1, drop[..., None].expand(-1, -1, grouped.shape[-1]), float("-inf"))
+        ranked = grouped.reshape(len(choice), -1).sort(dim=-1, descending=True).values
+        gaps.append(float((ranked[:, k - 1] - ranked[:, k]).min()))
+
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(gate, "weight"):
+            hooks.append(gate.register_forward_hook(hook))
+    logits = hf_logits(model, ids)
+    for h in hooks:
+        h.remove()
+    return logits, min(gaps)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_router_decisions_are_not_near_ties(model_type, built):
+    assert built[model_type][2] > ROUTER_MARGIN
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_safetensors_matches_transformers(model_type, backend, built):
+    folder, expected, _, ids = built[model_type]
+    assert_logits_match(our_logits(folder, backend, ids), expected, MIN_COS)
+
+
+@pytest.mark.parametrize(
+    "model_type,change",
+    [
+        ("deepseek_v3", {"rope_interleave": False}),  # the rope pairs of q/k's rope columns
+        ("deepseek_v3", {"n_group": 1, "topk_group": 1}),  # no group limit on the choice
+        ("glm4_moe", {"norm_topk_prob": False}),
+    ],
+)
+def test_a_wrong_convention_misses_the_floor(model_type, change, built, tmp_path):
+    """The control: the same weights read under one changed config key miss the floor."""
+    folder, expected, _, ids = built[model_type]
+    config = json.loads((folder / "config.json").read_text())
+    for f in folder.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    assert cosines(our_logits(tmp_path, "reference", ids), expected).min() < MIN_COS
+
+
+def test_latent_kv_bytes_per_token_against_multi_head(built):
+    """inspect's KV bytes per token: one latent row (kv_lora_rank + rope) per layer, against
+    h * (nope + rope + v) for the same model with multi-head K/V; the store allocates the former."""
+    folder = built["deepseek_v2"][0]
+    summary = family_config(open_model(folder)).summary()
+    layers, heads = 2, 4
+    assert summary["kv_layout"] == "latent"
+    assert summary["kv_bytes_per_token_f16"] == layers * (32 + 8) * 2
+    assert summary["kv_bytes_per_token_f16_multi_head"] == layers * heads * (16 + 8 + 16) * 2
+    model = load_model(open_model(folder), lookup("reference").set_kv_dtype("f16"))
+    spec = model.kv_spec(4, 16)
+    assert spec.latent and spec.bytes_per_token == summary["kv_bytes_per_token_f16"]
+    assert np.isclose(summary["kv_bytes_per_token_f16_multi_head"] / spec.bytes_per_token, 4.0)
