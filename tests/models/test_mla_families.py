@@ -70,9 +70,9 @@ FAMILIES = {
 SEEDS = {"deepseek_v2": 0, "deepseek_v3": 0, "glm4_moe": 0}  # seeds whose routers clear the margin
 
 
-def build(folder, model_type: str):
+def build(folder, model_type: str, **overrides):
     """The tiny model saved in `folder`, its correction biases random (HF zeroes them)."""
-    model = tiny_hf_model(folder, model_type, seed=SEEDS[model_type], **FAMILIES[model_type])
+    model = tiny_hf_model(folder, model_type, seed=SEEDS[model_type], **{**FAMILIES[model_type], **overrides})
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for layer in model.model.layers:

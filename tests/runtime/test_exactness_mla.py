@@ -1,0 +1,67 @@
+"""The exactness contract on a multi-head latent attention model (a tiny random DeepSeek-V3:
+low-rank q, latent KV rows, sigmoid routing with groups, shared expert, a leading dense layer):
+cache on/off, random warm splits, batch mixes and chunk sizes (`check_contract`), speculation,
+and a restart from the disk tier, whose files hold the latent layout's one row per token.
+Every comparison is `np.array_equal`; the control (a row-count-dependent matmul) is caught by
+every variant family, so none of the checks passes vacuously on this model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.models.test_mla_families import build
+from tests.runtime.test_exactness import VARIANT_FAMILIES, SplitKBackend, byte_level_tokenizer, check_contract
+from tests.runtime.test_speculative import make_engine as spec_engine
+from tests.runtime.test_speculative import run as spec_plain_run
+from tests.runtime.test_speculative import same, spec_run, workload
+from tests.runtime.test_warm_restart import BS, GREEDY, transcript
+from tests.runtime.test_warm_restart import engine as disk_engine
+from tests.runtime.test_warm_restart import run as disk_run
+
+VOCAB = 256
+
+
+@pytest.fixture(scope="module")
+def mla_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("deepseek_v3")
+    build(folder, "deepseek_v3", vocab_size=VOCAB, max_position_embeddings=512)
+    byte_level_tokenizer(folder)
+    return str(folder)
+
+
+def test_exact_reuse_mla_f16_kv(mla_dir):
+    # 270 tokens: rows past one 256-key range, so the range merge runs over latent rows too
+    assert check_contract(mla_dir, "cpu", VOCAB, 270, seed=4, kv_dtype="f16", light=True) == []
+
+
+def test_exact_reuse_mla_reference(mla_dir):
+    assert check_contract(mla_dir, "reference", VOCAB, 37, seed=2, light=True) == []
+
+
+def test_control_non_invariant_backend_is_caught_by_every_variant_family(mla_dir):
+    broken = check_contract(mla_dir, SplitKBackend.name, VOCAB, 45, seed=1, light=True)
+    caught = {name.split()[0].split("=")[0] for name in broken}
+    assert caught == set(VARIANT_FAMILIES), f"unnoticed by {set(VARIANT_FAMILIES) - caught} (broken: {broken})"
+
+
+def test_speculation_is_bit_identical(mla_dir):
+    requests = workload(VOCAB, GREEDY, batched=True)
+    plain = spec_plain_run(spec_engine(mla_dir), requests)
+    spec, stats = spec_run(mla_dir, "suffix", requests, plain)
+    assert same(spec, plain)
+    assert stats.prefix_hit_tokens > 0
+
+
+def test_restart_from_the_disk_tier_is_exact(mla_dir, tmp_path):
+    prompt = transcript(1, 100)
+    cold = disk_run(disk_engine(mla_dir, enable_prefix_cache=False), prompt)[1]
+    first = disk_engine(mla_dir, tmp_path)
+    assert disk_run(first, prompt)[0] == 0
+    first.close()
+    assert first.disk.stats().written_blocks >= 100 // BS
+    second = disk_engine(mla_dir, tmp_path)
+    cached, rows = disk_run(second, prompt)
+    assert cached == (len(prompt) - 1) // BS * BS and second.disk.stats().hit_blocks == cached // BS
+    assert len(rows) == len(cold) and all(np.array_equal(a, b) for a, b in zip(rows, cold))
+    second.close()
