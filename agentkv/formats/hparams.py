@@ -96,7 +96,9 @@ def hparams_from_gguf(metadata: dict[str, Any], path: Path, tensor_names: list[s
     keys = _GGUFKeys(metadata, arch, Path(path))
     hidden = keys.need_int("embedding_length")
     num_heads = keys.need_int("attention.head_count")
-    num_layers = keys.need_int("block_count")
+    # llama.cpp counts multi-token-prediction layers (GLM-4.5, DeepSeek) into block_count; they
+    # come last and are not part of the decoder a token runs through
+    num_layers = keys.need_int("block_count") - int(keys.get("nextn_predict_layers", 0) or 0)
     num_kv = keys.get("attention.head_count_kv", num_heads)
     if isinstance(num_kv, list):
         num_kv = max(num_kv)

@@ -33,7 +33,7 @@ YARN = dict(
     rope_theta=10000.0,
     factor=4.0,
     original_max_position_embeddings=64,
-    mscale=1.0,
+    mscale=0.707,  # = mscale_all_dim, as DeepSeek-V3's config (llama.cpp assumes it)
     mscale_all_dim=0.707,
     beta_fast=32,
     beta_slow=1,
@@ -46,6 +46,8 @@ FAMILIES = {
         **EXPERTS,
         **MLA,
         q_lora_rank=24,
+        scoring_func="sigmoid",  # as DeepSeek-V3's own config says it (llama.cpp's converter reads it)
+        topk_method="noaux_tc",
         n_group=2,
         topk_group=1,
         norm_topk_prob=True,
@@ -68,11 +70,16 @@ FAMILIES = {
     ),
 }
 SEEDS = {"deepseek_v2": 0, "deepseek_v3": 0, "glm4_moe": 0}  # seeds whose routers clear the margin
+# byte tokens plus the specials llama.cpp's GLM converter looks up (so every family converts)
+SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|observation|>")
+VOCAB = 264
+_BUILT: dict[str, tuple] = {}
 
 
 def build(folder, model_type: str, **overrides):
     """The tiny model saved in `folder`, its correction biases random (HF zeroes them)."""
-    model = tiny_hf_model(folder, model_type, seed=SEEDS[model_type], **{**FAMILIES[model_type], **overrides})
+    spec = {"vocab_size": VOCAB, **FAMILIES[model_type], **overrides}
+    model = tiny_hf_model(folder, model_type, seed=SEEDS[model_type], **spec)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -83,16 +90,37 @@ def build(folder, model_type: str, **overrides):
     return model
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """model type -> (folder, HF logits, prompt, router margin), each built and run once."""
-    out = {}
-    ids = prompt(PROMPT_LEN)
-    for model_type in FAMILIES:
+def tokenizer_files(folder) -> None:
+    """A byte-level tokenizer.json with SPECIALS as added tokens (ids 256..), and a
+    tokenizer_config.json naming the fast tokenizer class, as llama.cpp's converter reads them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIALS))
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def built_family(model_type: str, tmp_path_factory) -> tuple:
+    """(folder, HF logits, router margin, prompt) of one family's tiny model, built once per
+    session (the GGUF comparison reuses it)."""
+    if model_type not in _BUILT:
         folder = tmp_path_factory.mktemp(model_type)
         model = build(folder, model_type)
-        out[model_type] = folder, *logits_and_margin(model, ids), ids
-    return out
+        tokenizer_files(folder)
+        ids = prompt(PROMPT_LEN)
+        _BUILT[model_type] = folder, *logits_and_margin(model, ids), ids
+    return _BUILT[model_type]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """model type -> (folder, HF logits, router margin, prompt)."""
+    return {model_type: built_family(model_type, tmp_path_factory) for model_type in FAMILIES}
 
 
 def logits_and_margin(model, ids: list[int]) -> tuple[np.ndarray, float]:

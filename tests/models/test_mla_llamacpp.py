@@ -1,0 +1,118 @@
+"""The tiny DeepSeek-V2, DeepSeek-V3 and GLM-4.5 MoE models of test_mla_families.py converted by
+llama.cpp's own `convert_hf_to_gguf.py` (arch `deepseek2` with its attn_k_b / attn_v_b split of
+kv_b, and `glm4moe`), in Q8_0 (the converter's) and Q4_0 (requantized from its f32 output with
+gguf-py): agentkv's logits match llama-cpp-python's on the same file within FLOOR, argmax equal
+where agentkv's top two are more than NEAR_TIE apart.
+
+The converter runs in a subprocess with its vendored gguf-py; its tokenizer check (a hash of a
+known pre-tokenizer) is told the tiny byte-level tokenizer is 'gpt-2', nothing else is changed.
+The floor is not exactness: llama.cpp rounds a quantized matmul's activations to Q8_0 blocks
+where agentkv keeps them f32, and sums in another order."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from agentkv.bench import peers
+from agentkv.formats.resolve import open_model
+from agentkv.hal.registry import lookup
+from agentkv.models.registry import load_model
+from agentkv.runtime.runner import Chunk, ModelRunner
+from tests.models.helpers import cosines
+from tests.models.test_mla_families import FAMILIES, built_family
+
+REASON = peers.missing("llamacpp")
+if REASON:
+    pytest.skip(f"llama-cpp-python comparison skipped: {REASON}", allow_module_level=True)
+SRC = Path.home() / ".cache" / "agentkv" / "build-llama-server-0.3.36" / "src"
+if not (SRC / "convert_hf_to_gguf.py").is_file():
+    pytest.skip(f"llama.cpp's converter is not at {SRC}", allow_module_level=True)
+
+# min cosine per position vs llama.cpp on the same file; measured (llama-cpp-python 0.3.36):
+FLOOR = {"Q8_0": 0.999, "Q4_0": 0.999}
+NEAR_TIE = 0.05
+CONVERT = (
+    "import sys, runpy; sys.argv = sys.argv[1:]; import conversion.base as base; "
+    "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+_GGUF: dict[tuple[str, str], Path] = {}
+
+
+def convert(folder: Path, outtype: str) -> Path:
+    """llama.cpp's converter on `folder` -> the GGUF it writes (`--outtype f32|q8_0`)."""
+    out = folder / f"model-{outtype}.gguf"
+    env = {**os.environ, "PYTHONPATH": f"{SRC / 'gguf-py'}{os.pathsep}{SRC}"}
+    args = [sys.executable, "-c", CONVERT, str(SRC / "convert_hf_to_gguf.py"), str(folder)]
+    done = subprocess.run([*args, "--outtype", outtype, "--outfile", str(out)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+def requantize(src: Path, dst: Path, qtype: gguf.GGMLQuantizationType) -> Path:
+    """A copy of the f32 GGUF `src` whose matrices with whole blocks per row are `qtype`
+    (gguf-py's quantizer); norms, biases and the correction bias stay f32."""
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(dst), str(reader.fields["general.architecture"].contents()))
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    for t in reader.tensors:
+        data = np.asarray(t.data).reshape([int(d) for d in reversed(t.shape)])
+        if t.tensor_type == gguf.GGMLQuantizationType.F32 and data.ndim >= 2 and data.shape[-1] % 32 == 0:
+            writer.add_tensor(t.name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def gguf_of(model_type: str, qtype: str, tmp_path_factory) -> tuple[Path, list[int]]:
+    folder, _, _, ids = built_family(model_type, tmp_path_factory)
+    if (model_type, qtype) not in _GGUF:
+        if qtype == "Q8_0":
+            _GGUF[model_type, qtype] = convert(folder, "q8_0")
+        else:
+            f32 = convert(folder, "f32")
+            _GGUF[model_type, qtype] = requantize(f32, folder / f"model-{qtype}.gguf", gguf.GGMLQuantizationType[qtype])
+    return _GGUF[model_type, qtype], ids
+
+
+def llama_logits(path: Path, ids: list[int]) -> np.ndarray:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=2, logits_all=True, verbose=False)
+    llm.eval(ids)
+    return np.array(llm.scores[: len(ids)], dtype=np.float32)
+
+
+def ours(path: Path, ids: list[int]) -> np.ndarray:
+    model = load_model(open_model(path), lookup("cpu"))
+    blocks = math.ceil(len(ids) / 4)
+    return ModelRunner(model, blocks, 4).run([Chunk(ids, 0, list(range(blocks)), "all")])
+
+
+@pytest.mark.parametrize("qtype", sorted(FLOOR))
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_gguf_matches_llama_cpp(model_type, qtype, tmp_path_factory):
+    path, ids = gguf_of(model_type, qtype, tmp_path_factory)
+    got, want = ours(path, ids), llama_logits(path, ids)
+    cos = cosines(got, want)
+    assert cos.min() >= FLOOR[qtype], f"{model_type} {qtype}: min cosine {cos.min():.6f} (per row {cos})"
+    top2 = np.sort(got, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > NEAR_TIE
+    np.testing.assert_array_equal(got[clear].argmax(-1), want[clear].argmax(-1))
