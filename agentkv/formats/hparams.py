@@ -29,6 +29,7 @@ HF_ARCH = {
     "glm4_moe": "glm4moe",
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",  # llama.cpp converts V3 (Kimi-K2, Moonlight) to arch `deepseek2`
+    "deepseek_v32": "deepseek2",  # V3 with sparse attention (its indexer keeps its HF names)
 }
 
 

@@ -102,34 +102,52 @@ def concat(backend: Backend, parts: list[Tensor]) -> Tensor:
 def mla_attention(be: Backend, x: Tensor, w: MLAWeights, spec: MLASpec, meta: AttnMeta, kv: Any, layer: int) -> Tensor:
     """Latent attention of the normed input `x` `[n, d]`: stores this step's latent rows into
     `kv` (a latent store; mutates it) and returns the o-projected output `[n, d]`."""
-    n, h = x.shape[0], spec.num_heads
-    q_abs = _absorbed_query(be, x, w, spec, meta)  # [n, h, kv_rank + rope]
-    latent = be.matmul(x, w.kv_a, w.kv_a_bias)
-    c, k_rope = be.split(latent, [spec.kv_rank, spec.rope_dim])
-    c = be.rms_norm(c, w.kv_a_norm, spec.eps)
-    k_rope = be.reshape(
-        be.rope(be.reshape(k_rope, (n, 1, spec.rope_dim)), meta.positions, spec.rope), (n, spec.rope_dim)
-    )
-    row = be.reshape(concat(be, [c, k_rope]), (n, 1, spec.latent_dim))
+    q_abs = absorbed_query(be, x, w, spec, meta)  # [n, h, kv_rank + rope]
+    row = be.reshape(latent_row(be, x, w, spec, meta), (x.shape[0], 1, spec.latent_dim))
     be.kv_store(kv, layer, row, row, meta.slot_mapping)
-    out = be.attention(q_abs, kv, layer, meta, spec.scale)  # [n, h, kv_rank + rope]
-    heads = be.split(be.reshape(out, (n, h * spec.latent_dim)), [spec.kv_rank, spec.rope_dim] * h)
-    values = [be.matmul(heads[2 * i], w.uv[i]) for i in range(h)]  # [n, v_dim] each
+    return output(be, be.attention(q_abs, kv, layer, meta, spec.scale), w, spec)
+
+
+def latent_row(be: Backend, x: Tensor, w: MLAWeights, spec: MLASpec, meta: AttnMeta) -> Tensor:
+    """`[n, kv_rank + rope]`: each row's normed latent and its roped shared key."""
+    n = x.shape[0]
+    c, k_rope = be.split(be.matmul(x, w.kv_a, w.kv_a_bias), [spec.kv_rank, spec.rope_dim])
+    c = be.rms_norm(c, w.kv_a_norm, spec.eps)
+    k_rope = be.rope(be.reshape(k_rope, (n, 1, spec.rope_dim)), meta.positions, spec.rope)
+    return concat(be, [c, be.reshape(k_rope, (n, spec.rope_dim))])
+
+
+def output(be: Backend, out: Tensor, w: MLAWeights, spec: MLASpec) -> Tensor:
+    """The attention's latent outputs `[n, h, width >= kv_rank]` through each head's W_UV
+    (columns past kv_rank dropped), joined, through o -> `[n, d]`."""
+    n, h, width = out.shape
+    heads = be.split(
+        be.reshape(out, (n, h * width)),
+        [spec.kv_rank, width - spec.kv_rank] * h if width > spec.kv_rank else [spec.kv_rank] * h,
+    )
+    step = 2 if width > spec.kv_rank else 1
+    values = [be.matmul(heads[step * i], w.uv[i]) for i in range(h)]  # [n, v_dim] each
     return be.matmul(concat(be, values), w.o)
 
 
-def _absorbed_query(be: Backend, x: Tensor, w: MLAWeights, spec: MLASpec, meta: AttnMeta) -> Tensor:
+def q_residual(be: Backend, x: Tensor, w: MLAWeights, spec: MLASpec) -> Tensor:
+    """The low-rank query's normed latent `q_a_norm(q_a x)` `[n, q_rank]`."""
+    return be.rms_norm(be.matmul(x, w.q_a), w.q_a_norm, spec.eps)
+
+
+def absorbed_query(
+    be: Backend, x: Tensor, w: MLAWeights, spec: MLASpec, meta: AttnMeta, q_resid: Tensor | None = None
+) -> Tensor:
     """`[n, h, kv_rank + rope]`: per head, q_nope through W_UK^T, then the roped q_rope."""
     n, h = x.shape[0], spec.num_heads
     if w.q is not None:
         q = be.matmul(x, w.q)
     else:
-        q = be.matmul(be.rms_norm(be.matmul(x, w.q_a), w.q_a_norm, spec.eps), w.q_b)
+        q = be.matmul(q_resid if q_resid is not None else q_residual(be, x, w, spec), w.q_b)
     parts = be.split(q, [spec.nope_dim, spec.rope_dim] * h)
     q_rope = be.reshape(concat(be, parts[1::2]), (n, h, spec.rope_dim))
-    q_rope = be.split(
-        be.reshape(be.rope(q_rope, meta.positions, spec.rope), (n, h * spec.rope_dim)), [spec.rope_dim] * h
-    )
+    q_rope = be.reshape(be.rope(q_rope, meta.positions, spec.rope), (n, h * spec.rope_dim))
+    q_rope = be.split(q_rope, [spec.rope_dim] * h)
     joined = []
     for i in range(h):
         joined += [be.matmul(parts[2 * i], w.uk[i]), q_rope[i]]

@@ -20,6 +20,7 @@ from agentkv.formats.source import ModelSource
 from agentkv.hal.base import AttnMeta, KVSpec, RopeSpec, RopeStyle, Tensor, Weight
 from agentkv.hal.blocks import BlockSpec, DenseFFNSpec, MoEFFN, MoEFFNSpec
 from agentkv.hal.mla import MLASpec, MLAWeights, kv_b_heads, mla_attention
+from agentkv.hal.mla_sparse import IndexerSpec, IndexerWeights, sparse_mla_attention
 from agentkv.models.base import LoadOptions, Model
 from agentkv.models.config import SourceKeys
 from agentkv.models.moe import MoEConfig, MoEModel
@@ -47,6 +48,7 @@ class DeepseekConfig:
     interleaved: bool
     rope_scaling: Any
     score_scale: float
+    index: tuple[int, int, int] | None = None  # sparse attention's indexer: (heads, head dim, top-k)
 
     @classmethod
     def from_source(cls, source: ModelSource) -> DeepseekConfig:
@@ -82,6 +84,7 @@ class DeepseekConfig:
             interleaved=interleaved,
             rope_scaling=scaling,
             score_scale=mscale * mscale / math.sqrt(nope + rope_dim),
+            index=_indexer(keys),
         )
 
     @property
@@ -120,6 +123,17 @@ class DeepseekConfig:
         }
 
 
+def _indexer(keys: SourceKeys) -> tuple[int, int, int] | None:
+    """DeepSeek-V3.2's indexer (index_n_heads, index_head_dim, index_topk), None without one."""
+    raw = keys.raw
+    if raw.get("model_type") != "deepseek_v32":
+        return None
+    parts = tuple(raw.get(k) for k in ("index_n_heads", "index_head_dim", "index_topk"))
+    if not all(isinstance(v, int) and v > 0 for v in parts):
+        raise keys.error(f"index_n_heads / index_head_dim / index_topk are {parts!r}; expected positive ints")
+    return parts
+
+
 def _yarn(keys: SourceKeys, scaling: dict | None) -> tuple[dict | None, float]:
     """(the rope scaling with YaRN's table factor resolved, the score mscale). HF: tables times
     mscale(f, mscale) / mscale(f, mscale_all_dim), scores times mscale(f, mscale_all_dim)^2
@@ -155,6 +169,11 @@ class DeepseekModel(MoEModel):
         self.mla = MLASpec(
             hp.num_heads, cfg.nope_dim, cfg.rope_dim, cfg.v_dim, cfg.kv_rank, self.rope, cfg.score_scale, hp.norm_eps
         )
+        self.indexer = None
+        if cfg.index is not None:
+            heads, dim, top_k = cfg.index
+            rope = RopeSpec(cfg.rope_dim, hp.rope_theta, RopeStyle.NEOX, cfg.rope_scaling)
+            self.indexer = IndexerSpec(heads, dim, top_k, rope)
         moe = cfg.moe
         self.moe_spec = MoEFFNSpec(
             moe.num_experts, moe.experts_per_token, moe.norm_topk, weights_scale=moe.weights_scale, **dict(moe.routing)
@@ -162,15 +181,23 @@ class DeepseekModel(MoEModel):
         self.expert_formats: dict[str, tuple[int, int]] = {}
         self.embed = self.weight("token_embd.weight")
         self.attn = [self._mla_weights(i) for i in range(hp.num_layers)]
+        self.index_weights = [self._index_weights(i) for i in range(hp.num_layers)] if self.indexer else []
         self.ffns = [self._ffn(i) for i in range(hp.num_layers)]
         self.ffn_specs = [self.moe_spec if isinstance(f, MoEFFN) else DenseFFNSpec("silu") for f in self.ffns]
         self.norm = self.weight("output_norm.weight")
         self.head = self.embed if hp.tie_embeddings else self.weight("output.weight")
 
     def kv_spec(self, num_blocks: int, block_size: int) -> KVSpec:
-        """One latent row per token and layer (`| latent | rope key |`), no separate V."""
-        hp = self.hparams
-        return KVSpec(hp.num_layers, num_blocks, block_size, 1, self.mla.latent_dim, self.backend.kv_dtype, latent=True)
+        """One latent row per token and layer (`| latent | rope key | index key |`), no separate V."""
+        hp, width = self.hparams, self.mla.latent_dim + (self.indexer.head_dim if self.indexer else 0)
+        return KVSpec(hp.num_layers, num_blocks, block_size, 1, width, self.backend.kv_dtype, latent=True)
+
+    def _index_weights(self, i: int) -> IndexerWeights:
+        """Layer i's indexer (HF names: gguf-py maps none of them for deepseek2)."""
+        w = lambda name: self.weight(f"model.layers.{i}.self_attn.indexer.{name}")  # noqa: E731
+        return IndexerWeights(
+            w("wq_b.weight"), w("wk.weight"), w("k_norm.weight"), w("k_norm.bias"), w("weights_proj.weight")
+        )
 
     def _mla_weights(self, i: int) -> MLAWeights:
         """Layer i's latent attention; W_UK / W_UV per head from kv_b (f32: they are sliced
@@ -219,7 +246,11 @@ class DeepseekModel(MoEModel):
         h = be.embedding(self.embed, token_ids)  # [n, d]
         x = be.rms_norm(h, self.attn[0].norm, eps)
         for i, (attn, ffn) in enumerate(zip(self.attn, self.ffns)):
-            h, x = be.add_norm(h, mla_attention(be, x, attn, self.mla, meta, kv, i), ffn.norm, eps)
+            if self.indexer is None:
+                out = mla_attention(be, x, attn, self.mla, meta, kv, i)
+            else:
+                out = sparse_mla_attention(be, x, attn, self.mla, (self.index_weights[i], self.indexer), meta, kv, i)
+            h, x = be.add_norm(h, out, ffn.norm, eps)
             next_norm = self.attn[i + 1].norm if i + 1 < len(self.attn) else self.norm
             h, x = be.add_norm(h, be.ffn(x, ffn, self.ffn_specs[i]), next_norm, eps)
         return be.matmul(be.take_rows(x, logit_rows), self.head)  # [rows, vocab]

@@ -49,7 +49,7 @@ SHARED_EXPERTS = {"qwen2moe": 1}  # routed-plus-shared families: experts every t
 WHOLE_QK_NORM = ("olmoe",)  # q/k RMSNorm over the whole projection, not per head
 # Sigmoid-scored routers (HF model_type; a GGUF says it with expert_gating_func 2); their
 # e_score_correction_bias (GGUF `exp_probs_b.bias`) moves the choice, never the weights.
-SIGMOID_ROUTERS = ("glm4_moe", "deepseek_v3")
+SIGMOID_ROUTERS = ("glm4_moe", "deepseek_v3", "deepseek_v32")
 GGUF_GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE
 FFN_NORM = {"glm4moe": "post_attention_norm"}  # the FFN's input norm where it is not ffn_norm
 

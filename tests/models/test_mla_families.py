@@ -1,5 +1,6 @@
 """DeepSeek-V2 / V3 (multi-head latent attention, softmax or sigmoid routing with groups and the
-correction bias, shared experts, a leading dense layer) and GLM-4.5 MoE (partial rotary, q/k/v
+correction bias, shared experts, a leading dense layer), DeepSeek-V3.2 (the same with sparse
+attention over its indexer's top-k keys) and GLM-4.5 MoE (partial rotary, q/k/v
 biases, sigmoid routing with bias and groups) against HF transformers, from tiny random models
 saved as safetensors by transformers itself.
 
@@ -56,6 +57,20 @@ FAMILIES = {
         num_nextn_predict_layers=0,
         rope_parameters=YARN,
     ),
+    "deepseek_v32": dict(  # V3 with sparse attention: each query attends its indexer's top 4 keys
+        **EXPERTS,
+        **MLA,
+        q_lora_rank=24,
+        n_group=2,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        first_k_dense_replace=1,
+        num_nextn_predict_layers=0,
+        index_n_heads=8,  # 2 heads leave keys tied at relu(.) = 0 across the top-k boundary
+        index_head_dim=16,
+        index_topk=4,
+    ),
     "glm4_moe": dict(
         **EXPERTS,
         head_dim=16,
@@ -69,7 +84,7 @@ FAMILIES = {
         norm_topk_prob=True,
     ),
 }
-SEEDS = {"deepseek_v2": 0, "deepseek_v3": 0, "glm4_moe": 0}  # seeds whose routers clear the margin
+SEEDS = {"deepseek_v2": 0, "deepseek_v3": 0, "deepseek_v32": 0, "glm4_moe": 0}  # seeds whose routers clear the margin
 # byte tokens plus the specials llama.cpp's GLM converter looks up (so every family converts)
 SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|observation|>")
 VOCAB = 264
@@ -153,10 +168,34 @@ def logits_and_margin(model, ids: list[int]) -> tuple[np.ndarray, float]:
         gate = getattr(layer.mlp, "gate", None)
         if gate is not None and hasattr(gate, "weight"):
             hooks.append(gate.register_forward_hook(hook))
+        indexer = getattr(layer.self_attn, "indexer", None)
+        if indexer is not None:
+            hooks.append(indexer.register_forward_hook(lambda m, args, _out: gaps.append(index_margin(m, *args[:4]))))
     logits = hf_logits(model, ids)
     for h in hooks:
         h.remove()
     return logits, min(gaps)
+
+
+def index_margin(indexer, hidden, q_resid, rope, mask) -> float:
+    """The smallest gap between the k-th and (k+1)-th index score of any query with more than
+    k keys, recomputed from DeepSeek-V3.2's indexer modules as its forward computes them."""
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+
+    b, s, _ = hidden.shape
+    heads, dim, rot = indexer.n_heads, indexer.head_dim, indexer.qk_rope_head_dim
+    q = indexer.wq_b(q_resid).view(b, s, heads, dim).double()
+    k = indexer.k_norm(indexer.wk(hidden)).unsqueeze(2).double()
+    q_rot, k_rot = apply_rotary_pos_emb(q[..., :rot], k[..., :rot], *(t.double() for t in rope), unsqueeze_dim=2)
+    q, k = torch.cat([q_rot, q[..., rot:]], -1), torch.cat([k_rot, k[..., rot:]], -1).squeeze(2)
+    scores = torch.relu(torch.matmul(q, k.transpose(-1, -2).unsqueeze(1)) * indexer.softmax_scale)
+    weights = indexer.weights_proj(hidden).double() * heads**-0.5
+    index = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)  # [b, s, t]
+    index = index.masked_fill(~mask if mask.dtype == torch.bool else mask < 0, float("-inf"))
+    ranked = index.sort(dim=-1, descending=True).values[0]
+    top = indexer.index_topk
+    gaps = [float(ranked[i, top - 1] - ranked[i, top]) for i in range(top, s)]  # query i has i + 1 keys
+    return min(gaps, default=float("inf"))
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
@@ -177,6 +216,7 @@ def test_safetensors_matches_transformers(model_type, backend, built):
         ("deepseek_v3", {"rope_interleave": False}),  # the rope pairs of q/k's rope columns
         ("deepseek_v3", {"n_group": 1, "topk_group": 1}),  # no group limit on the choice
         ("glm4_moe", {"norm_topk_prob": False}),
+        ("deepseek_v32", {"index_topk": 64}),  # every key attended: the sparse choice matters
     ],
 )
 def test_a_wrong_convention_misses_the_floor(model_type, change, built, tmp_path):

@@ -1,7 +1,8 @@
 """The exactness contract on a multi-head latent attention model (a tiny random DeepSeek-V3:
 low-rank q, latent KV rows, sigmoid routing with groups, shared expert, a leading dense layer):
 cache on/off, random warm splits, batch mixes and chunk sizes (`check_contract`), speculation,
-and a restart from the disk tier, whose files hold the latent layout's one row per token.
+and a restart from the disk tier, whose files hold the latent layout's one row per token; and
+the contract on a sparse-attention model (a tiny DeepSeek-V3.2, index keys beside the latent).
 Every comparison is `np.array_equal`; the control (a row-count-dependent matmul) is caught by
 every variant family, so none of the checks passes vacuously on this model."""
 
@@ -28,6 +29,19 @@ def mla_dir(tmp_path_factory):
     build(folder, "deepseek_v3", vocab_size=VOCAB, max_position_embeddings=512)
     byte_level_tokenizer(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="module")
+def sparse_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("deepseek_v32")
+    build(folder, "deepseek_v32", vocab_size=VOCAB, max_position_embeddings=512)
+    byte_level_tokenizer(folder)
+    return str(folder)
+
+
+def test_exact_reuse_sparse_attention(sparse_dir):
+    # top-4 keys per query: every row past position 3 attends a chosen subset of its keys
+    assert check_contract(sparse_dir, "cpu", VOCAB, 40, seed=6, kv_dtype="f16", light=True) == []
 
 
 def test_exact_reuse_mla_f16_kv(mla_dir):
