@@ -115,11 +115,11 @@ def choose_keys(q_index: np.ndarray, head_w: np.ndarray, keys: np.ndarray, scale
 
 
 def _host(t: Tensor) -> np.ndarray:
-    """A numpy view (torch CPU tensors share memory) or the array itself."""
+    """A numpy view (torch CPU tensors share memory; a device tensor is copied) or the array."""
     raw = t.raw
-    return raw if isinstance(raw, np.ndarray) else raw.detach().contiguous().numpy()
+    return raw if isinstance(raw, np.ndarray) else raw.detach().contiguous().cpu().numpy()
 
 
 def _store(kv: Any, layer: int) -> np.ndarray:
     """The layer's latent store `[num_blocks, block_size, 1, row]` as numpy (f16 or f32)."""
-    return kv.k[layer] if isinstance(kv.k, np.ndarray) else kv.k_blocks[layer].numpy()
+    return kv.k[layer] if isinstance(kv.k, np.ndarray) else kv.k_blocks[layer].cpu().numpy()

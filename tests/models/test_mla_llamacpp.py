@@ -27,7 +27,7 @@ from agentkv.hal.registry import lookup
 from agentkv.models.registry import load_model
 from agentkv.runtime.runner import Chunk, ModelRunner
 from tests.models.helpers import cosines
-from tests.models.test_mla_families import FAMILIES, built_family
+from tests.models.test_mla_families import built_family
 
 REASON = peers.missing("llamacpp")
 if REASON:
@@ -39,6 +39,7 @@ if not (SRC / "convert_hf_to_gguf.py").is_file():
 # min cosine per position vs llama.cpp on the same file; measured (llama-cpp-python 0.3.36):
 FLOOR = {"Q8_0": 0.999, "Q4_0": 0.999}
 NEAR_TIE = 0.05
+CONVERTED = ("deepseek_v2", "deepseek_v3", "glm4_moe")  # V3.2's indexer is not read from a GGUF here
 CONVERT = (
     "import sys, runpy; sys.argv = sys.argv[1:]; import conversion.base as base; "
     "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'; "
@@ -107,7 +108,7 @@ def ours(path: Path, ids: list[int]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", sorted(FLOOR))
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+@pytest.mark.parametrize("model_type", CONVERTED)
 def test_gguf_matches_llama_cpp(model_type, qtype, tmp_path_factory):
     path, ids = gguf_of(model_type, qtype, tmp_path_factory)
     got, want = ours(path, ids), llama_logits(path, ids)
