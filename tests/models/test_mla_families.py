@@ -91,10 +91,10 @@ VOCAB = 264
 _BUILT: dict[str, tuple] = {}
 
 
-def build(folder, model_type: str, **overrides):
+def build(folder, model_type: str, seed: int | None = None, **overrides):
     """The tiny model saved in `folder`, its correction biases random (HF zeroes them)."""
     spec = {"vocab_size": VOCAB, **FAMILIES[model_type], **overrides}
-    model = tiny_hf_model(folder, model_type, seed=SEEDS[model_type], **spec)
+    model = tiny_hf_model(folder, model_type, seed=SEEDS[model_type] if seed is None else seed, **spec)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -106,12 +106,13 @@ def build(folder, model_type: str, **overrides):
 
 
 def tokenizer_files(folder) -> None:
-    """A byte-level tokenizer.json with SPECIALS as added tokens (ids 256..), and a
+    """A byte-level tokenizer.json (one merge) with SPECIALS as added tokens (ids 257..), and a
     tokenizer_config.json naming the fast tokenizer class, as llama.cpp's converter reads them."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    vocab = {ch: i for i, ch in enumerate([*alphabet, "\u0120\u0120"])}  # one merge: llama.cpp needs merges
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("\u0120", "\u0120")]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIALS))
@@ -120,16 +121,17 @@ def tokenizer_files(folder) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def built_family(model_type: str, tmp_path_factory) -> tuple:
-    """(folder, HF logits, router margin, prompt) of one family's tiny model, built once per
-    session (the GGUF comparison reuses it)."""
-    if model_type not in _BUILT:
+def built_family(model_type: str, tmp_path_factory, **overrides) -> tuple:
+    """(folder, HF logits, router margin, prompt) of one family's tiny model (with `overrides`
+    to its config), built once per session (the GGUF comparison reuses it)."""
+    key = model_type + json.dumps(overrides, sort_keys=True)
+    if key not in _BUILT:
         folder = tmp_path_factory.mktemp(model_type)
-        model = build(folder, model_type)
+        model = build(folder, model_type, **overrides)
         tokenizer_files(folder)
         ids = prompt(PROMPT_LEN)
-        _BUILT[model_type] = folder, *logits_and_margin(model, ids), ids
-    return _BUILT[model_type]
+        _BUILT[key] = folder, *logits_and_margin(model, ids), ids
+    return _BUILT[key]
 
 
 @pytest.fixture(scope="module")
