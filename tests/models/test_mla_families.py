@@ -86,14 +86,14 @@ FAMILIES = {
 }
 SEEDS = {"deepseek_v2": 0, "deepseek_v3": 0, "deepseek_v32": 0, "glm4_moe": 0}  # seeds whose routers clear the margin
 # byte tokens plus the specials llama.cpp's GLM converter looks up (so every family converts)
-SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|observation|>")
+SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|observation|>", "<pad>")
 VOCAB = 264
 _BUILT: dict[str, tuple] = {}
 
 
 def build(folder, model_type: str, seed: int | None = None, **overrides):
     """The tiny model saved in `folder`, its correction biases random (HF zeroes them)."""
-    spec = {"vocab_size": VOCAB, **FAMILIES[model_type], **overrides}
+    spec = {"vocab_size": VOCAB, "max_position_embeddings": 512, **FAMILIES[model_type], **overrides}
     model = tiny_hf_model(folder, model_type, seed=SEEDS[model_type] if seed is None else seed, **spec)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
@@ -106,7 +106,8 @@ def build(folder, model_type: str, seed: int | None = None, **overrides):
 
 
 def tokenizer_files(folder) -> None:
-    """A byte-level tokenizer.json (one merge) with SPECIALS as added tokens (ids 257..), and a
+    """A byte-level tokenizer.json (one merge) with SPECIALS as added tokens (ids 257..263, so
+    every id of the VOCAB has a token), and a
     tokenizer_config.json naming the fast tokenizer class, as llama.cpp's converter reads them."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 

@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 from agentkv.runtime.params import SamplingParams
-from tests.models.test_mla_families import build
+from tests.models.test_mla_families import VOCAB, built_family
 from tests.runtime.test_exactness import (
     VARIANT_FAMILIES,
     SplitKBackend,
-    byte_level_tokenizer,
     check_contract,
     make_engine,
     rows_equal,
@@ -32,23 +31,15 @@ from tests.runtime.test_warm_restart import BS, GREEDY, transcript
 from tests.runtime.test_warm_restart import engine as disk_engine
 from tests.runtime.test_warm_restart import run as disk_run
 
-VOCAB = 256
-
 
 @pytest.fixture(scope="module")
 def mla_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("deepseek_v3")
-    build(folder, "deepseek_v3", vocab_size=VOCAB, max_position_embeddings=512)
-    byte_level_tokenizer(folder)
-    return str(folder)
+    return str(built_family("deepseek_v3", tmp_path_factory)[0])  # the oracle test's model
 
 
 @pytest.fixture(scope="module")
 def sparse_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("deepseek_v32")
-    build(folder, "deepseek_v32", vocab_size=VOCAB, max_position_embeddings=512)
-    byte_level_tokenizer(folder)
-    return str(folder)
+    return str(built_family("deepseek_v32", tmp_path_factory)[0])
 
 
 def test_exact_reuse_sparse_attention(sparse_dir):
