@@ -1,8 +1,8 @@
 """The tiny DeepSeek-V2, DeepSeek-V3 and GLM-4.5 MoE models of test_mla_families.py converted by
 llama.cpp's own `convert_hf_to_gguf.py` (arch `deepseek2` with its attn_k_b / attn_v_b split of
-kv_b, and `glm4moe`), in Q8_0 (the converter's) and Q4_0 (requantized from its f32 output with
-gguf-py): agentkv's logits match llama-cpp-python's on the same file within FLOOR, argmax equal
-where agentkv's top two are more than NEAR_TIE apart.
+kv_b, and `glm4moe`) to f32, then quantized to Q8_0 and Q4_0 with gguf-py: agentkv's logits
+match llama-cpp-python's on the same file within FLOOR, argmax equal where agentkv's top two
+are more than NEAR_TIE apart.
 
 The converter runs in a subprocess with its vendored gguf-py; its tokenizer check (a hash of a
 known pre-tokenizer) is told the tiny byte-level tokenizer is 'gpt-2', nothing else is changed.
@@ -43,22 +43,30 @@ CONVERTED = ("deepseek_v2", "deepseek_v3", "glm4_moe")  # V3.2's indexer is not 
 # llama.cpp reads a deepseek2 GGUF without q_lora_rank only at V2-Lite's 27 (or 26) layers, so
 # the tiny V2 is compared here in DeepSeek-V2's own shape, with a low-rank q
 VARIANTS = {"deepseek_v2": {"q_lora_rank": 24, "seed": 2}}  # seed 2: its routers clear the margin
+# the converter's main, run once per (folder, outfile) pair in one process (its imports once)
 CONVERT = (
-    "import sys, runpy; sys.argv = sys.argv[1:]; import conversion.base as base; "
+    "import sys, runpy; import conversion.base as base; "
     "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'; "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
+    "script, pairs = sys.argv[1], sys.argv[2:]\n"
+    "for folder, out in zip(pairs[::2], pairs[1::2]):\n"
+    "    sys.argv = [script, folder, '--outtype', 'f32', '--outfile', out]\n"
+    "    runpy.run_path(script, run_name='__main__')"
 )
-_GGUF: dict[tuple[str, str], Path] = {}
 
 
-def convert(folder: Path, outtype: str) -> Path:
-    """llama.cpp's converter on `folder` -> the GGUF it writes (`--outtype f32|q8_0`)."""
-    out = folder / f"model-{outtype}.gguf"
+def convert(folders: list[Path]) -> list[Path]:
+    """llama.cpp's converter on each folder -> the f32 GGUFs it writes, in one subprocess."""
+    outs = [folder / "model-f32.gguf" for folder in folders]
     env = {**os.environ, "PYTHONPATH": f"{SRC / 'gguf-py'}{os.pathsep}{SRC}"}
-    args = [sys.executable, "-c", CONVERT, str(SRC / "convert_hf_to_gguf.py"), str(folder)]
-    done = subprocess.run([*args, "--outtype", outtype, "--outfile", str(out)], env=env, capture_output=True, text=True)
+    pairs = [str(p) for folder, out in zip(folders, outs) for p in (folder, out)]
+    done = subprocess.run(
+        [sys.executable, "-c", CONVERT, str(SRC / "convert_hf_to_gguf.py"), *pairs],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    return out
+    return outs
 
 
 def requantize(src: Path, dst: Path, qtype: gguf.GGMLQuantizationType) -> Path:
@@ -85,16 +93,18 @@ def requantize(src: Path, dst: Path, qtype: gguf.GGMLQuantizationType) -> Path:
     return dst
 
 
-def gguf_of(model_type: str, qtype: str, tmp_path_factory) -> tuple[Path, list[int]]:
-    folder, _, margin, ids = built_family(model_type, tmp_path_factory, **VARIANTS.get(model_type, {}))
-    assert margin > ROUTER_MARGIN
-    if (model_type, qtype) not in _GGUF:
-        if qtype == "Q8_0":
-            _GGUF[model_type, qtype] = convert(folder, "q8_0")
-        else:
-            f32 = convert(folder, "f32")
-            _GGUF[model_type, qtype] = requantize(f32, folder / f"model-{qtype}.gguf", gguf.GGMLQuantizationType[qtype])
-    return _GGUF[model_type, qtype], ids
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory) -> dict[tuple[str, str], tuple[Path, list[int]]]:
+    """(model type, qtype) -> (the GGUF, the prompt): each family converted by llama.cpp once
+    (f32), then quantized to each type with gguf-py (the converter's own Q8_0 codec)."""
+    built = {m: built_family(m, tmp_path_factory, **VARIANTS.get(m, {})) for m in CONVERTED}
+    assert all(b[2] > ROUTER_MARGIN for b in built.values())
+    f32 = dict(zip(CONVERTED, convert([built[m][0] for m in CONVERTED])))
+    return {
+        (m, q): (requantize(f32[m], built[m][0] / f"model-{q}.gguf", gguf.GGMLQuantizationType[q]), built[m][3])
+        for m in CONVERTED
+        for q in FLOOR
+    }
 
 
 def llama_logits(path: Path, ids: list[int]) -> np.ndarray:
@@ -113,8 +123,8 @@ def ours(path: Path, ids: list[int]) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", sorted(FLOOR))
 @pytest.mark.parametrize("model_type", CONVERTED)
-def test_gguf_matches_llama_cpp(model_type, qtype, tmp_path_factory):
-    path, ids = gguf_of(model_type, qtype, tmp_path_factory)
+def test_gguf_matches_llama_cpp(model_type, qtype, ggufs):
+    path, ids = ggufs[model_type, qtype]
     got, want = ours(path, ids), llama_logits(path, ids)
     cos = cosines(got, want)
     assert cos.min() >= FLOOR[qtype], f"{model_type} {qtype}: min cosine {cos.min():.6f} (per row {cos})"
