@@ -246,3 +246,20 @@ def test_latent_kv_bytes_per_token_against_multi_head(built):
     spec = model.kv_spec(4, 16)
     assert spec.latent and spec.bytes_per_token == summary["kv_bytes_per_token_f16"]
     assert np.isclose(summary["kv_bytes_per_token_f16_multi_head"] / spec.bytes_per_token, 4.0)
+
+
+def test_a_latent_config_without_its_rank_is_refused_by_name(built, tmp_path):
+    """A bad config.json is a clear error naming the key and the value, not a shape crash."""
+    from agentkv.formats.errors import FormatError
+
+    folder = built["deepseek_v3"][0]
+    config = json.loads((folder / "config.json").read_text())
+    for f in folder.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "kv_lora_rank": None}))
+    with pytest.raises(FormatError, match="kv_lora_rank is None"):
+        family_config(open_model(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_group": 3}))
+    with pytest.raises(FormatError, match="expert groups 3"):
+        family_config(open_model(tmp_path))
