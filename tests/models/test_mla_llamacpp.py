@@ -36,9 +36,15 @@ SRC = Path.home() / ".cache" / "agentkv" / "build-llama-server-0.3.36" / "src"
 if not (SRC / "convert_hf_to_gguf.py").is_file():
     pytest.skip(f"llama.cpp's converter is not at {SRC}", allow_module_level=True)
 
-# min cosine per position vs llama.cpp on the same file; measured (llama-cpp-python 0.3.36):
-FLOOR = {"Q8_0": 0.999, "Q4_0": 0.999}
-NEAR_TIE = 0.05
+# min cosine per position vs llama.cpp on the same file; measured (llama-cpp-python 0.3.36, f16 KV
+# both sides): Q8_0 0.99775 (deepseek_v3), 0.99776 (glm4_moe), 0.99930 (deepseek_v2); Q4_0 0.99743
+# (glm4_moe), 0.99928 (deepseek_v3), 0.99953 (deepseek_v2). Lower than test_moe_llamacpp's 0.999:
+# these tiny models' attention is peakier and llama.cpp rounds every quantized matmul's input
+# to Q8_0 (GLM-4.5, with no latent attention, sits at the same level as DeepSeek).
+FLOOR = {"Q8_0": 0.997, "Q4_0": 0.997}
+# top-2 logit gap (agentkv's) below which the engines may pick differently: measured flips at
+# gaps 0.017 (deepseek_v3 Q4_0) and 0.064 (glm4_moe Q8_0); max |logit difference| 0.37
+NEAR_TIE = 0.1
 CONVERTED = ("deepseek_v2", "deepseek_v3", "glm4_moe")  # V3.2's indexer is not read from a GGUF here
 # llama.cpp reads a deepseek2 GGUF without q_lora_rank only at V2-Lite's 27 (or 26) layers, so
 # the tiny V2 is compared here in DeepSeek-V2's own shape, with a low-rank q
@@ -71,7 +77,7 @@ def convert(folders: list[Path]) -> list[Path]:
 
 def requantize(src: Path, dst: Path, qtype: gguf.GGMLQuantizationType) -> Path:
     """A copy of the f32 GGUF `src` whose matrices with whole blocks per row are `qtype`
-    (gguf-py's quantizer); norms, biases and the correction bias stay f32."""
+    (gguf-py's quantizer); routers, norms, biases and the correction bias stay f32."""
     reader = gguf.GGUFReader(str(src))
     writer = gguf.GGUFWriter(str(dst), str(reader.fields["general.architecture"].contents()))
     for field in reader.fields.values():
@@ -82,7 +88,13 @@ def requantize(src: Path, dst: Path, qtype: gguf.GGMLQuantizationType) -> Path:
         writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
     for t in reader.tensors:
         data = np.asarray(t.data).reshape([int(d) for d in reversed(t.shape)])
-        if t.tensor_type == gguf.GGMLQuantizationType.F32 and data.ndim >= 2 and data.shape[-1] % 32 == 0:
+        router = "ffn_gate_inp" in t.name  # kept f32, as llama.cpp's converter and llama-quantize keep it
+        if (
+            t.tensor_type == gguf.GGMLQuantizationType.F32
+            and data.ndim >= 2
+            and data.shape[-1] % 32 == 0
+            and not router
+        ):
             writer.add_tensor(t.name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
@@ -115,8 +127,9 @@ def llama_logits(path: Path, ids: list[int]) -> np.ndarray:
     return np.array(llm.scores[: len(ids)], dtype=np.float32)
 
 
-def ours(path: Path, ids: list[int]) -> np.ndarray:
-    model = load_model(open_model(path), lookup("cpu"))
+def ours(path: Path, ids: list[int], kv_dtype: str = "f16") -> np.ndarray:
+    """agentkv's cpu logits, K/V (the latent rows) stored as f16 like llama.cpp's default cache."""
+    model = load_model(open_model(path), lookup("cpu").set_kv_dtype(kv_dtype))
     blocks = math.ceil(len(ids) / 4)
     return ModelRunner(model, blocks, 4).run([Chunk(ids, 0, list(range(blocks)), "all")])
 
