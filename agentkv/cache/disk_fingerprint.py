@@ -36,19 +36,17 @@ class Fingerprint(NamedTuple):
     kv_shape: tuple[int, int, int]  # (num_layers, num_kv_heads, head_dim)
     kv_dtype: str
     layout_version: int = LAYOUT_VERSION
+    kv_stores: int = 2  # vectors per token and layer: K and V, or 1 for a latent layout (MLA)
 
     @property
     def digest(self) -> str:
-        """Hex SHA-256 over every field, in order (stable across processes and machines)."""
-        text = json.dumps(
-            [
-                [list(part) for part in self.parts],
-                self.block_size,
-                list(self.kv_shape),
-                self.kv_dtype,
-                self.layout_version,
-            ]
-        )
+        """Hex SHA-256 over every field, in order (stable across processes and machines); a
+        latent layout's one store is named, so its files never pass for a K/V layout's."""
+        fields = [[list(part) for part in self.parts], self.block_size, list(self.kv_shape), self.kv_dtype]
+        fields.append(self.layout_version)
+        if self.kv_stores != 2:
+            fields.append(["kv_stores", self.kv_stores])
+        text = json.dumps(fields)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -114,4 +112,5 @@ def fingerprint_for(parts: tuple[tuple[str, str], ...], block_size: int, kv_spec
     element type of the files) and a KV store shaped like `kv_spec` (a hal KVSpec;
     duck-typed so that cache/ imports no backend)."""
     shape = (kv_spec.num_layers, kv_spec.num_kv_heads, kv_spec.head_dim)  # type: ignore[attr-defined]
-    return Fingerprint(tuple(parts), block_size, shape, dict(parts)["kv_dtype"])
+    stores = getattr(kv_spec, "num_stores", 2)
+    return Fingerprint(tuple(parts), block_size, shape, dict(parts)["kv_dtype"], kv_stores=stores)

@@ -96,10 +96,11 @@ class DiskTier:
         self.fp_hex = fingerprint.digest
         self.block_size = fingerprint.block_size
         num_layers, kvh, hd = fingerprint.kv_shape
-        self.shape = (num_layers, 2, self.block_size, kvh, hd)
+        stores = fingerprint.kv_stores  # K and V, or one latent row (MLA)
+        self.shape = (num_layers, stores, self.block_size, kvh, hd)
         if fingerprint.kv_dtype not in ELEMENT_BYTES:
             raise ValueError(f"kv_dtype={fingerprint.kv_dtype!r} is not one of {', '.join(ELEMENT_BYTES)}")
-        self.block_bytes = ELEMENT_BYTES[fingerprint.kv_dtype] * num_layers * 2 * self.block_size * kvh * hd
+        self.block_bytes = ELEMENT_BYTES[fingerprint.kv_dtype] * num_layers * stores * self.block_size * kvh * hd
         self.capacity_bytes = capacity_bytes
         self.dir = disk_files.make_dir(disk_files.tier_dir(directory, self.fp_hex))
         self._read_block, self._group_of = read_block, group_of

@@ -43,6 +43,14 @@ KEY_HPARAMS = (
     "expert_count",
     "experts_per_token",
     "shared_experts",
+    "scoring",  # DeepSeek-V3 / GLM-4.5 routers (sigmoid, groups)
+    "num_groups",
+    "top_groups",
+    "kv_lora_rank",  # multi-head latent attention: the latent KV layout against multi-head K/V
+    "qk_rope_head_dim",
+    "kv_layout",
+    "kv_bytes_per_token_f16",
+    "kv_bytes_per_token_f16_multi_head",
 )
 
 

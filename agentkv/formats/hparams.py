@@ -27,6 +27,10 @@ HF_ARCH = {
     "mixtral": "llama",  # llama.cpp converts mixtral to arch `llama` with expert_count > 0
     "olmoe": "olmoe",
     "gpt_oss": "gpt-oss",
+    "glm4_moe": "glm4moe",
+    "deepseek_v2": "deepseek2",
+    "deepseek_v3": "deepseek2",  # llama.cpp converts V3 (Kimi-K2, Moonlight) to arch `deepseek2`
+    "deepseek_v32": "deepseek2",  # V3 with sparse attention (its indexer keeps its HF names)
 }
 
 
@@ -94,7 +98,9 @@ def hparams_from_gguf(metadata: dict[str, Any], path: Path, tensor_names: list[s
     keys = _GGUFKeys(metadata, arch, Path(path))
     hidden = keys.need_int("embedding_length")
     num_heads = keys.need_int("attention.head_count")
-    num_layers = keys.need_int("block_count")
+    # llama.cpp counts multi-token-prediction layers (GLM-4.5, DeepSeek) into block_count; they
+    # come last and are not part of the decoder a token runs through
+    num_layers = keys.need_int("block_count") - int(keys.get("nextn_predict_layers", 0) or 0)
     num_kv = keys.get("attention.head_count_kv", num_heads)
     if isinstance(num_kv, list):
         num_kv = max(num_kv)

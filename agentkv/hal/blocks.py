@@ -107,8 +107,22 @@ class MoEFFNSpec:
     act: str = "silu"
     softmax_after_topk: bool = False
     weights_scale: float = 1.0
+    # DeepSeek / GLM routing (hal/routing.py): sigmoid scores, group-limited choice
+    scoring: str = "softmax"  # "softmax" | "sigmoid"
+    num_groups: int = 1
+    top_groups: int = 1
+    group_score: str = "top2"  # a group's score: "max" (DeepSeek-V2) | "top2" (sum of its best 2)
 
     def __post_init__(self):
+        from agentkv.hal.routing import GROUP_SCORES, SCORINGS
+
+        if self.scoring not in SCORINGS or self.group_score not in GROUP_SCORES:
+            raise ValueError(f"MoEFFNSpec.scoring={self.scoring!r} / group_score={self.group_score!r} unknown")
+        if self.num_groups <= 0 or self.num_experts % self.num_groups or not 0 < self.top_groups <= self.num_groups:
+            raise ValueError(
+                f"MoEFFNSpec.num_groups={self.num_groups} must divide num_experts={self.num_experts}, "
+                f"and top_groups={self.top_groups} be in 1..num_groups"
+            )
         if self.num_experts <= 0:
             raise ValueError(f"MoEFFNSpec.num_experts must be > 0, got {self.num_experts}")
         if not 0 < self.top_k <= self.num_experts:
@@ -258,13 +272,15 @@ class SharedExpert:
 @dataclass(frozen=True, slots=True)
 class MoEFFN:
     """A mixture-of-experts FFN: `norm` its input RMSNorm, `router` `[num_experts, d]`,
-    the routed `experts`, an optional `shared` expert, optional `post_norm` on its output."""
+    the routed `experts`, an optional `shared` expert, optional `post_norm` on its output,
+    an optional `score_bias` (DeepSeek-V3's e_score_correction_bias, f32)."""
 
     norm: Weight
     router: Weight
     experts: Experts
     shared: SharedExpert | None = None
     post_norm: Weight | None = None
+    score_bias: Weight | None = None  # `[num_experts]` added to the scores for the choice only
 
     def __post_init__(self):
         _require(self, "norm", "router")

@@ -39,12 +39,14 @@ KV_NUMPY = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2")}  # KVSpec.dtype -> e
 
 class RefKV:
     """Paged K/V: `k[layer]` and `v[layer]` are `[num_blocks, block_size, kvh, hd]` of the
-    spec's dtype (float32 or float16; an f16 store is widened to f32, exactly, when read)."""
+    spec's dtype (float32 or float16; an f16 store is widened to f32, exactly, when read).
+    A latent spec holds one array: `v` is `k` itself."""
 
     def __init__(self, spec: KVSpec):
         shape = (spec.num_layers, spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         dtype = KV_NUMPY[spec.dtype]
-        self.spec, self.k, self.v = spec, np.zeros(shape, dtype), np.zeros(shape, dtype)
+        self.spec, self.k = spec, np.zeros(shape, dtype)
+        self.v = self.k if spec.latent else np.zeros(shape, dtype)
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -160,8 +162,9 @@ class ReferenceBackend(Backend):
         logits = self.matmul(x, weights.router).raw  # [n, num_experts]
         act, ex = ACTIVATIONS[spec.act], weights.experts
         out = np.zeros_like(xs)
+        bias = None if weights.score_bias is None else weights.score_bias.raw.reshape(-1)
         for t in range(xs.shape[0]):
-            chosen, probs = route_row(logits[t], spec)
+            chosen, probs = route_row(logits[t], spec, bias)
             for e, p in zip(chosen, probs):
                 hidden = act(ex.gate[e].raw @ xs[t]) * (ex.up[e].raw @ xs[t])
                 out[t] += p * (ex.down[e].raw @ hidden)
@@ -199,12 +202,16 @@ class ReferenceBackend(Backend):
             kv.v[:, dst] = kv.v[:, src]
 
     def read_block(self, kv: RefKV, block: int) -> bytes:
-        return np.ascontiguousarray(np.stack([kv.k[:, block], kv.v[:, block]], axis=1), kv.k.dtype).tobytes()
+        stores = [kv.k[:, block]] if kv.spec.latent else [kv.k[:, block], kv.v[:, block]]
+        return np.ascontiguousarray(np.stack(stores, axis=1), kv.k.dtype).tobytes()
 
     def write_block(self, kv: RefKV, block: int, data: bytes) -> None:
         s = kv.spec
-        arr = np.frombuffer(data, kv.k.dtype).reshape(s.num_layers, 2, s.block_size, s.num_kv_heads, s.head_dim)
-        kv.k[:, block], kv.v[:, block] = arr[:, 0], arr[:, 1]
+        shape = (s.num_layers, s.num_stores, s.block_size, s.num_kv_heads, s.head_dim)
+        arr = np.frombuffer(data, kv.k.dtype).reshape(shape)
+        kv.k[:, block] = arr[:, 0]
+        if not s.latent:
+            kv.v[:, block] = arr[:, 1]
 
     def attention(
         self,
@@ -256,9 +263,14 @@ class ReferenceBackend(Backend):
         return Tensor(out)
 
 
-def route_row(logits: np.ndarray, spec) -> tuple[np.ndarray, np.ndarray]:
+def route_row(logits: np.ndarray, spec, bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One token's router logits `[num_experts]` -> (its top-k experts by falling probability,
-    lowest index first on a tie; their weights, float32 `[top_k]`), as `spec` routes."""
+    lowest index first on a tie; their weights, float32 `[top_k]`), as `spec` routes (sigmoid,
+    correction bias and groups: hal/routing.py)."""
+    from agentkv.hal.routing import plain, route_row_np
+
+    if not plain(spec, bias):
+        return route_row_np(logits, bias, spec)
     k = spec.top_k
     if spec.softmax_after_topk:
         chosen = np.argsort(-logits, kind="stable")[:k]

@@ -66,7 +66,11 @@ def check_activation_dtype(dtype: object, name: str = "activation_dtype") -> str
 @dataclass(frozen=True, slots=True)
 class KVSpec:
     """Shape of the paged KV store: per layer, `[num_blocks, block_size, num_kv_heads, head_dim]`
-    for K and the same for V, elements of `dtype` (KV_DTYPES)."""
+    for K and the same for V, elements of `dtype` (KV_DTYPES).
+
+    `latent` (multi-head latent attention, DeepSeek/Kimi): one vector per token and layer,
+    `[num_blocks, block_size, 1, head_dim]`, no separate V — the K store is the value too
+    (`| latent: kv_lora_rank | rope key: qk_rope_head_dim |`, attention reads V as K)."""
 
     num_layers: int
     num_blocks: int
@@ -74,12 +78,20 @@ class KVSpec:
     num_kv_heads: int
     head_dim: int
     dtype: str = "f32"
+    latent: bool = False
 
     def __post_init__(self):
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"KVSpec.{name} must be > 0, got {getattr(self, name)}")
         check_kv_dtype(self.dtype, "KVSpec.dtype")
+        if self.latent and self.num_kv_heads != 1:
+            raise ValueError(f"KVSpec.num_kv_heads must be 1 for a latent layout, got {self.num_kv_heads}")
+
+    @property
+    def num_stores(self) -> int:
+        """Vectors stored per token, head and layer: K and V, or the one latent vector."""
+        return 1 if self.latent else 2
 
     @property
     def element_bytes(self) -> int:
@@ -87,11 +99,12 @@ class KVSpec:
 
     @property
     def bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.element_bytes
+        per_vector = self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.element_bytes
+        return self.num_stores * per_vector
 
     @property
     def bytes_per_token(self) -> int:
-        """K and V of one token across every layer."""
+        """K and V (or the latent vector) of one token across every layer."""
         return self.bytes_per_block // self.block_size
 
 

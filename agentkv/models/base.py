@@ -90,12 +90,13 @@ def attention_weights(model: Model, i: int, post_norm: bool = False, qk_norms: b
     )
 
 
-def dense_ffn(model: Model, i: int, post_norm: bool = False) -> DenseFFN:
-    """Layer i's dense gated FFN (`blk.{i}.ffn_*`), gate|up stacked where the backend fuses."""
+def dense_ffn(model: Model, i: int, post_norm: bool = False, norm_name: str = "ffn_norm") -> DenseFFN:
+    """Layer i's dense gated FFN (`blk.{i}.ffn_*`), gate|up stacked where the backend fuses;
+    its input norm is `blk.{i}.{norm_name}.weight`."""
     w = lambda name: model.weight(f"blk.{i}.{name}")  # noqa: E731
     gate_up = Projection((w("ffn_gate.weight"), w("ffn_up.weight")))
     return DenseFFN(
-        norm=w("ffn_norm.weight"),
+        norm=w(f"{norm_name}.weight"),
         gate_up=gate_up.fused(model.backend, f"blk.{i}.gate+up"),
         down=w("ffn_down.weight"),
         post_norm=w("post_ffw_norm.weight") if post_norm else None,

@@ -9,6 +9,7 @@ experts stay in the file's format. One readable page; quantization never appears
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import Counter
@@ -24,6 +25,7 @@ from agentkv.hal.blocks import (
     AttentionSpec,
     BlockSpec,
     DecoderLayer,
+    DenseFFN,
     DenseFFNSpec,
     Experts,
     MoEFFN,
@@ -43,9 +45,14 @@ log = logging.getLogger(__name__)
 # llama.cpp hard-codes whether the chosen experts' weights are renormalised, per architecture
 # (build_moe_ffn's norm_w in src/models/*.cpp); a GGUF's `<arch>.expert_weights_norm`, where
 # present, says it for the file. The HF configs say it with norm_topk_prob (Mixtral: always).
-GGUF_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
+GGUF_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "glm4moe": True}
 SHARED_EXPERTS = {"qwen2moe": 1}  # routed-plus-shared families: experts every token runs
 WHOLE_QK_NORM = ("olmoe",)  # q/k RMSNorm over the whole projection, not per head
+# Sigmoid-scored routers (HF model_type; a GGUF says it with expert_gating_func 2); their
+# e_score_correction_bias (GGUF `exp_probs_b.bias`) moves the choice, never the weights.
+SIGMOID_ROUTERS = ("glm4_moe", "deepseek_v3", "deepseek_v32")
+GGUF_GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE
+FFN_NORM = {"glm4moe": "post_attention_norm"}  # the FFN's input norm where it is not ffn_norm
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,7 @@ class MoEConfig:
     shared_ffn_len: int | None = None
     weights_scale: float = 1.0
     whole_qk_norm: bool = False
+    routing: tuple[tuple[str, Any], ...] = ()  # MoEFFNSpec's scoring/group fields (hal/routing.py)
 
     @classmethod
     def from_source(cls, source: ModelSource) -> MoEConfig:
@@ -73,7 +81,7 @@ class MoEConfig:
         """From the file's shared hparams and raw keys; raises the reader's error naming the
         key when the expert count or experts per token is missing or out of range."""
         hp, raw = keys.hparams, keys.raw
-        num = keys.get("expert_count", "num_experts") or raw.get("num_local_experts")
+        num = keys.get("expert_count", "num_experts") or raw.get("num_local_experts") or raw.get("n_routed_experts")
         used = keys.get("expert_used_count", "num_experts_per_tok")
         if not isinstance(num, int) or num <= 0:
             raise keys.error(f"expert count is {num!r}; a mixture-of-experts model needs > 0")
@@ -85,10 +93,10 @@ class MoEConfig:
             norm = raw.get("model_type") == "mixtral" or bool(raw.get("norm_topk_prob", False))
         if raw.get("clip_qkv") is not None:
             raise keys.error(f"clip_qkv={raw['clip_qkv']!r} is not supported")
-        shared = SHARED_EXPERTS.get(hp.arch, 0)
+        shared = int(keys.get("expert_shared_count", "n_shared_experts", SHARED_EXPERTS.get(hp.arch, 0)))
         return cls(
             hp,
-            LlamaConfig.from_keys(keys),
+            _partial_rotary(keys, LlamaConfig.from_keys(keys)),
             num,
             used,
             norm,
@@ -101,6 +109,7 @@ class MoEConfig:
             else None,
             weights_scale=float(keys.get("expert_weights_scale", "routed_scaling_factor", 0.0)) or 1.0,
             whole_qk_norm=hp.arch in WHOLE_QK_NORM,
+            routing=_routing(keys, num),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -113,7 +122,43 @@ class MoEConfig:
             "expert_ffn_length": self.expert_ffn_len,
             "shared_expert_ffn_length": self.shared_ffn_len,
             "expert_weights_norm": self.norm_topk,
+            **dict(self.routing),
         }
+
+
+def _routing(keys: SourceKeys, num_experts: int) -> tuple[tuple[str, Any], ...]:
+    """The router's scoring and group-limited choice, as MoEFFNSpec fields: GGUF
+    `expert_gating_func`, `expert_group_count`, `expert_group_used_count`; HF model_type,
+    `n_group`, `topk_group`, `topk_method` (DeepSeek-V2's groups score by their max)."""
+    if keys.gguf:
+        gating = keys.get("expert_gating_func", None, 1)
+        if gating not in GGUF_GATING:
+            raise keys.error(f"{keys.arch}.expert_gating_func = {gating!r}; supported: {sorted(GGUF_GATING)}")
+        scoring = GGUF_GATING[gating]
+    else:
+        scoring = "sigmoid" if keys.raw.get("model_type") in SIGMOID_ROUTERS else "softmax"
+    groups = int(keys.get("expert_group_count", "n_group", 1) or 1)
+    used = int(keys.get("expert_group_used_count", "topk_group", groups) or groups)
+    if keys.raw.get("topk_method") == "greedy":
+        groups = used = 1  # DeepSeek-V2(-Lite): the config's groups are unused
+    if num_experts % groups or not 0 < used <= groups:
+        raise keys.error(f"expert groups {groups} (using {used}) do not divide {num_experts} experts")
+    group_score = "max" if scoring == "softmax" else "top2"  # DeepSeek-V2 | V3 and GLM-4.5
+    if (scoring, groups) == ("softmax", 1):
+        return ()
+    return (("scoring", scoring), ("num_groups", groups), ("top_groups", used), ("group_score", group_score))
+
+
+def _partial_rotary(keys: SourceKeys, attention: LlamaConfig) -> LlamaConfig:
+    """GLM-4.5 rotates the first head_dim * partial_rotary_factor dims of each head (a GGUF
+    states the count as rope.dimension_count, which LlamaConfig reads)."""
+    rope = keys.raw.get("rope_parameters") or {}
+    factor = keys.raw.get(
+        "partial_rotary_factor", rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    )
+    if keys.gguf or not factor:
+        return attention
+    return dataclasses.replace(attention, rope_dim=int(keys.hparams.head_dim * float(factor)))
 
 
 class MoEModel(Model):
@@ -131,7 +176,7 @@ class MoEModel(Model):
             scaling=hp.rope_scaling,
         )
         self.moe_spec = MoEFFNSpec(
-            cfg.num_experts, cfg.experts_per_token, cfg.norm_topk, weights_scale=cfg.weights_scale
+            cfg.num_experts, cfg.experts_per_token, cfg.norm_topk, weights_scale=cfg.weights_scale, **dict(cfg.routing)
         )
         self.expert_formats: dict[str, tuple[int, int]] = {}  # file tensor -> (file qtype, resident qtype)
         self.embed = self.weight("token_embd.weight")
@@ -173,8 +218,14 @@ class MoEModel(Model):
         whole-projection norms, applied in `OlmoeBlock`), and an MoE FFN where the layer has
         a router, else a dense one (Qwen2-MoE's mlp_only_layers)."""
         attention = attention_weights(self, i, qk_norms=False if self.config.whole_qk_norm else None)
+        return DecoderLayer(attention, self._ffn(i))
+
+    def _ffn(self, i: int) -> DenseFFN | MoEFFN:
+        """Layer i's FFN: an MoE one where the layer has a router, else a dense one (Qwen2-MoE's
+        mlp_only_layers, the leading dense layers of GLM-4.5 and DeepSeek: first_k_dense_replace)."""
+        norm = FFN_NORM.get(self.hparams.arch, "ffn_norm")
         if not self.source.has_tensor(f"blk.{i}.ffn_gate_inp.weight"):
-            return DecoderLayer(attention, dense_ffn(self, i))
+            return dense_ffn(self, i, norm_name=norm)
         w = lambda name, required=True: self.weight(f"blk.{i}.{name}", required)  # noqa: E731
         shared = None
         if self.config.num_shared_experts:
@@ -183,7 +234,15 @@ class MoEModel(Model):
                 w("ffn_down_shexp.weight"),
                 self._row_weight(f"blk.{i}.ffn_gate_inp_shexp.weight"),
             )
-        return DecoderLayer(attention, MoEFFN(w("ffn_norm.weight"), w("ffn_gate_inp.weight"), self._experts(i), shared))
+        router = w("ffn_gate_inp.weight")
+        return MoEFFN(w(f"{norm}.weight"), router, self._experts(i), shared, score_bias=self._score_bias(i))
+
+    def _score_bias(self, i: int) -> Weight | None:
+        """Layer i's e_score_correction_bias `[num_experts]` (GGUF or HF name), or None."""
+        for name in (f"blk.{i}.exp_probs_b.bias", f"model.layers.{i}.mlp.gate.e_score_correction_bias"):
+            if self.source.has_tensor(name):
+                return self.weight(name)
+        return None
 
     def _row_weight(self, name: str) -> Weight | None:
         """A `[d]` (GGUF) or `[1, d]` (HF) gate vector as a one-row linear weight `[1, d]`."""

@@ -27,6 +27,8 @@ _FAMILIES: dict[str, str] = {
     "olmoe": "agentkv.models.moe:MoEModel",
     "mixtral": "agentkv.models.moe:MoEModel",  # arch `llama` with experts (see family_of)
     "gpt-oss": "agentkv.models.gpt_oss:GptOssModel",
+    "glm4moe": "agentkv.models.moe:MoEModel",
+    "deepseek2": "agentkv.models.deepseek:DeepseekModel",  # DeepSeek-V2/V3, Kimi-K2, Moonlight (MLA)
 }
 
 

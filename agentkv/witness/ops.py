@@ -14,8 +14,7 @@ import numpy as np
 
 from agentkv.hal.base import AttnMeta, Backend, KVSpec, RopeSpec, RopeStyle, Tensor
 from agentkv.hal.blocks import AttentionSpec
-from agentkv.witness.group32_ops import group32_cases
-from agentkv.witness.sinks_ops import sinks_cases
+from agentkv.witness import group32_ops, mla_ops, sinks_ops
 
 COSINE_FLOOR_F32 = 0.99999  # f32 ops: only summation order differs from the reference
 COSINE_FLOOR_QUANT = 0.9999  # weight-only quantized kernels with f32 activations
@@ -111,7 +110,8 @@ def op_cases() -> list[tuple[str, str, Callable[[Backend], np.ndarray], float, b
         + _quant_cases()
         + _kquant_cases()
         + _moe_cases()
-        + group32_cases()
+        + group32_ops.group32_cases()
+        + mla_ops.mla_cases()
     )
 
 
@@ -212,7 +212,7 @@ def _attention_cases():
             return with_kv_dtype(be, "f16", lambda: attention_case(be, 6, (h, kvh, hd), lens, None, None))
 
         cases.append(("attention/kv=f16", f"h={h},kvh={kvh},hd={hd},lens={lens}", att16, COSINE_FLOOR_KV_F16, False))
-    return cases + sinks_cases()
+    return cases + sinks_ops.sinks_cases()
 
 
 def with_kv_dtype(be: Backend, dtype: str, fn: Callable[[], np.ndarray]) -> np.ndarray:

@@ -9,7 +9,7 @@ from agentkv.hal.base import Layout, Tensor
 from agentkv.hal.blocks import Experts, MoEFFN, MoEFFNSpec
 from agentkv.hal.kernels import SUPPORTED_QTYPES
 from agentkv.hal.portable.backend import GLU_KINDS
-from agentkv.hal.portable.moe import add_shared, grouped_moe, route
+from agentkv.hal.portable.moe import add_shared, grouped_moe, route, score_bias
 
 
 class CompiledExperts:
@@ -20,7 +20,7 @@ class CompiledExperts:
         compiled = self._compiled_experts(weights.experts, spec)
         if compiled is None:
             return grouped_moe(self, x, weights, spec)
-        chosen, probs = route(self.matmul(x, weights.router).raw, spec)
+        chosen, probs = route(self.matmul(x, weights.router).raw, spec, score_bias(weights))
         xs = x.raw.contiguous()
         routed = compiled.run(xs, chosen.contiguous(), probs.contiguous())
         return add_shared(self, x, weights, spec, routed)

@@ -54,7 +54,8 @@ class TorchKV:
         shape = (spec.num_layers, spec.num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.spec = spec
         self.k = torch.zeros(shape, dtype=KV_TORCH[spec.dtype], device=device)
-        self.v = torch.zeros(shape, dtype=KV_TORCH[spec.dtype], device=device)
+        # a latent spec (MLA) stores one vector per token: V is K itself
+        self.v = self.k if spec.latent else torch.zeros(shape, dtype=KV_TORCH[spec.dtype], device=device)
         blocks = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.k_slots, self.v_slots = self.k.unbind(0), self.v.unbind(0)
         self.k_blocks = tuple(t.view(blocks) for t in self.k_slots)
@@ -236,7 +237,8 @@ class TorchBackend(Backend):
         slots = slots_tensor(slot_mapping, self.device)
         dtype = kv.k.dtype  # f16: torch's cast, round to nearest even
         kv.k_slots[layer].index_copy_(0, slots, k.raw.to(dtype))
-        kv.v_slots[layer].index_copy_(0, slots, v.raw.to(dtype))
+        if not kv.spec.latent:
+            kv.v_slots[layer].index_copy_(0, slots, v.raw.to(dtype))
 
     def copy_blocks(self, kv: TorchKV, pairs) -> None:
         bs = kv.spec.block_size
@@ -247,15 +249,17 @@ class TorchBackend(Backend):
     def read_block(self, kv: TorchKV, block: int) -> bytes:
         bs = kv.spec.block_size
         rows = slice(block * bs, (block + 1) * bs)
-        both = torch.stack([kv.k[:, rows], kv.v[:, rows]], dim=1)  # [layers, 2, bs, kvh, hd]
+        stores = [kv.k[:, rows]] if kv.spec.latent else [kv.k[:, rows], kv.v[:, rows]]
+        both = torch.stack(stores, dim=1)  # [layers, 2 (1 latent), bs, kvh, hd]
         return both.cpu().numpy().astype(KV_LITTLE_ENDIAN[kv.spec.dtype], copy=False).tobytes()
 
     def write_block(self, kv: TorchKV, block: int, data: bytes) -> None:
         s, bs = kv.spec, kv.spec.block_size
-        arr = np.frombuffer(data, KV_LITTLE_ENDIAN[s.dtype]).reshape(s.num_layers, 2, bs, s.num_kv_heads, s.head_dim)
-        both = torch.from_numpy(arr.copy()).to(kv.k.device)
+        shape = (s.num_layers, s.num_stores, bs, s.num_kv_heads, s.head_dim)
+        both = torch.from_numpy(np.frombuffer(data, KV_LITTLE_ENDIAN[s.dtype]).reshape(shape).copy()).to(kv.k.device)
         kv.k[:, block * bs : (block + 1) * bs] = both[:, 0]
-        kv.v[:, block * bs : (block + 1) * bs] = both[:, 1]
+        if not s.latent:
+            kv.v[:, block * bs : (block + 1) * bs] = both[:, 1]
 
     def attention(
         self,

@@ -19,10 +19,17 @@ from agentkv.hal.base import Backend, Tensor
 from agentkv.hal.blocks import MoEFFN, MoEFFNSpec, shared_expert
 
 
-def route(logits: torch.Tensor, spec: MoEFFNSpec) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, spec: MoEFFNSpec, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits `[n, num_experts]` -> (chosen experts int64 `[n, k]` by falling weight,
     their weights f32 `[n, k]`). Softmax and top-k run per row (torch's last-dim kernels treat
-    each row alone); the renormalising sum is written out rank by rank, so it is elementwise."""
+    each row alone); the renormalising sum is written out rank by rank, so it is elementwise.
+    Sigmoid scores, a correction `bias` `[num_experts]` and groups: hal/routing.py."""
+    from agentkv.hal.routing import plain, route_torch
+
+    if not plain(spec, bias):
+        return route_torch(logits, bias, spec)
     k = spec.top_k
     if spec.softmax_after_topk:
         top, chosen = torch.topk(logits, k, dim=-1)
@@ -51,7 +58,7 @@ def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec, 
     matmul = expert_matmul or (lambda rows, w, _tokens: backend.matmul(rows, w))
     xs = x.raw
     n, k = xs.shape[0], spec.top_k
-    chosen, probs = route(backend.matmul(x, weights.router).raw, spec)
+    chosen, probs = route(backend.matmul(x, weights.router).raw, spec, score_bias(weights))
     flat = chosen.reshape(-1)  # slot s = token * k + rank
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=spec.num_experts).tolist()
@@ -71,6 +78,11 @@ def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec, 
     for j in range(1, k):
         out = out + probs[:, j : j + 1] * per_rank[:, j]
     return add_shared(backend, x, weights, spec, out)
+
+
+def score_bias(weights: MoEFFN) -> torch.Tensor | None:
+    """The layer's choice bias as a flat `[num_experts]` tensor, or None."""
+    return None if weights.score_bias is None else weights.score_bias.raw.reshape(-1)
 
 
 def add_shared(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec, routed: torch.Tensor) -> Tensor:
