@@ -26,6 +26,8 @@ HF_ARCH = {
     "qwen3_moe": "qwen3moe",
     "mixtral": "llama",  # llama.cpp converts mixtral to arch `llama` with expert_count > 0
     "olmoe": "olmoe",
+    "qwen3_next": "qwen3next",
+    "qwen3_5_text": "qwen35",
 }
 
 

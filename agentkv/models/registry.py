@@ -26,6 +26,8 @@ _FAMILIES: dict[str, str] = {
     "qwen3moe": "agentkv.models.moe:MoEModel",
     "olmoe": "agentkv.models.moe:MoEModel",
     "mixtral": "agentkv.models.moe:MoEModel",  # arch `llama` with experts (see family_of)
+    "qwen3next": "agentkv.models.qwen3next:HybridModel",
+    "qwen35": "agentkv.models.qwen3next:HybridModel",
 }
 
 

@@ -36,10 +36,13 @@ class ModelRunner:
         self.max_loras: int | None = None  # distinct LoRA adapters in one forward (None: any)
         self._lora = None  # the last step's LoraStep, whose pieces the next may reuse
         self.kv = self.backend.allocate_kv(model.kv_spec(num_blocks, block_size))
+        self.states = model.allocate_states(num_blocks, block_size)  # hybrids: a state slot per block
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
             self.backend.copy_blocks(self.kv, pairs)
+            if self.states is not None:
+                self.states.copy(pairs)
 
     def build(self, chunks: Sequence[Chunk]) -> tuple[np.ndarray, AttnMeta, np.ndarray]:
         """Flat token ids `[n]`, the step's AttnMeta and the row indices whose logits are read."""
@@ -87,6 +90,8 @@ class ModelRunner:
                 c.adapter.usage[1] += len(c.token_ids)  # the engine thread is its only writer
         lora = self._lora = lora_step([c.adapter for c in chunks], [len(c.token_ids) for c in chunks], self._lora)
         extra = {} if lora is None else {"lora": lora}
+        if self.states is not None:
+            extra["states"] = self.states
         if len(logit_rows) == 0:
             # KV must still be written: run the model with one row requested and drop it.
             self.model.forward(ids, meta, self.kv, np.array([len(ids) - 1]), **extra)
