@@ -29,6 +29,7 @@ from agentkv.runtime.config import EngineConfig
 from agentkv.runtime.engine_state import compute_stats
 from agentkv.runtime.errors import InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError
 from agentkv.runtime.fingerprint import fingerprint_parts
+from agentkv.runtime.hybrid import check_hybrid, resume_align
 from agentkv.runtime.kv_disk import KVDisk, tenant_of
 from agentkv.runtime.loading import load, pool_size, weights_summary
 from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
@@ -61,6 +62,7 @@ class Engine:
         self.config = config
         t0 = time.perf_counter()
         self.source, self.backend, self.model, self.tokenizer, self.chat_template = load(config)
+        check_hybrid(config, self.model)
         hp = self.model.hparams
         self.model_name = config.served_model_name or config.model
         self.max_model_len = min(config.max_model_len or hp.context_len, hp.context_len)
@@ -73,7 +75,8 @@ class Engine:
         self.runner = None if self.is_embedding else ModelRunner(self.model, self.num_blocks, self.block_size)
         self.disk = self._open_disk()
         tier = self.disk.tier if self.disk is not None else None
-        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, tier)
+        align = resume_align(self.model, self.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, tier, align)
         self.counters = Counters()
         spec = config.speculative
         self.speculation = Speculation(spec, config.num_speculative_tokens, self.counters) if spec else None

@@ -1,0 +1,128 @@
+"""The exactness contract on a hybrid model (gated DeltaNet + attention, Qwen3.5 text): logits
+bit-identical with the cache off and on (hits resumed from the recurrent-state snapshot at a
+block end, split points on and off the boundaries), across batch mixes, chunk sizes, f16 KV and
+a second turn that hits through decoded tokens. `np.array_equal`, never a tolerance.
+
+Controls: a hit used token-exactly (no cut to the snapshot) resumes from a state that is not
+the prefix's, and a non-invariant matmul breaks the batch and chunk families; both are caught."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentkv.runtime.config import CacheConfig, EngineConfig
+from agentkv.runtime.engine import Engine
+from agentkv.runtime.hybrid import HybridUnsupportedError
+from agentkv.runtime.params import SamplingParams
+from agentkv.sched import SchedulerConfig
+from tests.models.test_hybrid import tiny_hybrid
+from tests.runtime.test_exactness import GREEDY, SplitKBackend, byte_level_tokenizer, rows_equal, run, tokens
+
+BS = 4  # tokens per block: a state snapshot every 4 tokens
+VOCAB = 256
+PROMPT_LEN = 30
+
+
+@pytest.fixture(scope="module")
+def qwen35_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen35")
+    tiny_hybrid(folder, "qwen3_5_text", seed=5, vocab_size=VOCAB)
+    byte_level_tokenizer(folder)
+    return str(folder)
+
+
+def make_engine(model, backend="cpu", chunk=512, prefix_cache=True, kv_dtype="f32", **config) -> Engine:
+    cache = CacheConfig(num_blocks=96, block_size=BS, enable_prefix_cache=prefix_cache, dtype=kv_dtype)
+    engine = Engine(
+        EngineConfig(
+            model=model, backend=backend, cache=cache, scheduler=SchedulerConfig(max_num_batched_tokens=chunk), **config
+        )
+    )
+    engine.record_logits = True
+    return engine
+
+
+SPLITS = (6, 8, 17, PROMPT_LEN - 1)  # off and on the snapshot boundaries
+BATCHES = (1, 4)  # unrelated requests riding along
+CHUNKS = (1, 5)  # chunked prefill: cuts on and off the block boundaries
+
+
+def hybrid_contract(
+    model: str,
+    backend: str = "cpu",
+    kv_dtype: str = "f32",
+    exact_hits: bool = False,
+    variants=(SPLITS, BATCHES, CHUNKS),
+    params: SamplingParams = GREEDY,
+) -> list[str]:
+    """Every variant's name that broke the contract. `exact_hits` (the control) lets a hit
+    resume token-exactly instead of at the deepest snapshot; `variants`: the warm splits,
+    batch widths and chunk sizes to run; `params` those of the request compared."""
+    splits, batches, chunks = variants
+    prompt = tokens(PROMPT_LEN, 1, VOCAB)
+    engine_of = lambda **kw: make_engine(model, backend, kv_dtype=kv_dtype, **kw)  # noqa: E731
+    cold = run(engine_of(prefix_cache=False), {"p": prompt}, params)[0]["p"]
+    broken = []
+    for split in splits:
+        engine = engine_of()
+        if exact_hits:
+            engine.scheduler.resume_align = 1
+        # Two tokens: the first sampled one is computed too, so the cached path runs past the
+        # split and a token-exact hit would end inside a block whose state is further on.
+        run(engine, {"prefix": prompt[:split]}, SamplingParams(max_tokens=2, temperature=0.0))
+        warm, outs = run(engine, {"p": prompt}, params)
+        if not exact_hits:
+            cached = outs["p"].cached_len
+            assert cached % BS == 0 and split // BS * BS <= cached <= split + 1, (split, cached)
+        if not rows_equal(warm["p"], cold):
+            broken.append(f"warm split={split}")
+    others = {f"o{i}": tokens(5 + 7 * i, 100 + i, VOCAB) for i in range(4)}
+    for num in batches:
+        got = run(engine_of(), {**dict(list(others.items())[:num]), "p": prompt}, params)[0]["p"]
+        if not rows_equal(got, cold):
+            broken.append(f"batched with {num}")
+    for chunk in chunks:
+        got = run(engine_of(chunk=chunk), {"p": prompt}, params)[0]["p"]
+        if not rows_equal(got, cold):
+            broken.append(f"chunk={chunk}")
+    return broken
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_exact_reuse_hybrid(qwen35_dir, kv_dtype):
+    assert hybrid_contract(qwen35_dir, kv_dtype=kv_dtype) == []
+
+
+def test_second_turn_hits_through_decoded_tokens(qwen35_dir):
+    """Turn 2 sends turn 1's prompt, its answer and more: the snapshots decode steps left
+    serve it, and its logits equal a cold run's."""
+    first = tokens(13, 7, VOCAB)
+    engine = make_engine(qwen35_dir)
+    _, outs = run(engine, {"t1": first}, SamplingParams(max_tokens=6, temperature=0.0))
+    second = first + outs["t1"].token_ids + tokens(5, 8, VOCAB)
+    warm, outs = run(engine, {"t2": second})
+    cold = run(make_engine(qwen35_dir, prefix_cache=False), {"t2": second})[0]["t2"]
+    assert outs["t2"].cached_len == (13 + 6 - 1) // BS * BS  # turn 1 computed 18 tokens
+    assert rows_equal(warm["t2"], cold)
+
+
+def test_control_token_exact_hits_break_the_state(qwen35_dir):
+    broken = hybrid_contract(qwen35_dir, exact_hits=True, variants=((6, 8, 17), (), ()))
+    assert broken == ["warm split=6", "warm split=17"]  # a hit on a block end needs no cut
+
+
+def test_control_non_invariant_matmul_is_caught(qwen35_dir):
+    one = SamplingParams(max_tokens=1, temperature=0.0)  # the prompt's rows alone: few slow steps
+    broken = hybrid_contract(qwen35_dir, SplitKBackend.name, variants=((), (1,), (13,)), params=one)
+    assert broken == ["batched with 1", "chunk=13"]
+
+
+@pytest.mark.parametrize(
+    "config, flag", [({"speculative": "ngram"}, "speculative"), ({"cache_dir": True}, "kv_cache_dir")]
+)
+def test_speculation_and_disk_tier_are_refused_on_hybrids(qwen35_dir, tmp_path, config, flag):
+    if "cache_dir" in config:
+        cache = CacheConfig(num_blocks=96, block_size=BS, disk_dir=str(tmp_path))
+        config = {"cache": cache}
+    with pytest.raises(HybridUnsupportedError, match=flag):
+        Engine(EngineConfig(model=qwen35_dir, **config))
