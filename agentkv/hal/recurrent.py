@@ -32,8 +32,14 @@ STATE_DTYPE = np.float32
 
 @dataclass(frozen=True, slots=True)
 class DeltaNetSpec:
-    """Shapes of one gated DeltaNet layer. `grouped`: the qwen3next projection layout (q, k, v,
-    z interleaved per key head, b and a per key head) instead of separate q|k|v, z, b, a."""
+    """Shapes of one gated DeltaNet layer and how its projections come:
+
+        layout "flat":  [q|k|v, z, b, a]                  (qwen3_5, GGUF qwen35)
+        layout "ba":    [q|k|v, z, ba grouped by key head] (GGUF qwen3next)
+        layout "qkvz":  [qkvz grouped by key head, ba grouped by key head] (HF qwen3_next)
+
+    Value head j reads key head j // (num_v / num_k) (HF's interleaved repeat), or with
+    `tiled` key head j % num_k (llama.cpp's converter reorders qwen35's value heads so)."""
 
     num_k_heads: int
     num_v_heads: int
@@ -41,12 +47,15 @@ class DeltaNetSpec:
     head_v_dim: int
     conv_kernel: int
     eps: float
-    grouped: bool = False
+    layout: str = "flat"
+    tiled: bool = False
 
     def __post_init__(self):
         for name in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"DeltaNetSpec.{name} must be > 0, got {getattr(self, name)}")
+        if self.layout not in ("flat", "ba", "qkvz"):
+            raise ValueError(f"DeltaNetSpec.layout={self.layout!r}: use 'flat', 'ba' or 'qkvz'")
         if self.num_v_heads % self.num_k_heads:
             raise ValueError(
                 f"DeltaNetSpec.num_v_heads={self.num_v_heads} must be a multiple of num_k_heads={self.num_k_heads}"
@@ -144,18 +153,21 @@ def _l2norm(x: np.ndarray) -> np.ndarray:
 
 def _split_projections(host: list[np.ndarray], spec: DeltaNetSpec) -> tuple[np.ndarray, ...]:
     """(qkv `[n, conv_dim]` as q|k|v, z `[n, value_dim]`, b, a `[n, num_v_heads]`) from the
-    projections: qwen3next's grouped [qkvz, ba], or the separate [qkv, z, b, a]."""
-    if not spec.grouped:
+    projections in `spec.layout`."""
+    if spec.layout == "flat":
         return tuple(host)
-    qkvz, ba = host
-    n, hk, dk = qkvz.shape[0], spec.num_k_heads, spec.head_k_dim
+    n, hk, dk = host[0].shape[0], spec.num_k_heads, spec.head_k_dim
     r = spec.num_v_heads // hk
+    ba = host[-1].reshape(n, hk, 2 * r)
+    b, a = ba[..., :r].reshape(n, -1), ba[..., r:].reshape(n, -1)
+    if spec.layout == "ba":
+        return host[0], host[1], b, a
+    qkvz = host[0]
     g = qkvz.reshape(n, hk, 2 * dk + 2 * r * spec.head_v_dim)
     q, k = g[..., :dk], g[..., dk : 2 * dk]
     v, z = g[..., 2 * dk : 2 * dk + r * spec.head_v_dim], g[..., 2 * dk + r * spec.head_v_dim :]
     qkv = np.concatenate([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], axis=1)
-    ba = ba.reshape(n, hk, 2 * r)
-    return qkv, z.reshape(n, -1), ba[..., :r].reshape(n, -1), ba[..., r:].reshape(n, -1)
+    return qkv, z.reshape(n, -1), b, a
 
 
 def delta_net(
@@ -205,8 +217,9 @@ def _sequence(rows, start, table, weights, spec, store, layer) -> np.ndarray:
     conv = conv * _sigmoid(conv)
     kd = spec.key_dim
     r = spec.num_v_heads // spec.num_k_heads
-    q = _l2norm(conv[:, :kd].reshape(num, spec.num_k_heads, spec.head_k_dim)).repeat(r, axis=1)
-    k = _l2norm(conv[:, kd : 2 * kd].reshape(num, spec.num_k_heads, spec.head_k_dim)).repeat(r, axis=1)
+    heads = (lambda x: np.tile(x, (1, r, 1))) if spec.tiled else (lambda x: x.repeat(r, axis=1))
+    q = heads(_l2norm(conv[:, :kd].reshape(num, spec.num_k_heads, spec.head_k_dim)))
+    k = heads(_l2norm(conv[:, kd : 2 * kd].reshape(num, spec.num_k_heads, spec.head_k_dim)))
     q = q * np.float32(1.0 / np.sqrt(spec.head_k_dim))
     v = conv[:, 2 * kd :].reshape(num, spec.num_v_heads, spec.head_v_dim)
     decay = np.exp(g)

@@ -82,7 +82,7 @@ class HybridConfig:
         return cls(
             hp,
             layers,
-            DeltaNetSpec(num_k, num_v, dk, dv, kernel, hp.norm_eps, grouped=hp.arch == "qwen3next"),
+            DeltaNetSpec(num_k, num_v, dk, dv, kernel, hp.norm_eps, *_layout(hp.arch, keys.gguf)),
             rope_dim=int(rope_dim),
             unit_offset=not keys.gguf,
             num_experts=num_experts,
@@ -105,6 +105,14 @@ class HybridConfig:
             "expert_count": self.num_experts,
             "experts_per_token": self.experts_per_token,
         }
+
+
+def _layout(arch: str, gguf: bool) -> tuple[str, bool]:
+    """How the DeltaNet projections come in this file (`DeltaNetSpec.layout`, `.tiled`): llama.cpp's
+    converter splits qwen3next's qkvz into q|k|v and z, and tiles qwen35's value heads."""
+    if arch == "qwen3next":
+        return ("ba" if gguf else "qkvz"), False
+    return "flat", gguf
 
 
 class Mixer(NamedTuple):
@@ -153,11 +161,12 @@ class HybridModel(MoEModel):
             projections = (w("attn_q.weight"), w("attn_k.weight"), w("attn_v.weight"))
             norms = (w("attn_q_norm.weight"), w("attn_k_norm.weight"))
             return Mixer(False, projections, w("attn_output.weight"), slot_layer, norms=norms)
-        if self.config.delta.grouped:
-            projections = (w("ssm_in.weight"), w("ssm_ba.weight"))
-        else:
-            names = ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight")
-            projections = tuple(w(name) for name in names)
+        names = {
+            "qkvz": ("ssm_in.weight", "ssm_ba.weight"),
+            "ba": ("attn_qkv.weight", "attn_gate.weight", "ssm_ba.weight"),
+            "flat": ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight"),
+        }[self.config.delta.layout]
+        projections = tuple(w(name) for name in names)
         return Mixer(True, projections, w("ssm_out.weight"), slot_layer, weights=self._delta_weights(i))
 
     def _delta_weights(self, i: int) -> DeltaNetWeights:

@@ -1,0 +1,66 @@
+"""The tiny hybrids converted by llama.cpp's own converter (`qwen3next`, and `qwen35`, whose
+value heads the converter reorders to tiled order): agentkv loads the GGUFs and matches
+transformers on the HF folders they came from; once llama-cpp-python is installed, its logits
+on the same files agree within FLOOR (skipped cleanly without it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentkv.bench import peers
+from tests.models.helpers import assert_logits_match, cosines, hf_logits, our_logits, prompt
+from tests.models.hybrid_gguf import convert_to_gguf, converter_missing
+from tests.models.test_hybrid import MIN_COS, tiny_hybrid
+from tests.runtime.test_exactness import byte_level_tokenizer
+
+if converter_missing():
+    pytest.skip(converter_missing(), allow_module_level=True)
+
+VOCAB = 272  # the byte-level tokenizer's 256 ids and room for the converter's specials
+FAMILIES = {"qwen3next": "qwen3_next", "qwen35": "qwen3_5_text"}
+# min cosine per position, agentkv vs llama-cpp-python on the same f32 GGUF: both recurrences
+# are f32 but sum in other orders (llama.cpp: its chunked delta rule on a prompt)
+FLOOR = 0.9999
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """arch -> (GGUF path, HF logits of the prompt, the prompt), both families converted in
+    one converter run."""
+    root = tmp_path_factory.mktemp("hybrid-gguf")
+    ids = prompt(40, vocab=VOCAB)
+    built, pairs = {}, []
+    for arch, model_type in FAMILIES.items():
+        folder = root / model_type
+        folder.mkdir()
+        model = tiny_hybrid(folder, model_type, seed=11, vocab_size=VOCAB)
+        byte_level_tokenizer(folder)
+        built[arch] = (root / f"{arch}.gguf", hf_logits(model, ids), ids)
+        pairs.append((folder, root / f"{arch}.gguf"))
+    convert_to_gguf(pairs)
+    return built
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_converted_gguf_matches_transformers(converted, arch):
+    path, theirs, ids = converted[arch]
+    assert_logits_match(our_logits(path, "cpu", ids), theirs, MIN_COS)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_converted_gguf_matches_llama_cpp(converted, arch):
+    reason = peers.missing("llamacpp")
+    if reason:
+        pytest.skip(f"llama-cpp-python comparison skipped: {reason}")
+    from llama_cpp import Llama
+
+    path, _, ids = converted[arch]
+    llm = Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=2, logits_all=True, verbose=False)
+    llm.eval(ids)
+    import numpy as np
+
+    theirs = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    ours = our_logits(path, "cpu", ids)
+    cos = cosines(ours, theirs)
+    assert cos.min() >= FLOOR, f"{arch}: min cosine {cos.min():.7f} vs llama.cpp (per row: {cos})"
+    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.9
