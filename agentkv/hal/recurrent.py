@@ -16,6 +16,12 @@ last position of block b its owner computed:
 A full block is never written again (a request writes only past its cached_len, into blocks
 it owns alone), so its slot is the snapshot at its end, held and freed with the block by the
 radix node that lists it. A chunk starting at p > 0 reads slot `table[(p - 1) // bs]`.
+
+Speculation: a verification chunk (a decode row and its draft) records the state after each
+of its rows; once the engine knows how many were accepted, the state after the last accepted
+token is written back into that position's slot (`settle`), so a rejected draft leaves the
+state exactly as if it had never been tried. A block end among the rejected positions lies
+past the sequence's computed tokens, so no hit ever resumes from it.
 """
 
 from __future__ import annotations
@@ -109,6 +115,32 @@ class StateStore:
         self.specs, self.num_slots, self.block_size = tuple(specs), num_slots, block_size
         self.conv = [np.zeros((num_slots, *s.conv_shape), STATE_DTYPE) for s in self.specs]
         self.recurrent = [np.zeros((num_slots, *s.recurrent_shape), STATE_DTYPE) for s in self.specs]
+        # This step's verification chunks: chunk index -> per row, per layer (conv, rec).
+        self.recording: dict[int, list[list]] = {}
+
+    def begin_step(self, chunks: Sequence) -> None:
+        """Before a forward over `chunks` (the runner's `Chunk`s; mutates): its verification
+        chunks (`chunk.draft`) will record the state after each of their rows."""
+        self.recording = {
+            i: [[None] * len(self.specs) for _ in c.token_ids]
+            for i, c in enumerate(chunks)
+            if getattr(c, "draft", False)
+        }
+
+    def settle(self, chunks: Sequence, num_computed: Sequence[int]) -> None:
+        """After the step's verification (mutates): each verification chunk's sequence now has
+        `num_computed` tokens; the state after the last of them goes into that position's
+        slot, so a rejected draft leaves no trace. Drops the records."""
+        bs = self.block_size
+        for i, states in self.recording.items():
+            chunk, last = chunks[i], num_computed[i] - 1
+            if chunk.start_pos <= last < chunk.start_pos + len(states):
+                self._write(chunk.block_table[last // bs], states[last - chunk.start_pos])
+        self.recording = {}
+
+    def _write(self, slot: int, states: list) -> None:
+        for layer, (conv, rec) in enumerate(states):
+            self.conv[layer][slot], self.recurrent[layer][slot] = conv, rec
 
     @property
     def bytes_per_slot(self) -> int:
@@ -187,20 +219,24 @@ def delta_net(
     beta = _sigmoid(b)
     g = weights.a_neg * _softplus(a + weights.dt_bias)  # [n, Hv]
     out = np.empty((qkv.shape[0], spec.num_v_heads, spec.head_v_dim), np.float32)
-    for start_row, num, ctx, table in zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables):
+    spans = zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables)
+    for i, (start_row, num, ctx, table) in enumerate(spans):
         rows = slice(start_row, start_row + num)
-        out[rows] = _sequence((qkv[rows], g[rows], beta[rows]), ctx - num, table, weights, spec, store, layer)
+        out[rows] = _sequence((qkv[rows], g[rows], beta[rows]), ctx - num, (table, i), weights, spec, store, layer)
     y = out * (np.float32(1) / np.sqrt((out * out).mean(-1, keepdims=True) + np.float32(spec.eps)))
     z = z.reshape(out.shape)
     y = (weights.norm * y) * (z * _sigmoid(z))
     return be.upload(np.ascontiguousarray(y.reshape(out.shape[0], spec.value_dim), np.float32))
 
 
-def _sequence(rows, start, table, weights, spec, store, layer) -> np.ndarray:
-    """One sequence's rows `(qkv, g, beta)` at positions [start, start + len(qkv)): returns its core outputs
-    `[len, Hv, dv]` and leaves the state after each block end it passes, and after its last
-    row, in the slot of that position's block."""
+def _sequence(rows, start, where, weights, spec, store, layer) -> np.ndarray:
+    """One sequence's rows `(qkv, g, beta)` at positions [start, start + len(qkv)) (`where`: its
+    block table and chunk index): returns its core outputs `[len, Hv, dv]` and leaves the
+    state after each block end it passes, and after its last row, in the slot of that
+    position's block; a verification chunk also records the state after every row."""
     qkv, g, beta = rows
+    table, index = where
+    record = store.recording.get(index)
     conv_store, rec_store, bs = store.conv[layer], store.recurrent[layer], store.block_size
     kernel = spec.conv_kernel
     if start == 0:
@@ -230,6 +266,8 @@ def _sequence(rows, start, table, weights, spec, store, layer) -> np.ndarray:
         delta = (v[t] - kv_mem) * beta[t][:, None]
         rec = rec + k[t][:, :, None] * delta[:, None, :]
         out[t] = (rec * q[t][:, :, None]).sum(axis=1)
+        if record is not None:
+            record[t][layer] = (window[t + 1 : t + kernel].copy(), rec)
         pos = start + t
         if (pos + 1) % bs == 0 or t == num - 1:
             slot = table[pos // bs]

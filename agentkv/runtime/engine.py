@@ -212,6 +212,7 @@ class Engine:
         if self.disk is not None:
             self.disk.after_step(scheduled)
         outputs += self._consume(scheduled, chunks, logits)
+        self.runner.settle(chunks, [sc.seq.num_computed for sc in scheduled])  # hybrids: rejected drafts
         self._publish_stats()
         return outputs
 
@@ -238,7 +239,7 @@ class Engine:
         req = self._by_seq[sc.seq.seq_id]
         in_prompt = req.prompt_logprobs is not None and sc.start < len(sc.seq.prompt_ids)
         want = "all" if in_prompt or sc.draft else ("last" if sc.samples else None)
-        return Chunk(sc.token_ids, sc.start, sc.seq.block_table, want, adapter_of(sc.seq.namespace))
+        return Chunk(sc.token_ids, sc.start, sc.seq.block_table, want, adapter_of(sc.seq.namespace), bool(sc.draft))
 
     def _consume(self, scheduled, chunks, logits) -> list[RequestOutput]:
         """Sample each row on its own; a request whose row fails is aborted before the

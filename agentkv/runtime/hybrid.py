@@ -1,5 +1,5 @@
 """What the engine does differently for a hybrid model (recurrent layers with state snapshots):
-where hits may resume, and the features that cannot keep its state exact yet."""
+where hits may resume, and the feature that cannot keep its state exact yet."""
 
 from __future__ import annotations
 
@@ -19,17 +19,12 @@ def resume_align(model: Any, block_size: int) -> int:
 
 
 def check_hybrid(config: EngineConfig, model: Any) -> None:
-    """Refuse, naming the flag, what a hybrid model cannot run exactly: speculative decoding
-    (a rejected draft would leave its tokens in the recurrent state) and the disk tier (its
-    files hold K/V only, not the state snapshots)."""
+    """Refuse, naming the flag, what a hybrid model cannot run exactly: the disk tier (its
+    files hold K/V only, not the state snapshots). Speculation runs: a verification records
+    each row's state (`hal/recurrent.py`)."""
     if not model.state_bytes:
         return
     arch = model.hparams.arch
-    if config.speculative:
-        raise HybridUnsupportedError(
-            f"speculative={config.speculative!r}: speculative decoding is not supported on the hybrid model "
-            f"{config.model!r} ({arch}): a rejected draft would stay in its recurrent state"
-        )
     if config.cache.disk_dir is not None:
         raise HybridUnsupportedError(
             f"kv_cache_dir={str(config.cache.disk_dir)!r}: the disk tier is not supported on the hybrid model "
