@@ -29,7 +29,7 @@ from agentkv.runtime.config import EngineConfig
 from agentkv.runtime.engine_state import compute_stats
 from agentkv.runtime.errors import InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError
 from agentkv.runtime.fingerprint import fingerprint_parts
-from agentkv.runtime.hybrid import check_hybrid, resume_align
+from agentkv.runtime.hybrid import disk_layout, resume_align
 from agentkv.runtime.kv_disk import KVDisk, tenant_of
 from agentkv.runtime.loading import load, pool_size, weights_summary
 from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
@@ -62,7 +62,6 @@ class Engine:
         self.config = config
         t0 = time.perf_counter()
         self.source, self.backend, self.model, self.tokenizer, self.chat_template = load(config)
-        check_hybrid(config, self.model)
         hp = self.model.hparams
         self.model_name = config.served_model_name or config.model
         self.max_model_len = min(config.max_model_len or hp.context_len, hp.context_len)
@@ -103,9 +102,7 @@ class Engine:
         if cc.disk_dir is None or self.runner is None:
             return None
         parts = fingerprint_parts(self, Path(cc.disk_dir))
-        kv, backend = self.runner.kv, self.backend
-        io = (lambda b: backend.read_block(kv, b), lambda b, payload: backend.write_block(kv, b, payload))
-        spec = self.model.kv_spec(1, self.block_size)
+        spec, io = disk_layout(self.model, self.runner, self.block_size)  # a hybrid's blocks carry their snapshot
         disk = KVDisk(cc.disk_dir, cc.disk_bytes, parts, spec, io, cc.write_through)
         disk.attach(self.cache)
         log.info("%s", disk.describe())

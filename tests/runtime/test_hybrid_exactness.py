@@ -1,12 +1,14 @@
 """The exactness contract on a hybrid model (gated DeltaNet + attention, Qwen3.5 text): logits
 bit-identical with the cache off and on (hits resumed from the recurrent-state snapshot at a
 block end, split points on and off the boundaries), across batch mixes, chunk sizes, f16 KV and
-a second turn that hits through decoded tokens, speculation with rejected drafts.
+a second turn that hits through decoded tokens, speculation with rejected drafts, a restart
+from the disk tier.
 `np.array_equal`, never a tolerance.
 
 Controls: a hit used token-exactly (no cut to the snapshot) resumes from a state that is not
 the prefix's, a non-invariant matmul breaks the batch and chunk families, and rejected drafts
-left in the state break speculation; all are caught."""
+left in the state break speculation, snapshots lost on a disk load break the restart; all are
+caught."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ import pytest
 
 from agentkv.runtime.config import CacheConfig, EngineConfig
 from agentkv.runtime.engine import Engine
-from agentkv.runtime.hybrid import HybridUnsupportedError
 from agentkv.runtime.params import SamplingParams
 from agentkv.sched import SchedulerConfig
 from agentkv.sched.draft import DRAFTERS
@@ -149,7 +150,26 @@ def test_control_rejected_drafts_left_in_the_state_are_caught(qwen35_dir, oracle
     assert not spec.same(spec.run(engine, requests), plain)
 
 
-def test_disk_tier_is_refused_on_hybrids(qwen35_dir, tmp_path):
-    cache = CacheConfig(num_blocks=96, block_size=BS, disk_dir=str(tmp_path))
-    with pytest.raises(HybridUnsupportedError, match="kv_cache_dir"):
-        Engine(EngineConfig(model=qwen35_dir, cache=cache))
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_restart_from_the_disk_tier_is_bit_identical(qwen35_dir, tmp_path, kv_dtype):
+    """A restarted engine serves a hybrid's transcript from disk: each block file carries the
+    block's K/V and its state snapshot, so the hit resumes and its logits equal a cold run's.
+    Control: the same restart with the snapshots zeroed on load is caught."""
+    first = tokens(22, 21, VOCAB)
+    disk = CacheConfig(num_blocks=96, block_size=BS, disk_dir=str(tmp_path), dtype=kv_dtype)
+    config = lambda: EngineConfig(model=qwen35_dir, cache=disk)  # noqa: E731
+    before = Engine(config())
+    before.record_logits = True
+    _, outs = run(before, {"t1": first})
+    before.close()  # writes back what the RAM cache holds
+    second = first + outs["t1"].token_ids + tokens(6, 22, VOCAB)
+    cold = run(make_engine(qwen35_dir, prefix_cache=False, kv_dtype=kv_dtype), {"t2": second})[0]["t2"]
+    for zeroed in (False, True):
+        after = Engine(config())
+        after.record_logits = True
+        if zeroed:  # the control: K/V from disk, the recurrent state not
+            kv_bytes, write = after.model.kv_spec(1, BS).bytes_per_block, after.disk.write_block
+            after.disk.write_block = lambda b, data, w=write, n=kv_bytes: w(b, data[:n] + bytes(len(data) - n))
+        warm, outs = run(after, {"t2": second})
+        assert outs["t2"].cached_len == 24  # 25 tokens computed before the restart: 6 full blocks
+        assert rows_equal(warm["t2"], cold) != zeroed
