@@ -1,5 +1,6 @@
 """Hybrid decoders of gated DeltaNet and gated full attention: Qwen3-Next (`qwen3next`, MoE
-with a gated shared expert) and the Qwen3.5 text model (`qwen35`, dense FFN). One page.
+with a gated shared expert) and the Qwen3.5 text models (`qwen35`, dense FFN; `qwen35moe`,
+Qwen3-Next's MoE). One page.
 
     x ─ attn_norm ─┬ recurrent layer: qkv|z|b|a ─ conv + gated delta rule (state slots) ─ out
                    └ every n-th layer: q|gate, k, v ─ q/k norm, partial rope ─ attention ─ ·σ(gate) ─ o

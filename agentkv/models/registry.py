@@ -28,6 +28,7 @@ _FAMILIES: dict[str, str] = {
     "mixtral": "agentkv.models.moe:MoEModel",  # arch `llama` with experts (see family_of)
     "qwen3next": "agentkv.models.qwen3next:HybridModel",
     "qwen35": "agentkv.models.qwen3next:HybridModel",
+    "qwen35moe": "agentkv.models.qwen3next:HybridModel",
 }
 
 

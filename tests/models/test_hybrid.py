@@ -38,7 +38,7 @@ def tiny_hybrid(folder, model_type: str, seed: int = 0, **overrides):
 
     from tests.models.helpers import TINY
 
-    shapes = QWEN3_NEXT if model_type == "qwen3_next" else HYBRID
+    shapes = HYBRID if model_type == "qwen3_5_text" else QWEN3_NEXT  # the others are MoE
     config = AutoConfig.for_model(model_type, **{**TINY, **shapes, **overrides})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
@@ -54,7 +54,7 @@ def tiny_hybrid(folder, model_type: str, seed: int = 0, **overrides):
     return model
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5_text"])
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"])
 def hybrid(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     model = tiny_hybrid(folder, request.param)

@@ -1,4 +1,4 @@
-"""The tiny hybrids converted by llama.cpp's own converter (`qwen3next`, and `qwen35`, whose
+"""The tiny hybrids converted by llama.cpp's own converter (`qwen3next`, and `qwen35` and `qwen35moe`, whose
 value heads the converter reorders to tiled order): agentkv loads the GGUFs and matches
 transformers on the HF folders they came from; once llama-cpp-python is installed, its logits
 on the same files agree within FLOOR (skipped cleanly without it)."""
@@ -17,7 +17,7 @@ if converter_missing():
     pytest.skip(converter_missing(), allow_module_level=True)
 
 VOCAB = 272  # the byte-level tokenizer's 256 ids and room for the converter's specials
-FAMILIES = {"qwen3next": "qwen3_next", "qwen35": "qwen3_5_text"}
+FAMILIES = {"qwen3next": "qwen3_next", "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}
 # min cosine per position, agentkv vs llama-cpp-python on the same f32 GGUF: both recurrences
 # are f32 but sum in other orders (llama.cpp: its chunked delta rule on a prompt)
 FLOOR = 0.9999
