@@ -43,6 +43,10 @@ KEY_HPARAMS = (
     "expert_count",
     "experts_per_token",
     "shared_experts",
+    "layer_kinds",  # hybrids: R recurrent, A attention
+    "snapshot_bytes",
+    "kv_bytes_per_token_f16",
+    "kv_bytes_per_token_f32",
 )
 
 

@@ -97,10 +97,10 @@ class HybridConfig:
         num_attention = self.recurrent_layers.count(False)
         kv_token = 2 * num_attention * hp.num_kv_heads * hp.head_dim
         return {
-            "layers": "".join("R" if r else "A" for r in self.recurrent_layers),
+            "layer_kinds": "".join("R" if r else "A" for r in self.recurrent_layers),
             "linear_heads_k_v": f"{d.num_k_heads}/{d.num_v_heads}",
             "linear_head_dims_k_v": f"{d.head_k_dim}/{d.head_v_dim}",
-            "state_bytes_per_snapshot": d.state_bytes * self.recurrent_layers.count(True),
+            "snapshot_bytes": d.state_bytes * self.recurrent_layers.count(True),
             "kv_bytes_per_token_f16": 2 * kv_token,
             "kv_bytes_per_token_f32": 4 * kv_token,
             "expert_count": self.num_experts,

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from agentkv.commands.inspect import summarize
 from agentkv.formats.resolve import open_model
 from agentkv.hal.recurrent import DeltaNetSpec, StateStore
-from agentkv.models.registry import family_config
 from tests.models.helpers import assert_logits_match, hf_logits, our_logits, prompt
 
 # Tiny shapes: 3 DeltaNet layers and one full-attention layer (the 4th), 2 key / 4 value heads.
@@ -71,11 +71,11 @@ def test_hybrid_matches_transformers(hybrid, backend):
 def test_inspect_reports_state_and_kv_bytes(hybrid):
     folder, model, _, _ = hybrid
     cfg = model.config
-    summary = family_config(open_model(folder)).summary()
+    summary = summarize(open_model(folder))["hparams"]  # what `agentkv inspect` prints
     conv_dim = 2 * 2 * 8 + 4 * 8  # q, k: 2 heads x 8; v: 4 heads x 8
     per_layer = 4 * ((4 - 1) * conv_dim + 4 * 8 * 8)  # f32 conv state + recurrent state
-    assert summary["layers"] == "RRRA"
-    assert summary["state_bytes_per_snapshot"] == 3 * per_layer
+    assert summary["layer_kinds"] == "RRRA"
+    assert summary["snapshot_bytes"] == 3 * per_layer
     assert summary["kv_bytes_per_token_f16"] == 2 * 2 * cfg.num_key_value_heads * cfg.head_dim
 
 
