@@ -111,6 +111,18 @@ def test_second_turn_hits_through_decoded_tokens(qwen35_dir):
     assert rows_equal(warm["t2"], cold)
 
 
+def test_preempted_sequence_resumes_exactly(qwen35_dir):
+    """A pool too small for two prompts at once: the younger is preempted, its computed
+    blocks (and snapshots) go to the cache, and it resumes from the deepest one."""
+    prompt = tokens(PROMPT_LEN, 1, VOCAB)
+    cold = run(make_engine(qwen35_dir, prefix_cache=False), {"p": prompt})[0]["p"]
+    cache = CacheConfig(num_blocks=14, block_size=BS, dtype="f32")
+    engine = Engine(EngineConfig(model=qwen35_dir, cache=cache, scheduler=SchedulerConfig(max_num_batched_tokens=8)))
+    engine.record_logits = True
+    got = run(engine, {"q": tokens(PROMPT_LEN, 9, VOCAB), "p": prompt})[0]["p"]
+    assert engine.scheduler.preemptions >= 1 and rows_equal(got, cold)
+
+
 def test_control_token_exact_hits_break_the_state(qwen35_dir):
     broken = hybrid_contract(qwen35_dir, exact_hits=True, variants=((6, 8, 17), (), ()))
     assert broken == ["warm split=6", "warm split=17"]  # a hit on a block end needs no cut
