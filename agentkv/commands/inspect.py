@@ -51,6 +51,9 @@ KEY_HPARAMS = (
     "kv_layout",
     "kv_bytes_per_token_f16",
     "kv_bytes_per_token_f16_multi_head",
+    "layer_kinds",  # hybrids: R recurrent, A attention
+    "snapshot_bytes",
+    "kv_bytes_per_token_f32",
 )
 
 

@@ -31,6 +31,9 @@ HF_ARCH = {
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek2",  # llama.cpp converts V3 (Kimi-K2, Moonlight) to arch `deepseek2`
     "deepseek_v32": "deepseek2",  # V3 with sparse attention (its indexer keeps its HF names)
+    "qwen3_next": "qwen3next",
+    "qwen3_5_text": "qwen35",
+    "qwen3_5_moe_text": "qwen35moe",
 }
 
 

@@ -65,6 +65,13 @@ class Model(ABC):
         hp = self.hparams
         return KVSpec(hp.num_layers, num_blocks, block_size, hp.num_kv_heads, hp.head_dim, self.backend.kv_dtype)
 
+    # Bytes of one recurrent-state snapshot (hybrids: one per KV block); 0 without recurrent layers.
+    state_bytes: int = 0
+
+    def allocate_states(self, num_slots: int, block_size: int) -> Any:
+        """The recurrent-state store of a hybrid (`hal.recurrent.StateStore`); None otherwise."""
+        return None
+
     @abstractmethod
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray) -> Tensor:
         """Run one step over the flat batch `token_ids [n]` (rows laid out as `meta` says),

@@ -29,6 +29,9 @@ _FAMILIES: dict[str, str] = {
     "gpt-oss": "agentkv.models.gpt_oss:GptOssModel",
     "glm4moe": "agentkv.models.moe:MoEModel",
     "deepseek2": "agentkv.models.deepseek:DeepseekModel",  # DeepSeek-V2/V3, Kimi-K2, Moonlight (MLA)
+    "qwen3next": "agentkv.models.qwen3next:HybridModel",
+    "qwen35": "agentkv.models.qwen3next:HybridModel",
+    "qwen35moe": "agentkv.models.qwen3next:HybridModel",
 }
 
 

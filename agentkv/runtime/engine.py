@@ -29,6 +29,7 @@ from agentkv.runtime.config import EngineConfig
 from agentkv.runtime.engine_state import compute_stats
 from agentkv.runtime.errors import InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError
 from agentkv.runtime.fingerprint import fingerprint_parts
+from agentkv.runtime.hybrid import disk_layout, resume_align
 from agentkv.runtime.kv_disk import KVDisk, tenant_of
 from agentkv.runtime.loading import load, pool_size, weights_summary
 from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
@@ -73,7 +74,8 @@ class Engine:
         self.runner = None if self.is_embedding else ModelRunner(self.model, self.num_blocks, self.block_size)
         self.disk = self._open_disk()
         tier = self.disk.tier if self.disk is not None else None
-        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, tier)
+        align = resume_align(self.model, self.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, tier, align)
         self.counters = Counters()
         spec = config.speculative
         self.speculation = Speculation(spec, config.num_speculative_tokens, self.counters) if spec else None
@@ -100,9 +102,7 @@ class Engine:
         if cc.disk_dir is None or self.runner is None:
             return None
         parts = fingerprint_parts(self, Path(cc.disk_dir))
-        kv, backend = self.runner.kv, self.backend
-        io = (lambda b: backend.read_block(kv, b), lambda b, payload: backend.write_block(kv, b, payload))
-        spec = self.model.kv_spec(1, self.block_size)
+        spec, io = disk_layout(self.model, self.runner, self.block_size)  # a hybrid's blocks carry their snapshot
         disk = KVDisk(cc.disk_dir, cc.disk_bytes, parts, spec, io, cc.write_through)
         disk.attach(self.cache)
         log.info("%s", disk.describe())
@@ -209,6 +209,7 @@ class Engine:
         if self.disk is not None:
             self.disk.after_step(scheduled)
         outputs += self._consume(scheduled, chunks, logits)
+        self.runner.settle(chunks, [sc.seq.num_computed for sc in scheduled])  # hybrids: rejected drafts
         self._publish_stats()
         return outputs
 
@@ -235,7 +236,7 @@ class Engine:
         req = self._by_seq[sc.seq.seq_id]
         in_prompt = req.prompt_logprobs is not None and sc.start < len(sc.seq.prompt_ids)
         want = "all" if in_prompt or sc.draft else ("last" if sc.samples else None)
-        return Chunk(sc.token_ids, sc.start, sc.seq.block_table, want, adapter_of(sc.seq.namespace))
+        return Chunk(sc.token_ids, sc.start, sc.seq.block_table, want, adapter_of(sc.seq.namespace), bool(sc.draft))
 
     def _consume(self, scheduled, chunks, logits) -> list[RequestOutput]:
         """Sample each row on its own; a request whose row fails is aborted before the

@@ -70,7 +70,7 @@ def pool_size(config: EngineConfig, model: Any, max_model_len: int) -> int:
     bs = cc.block_size
     num = cc.num_blocks
     if num is None:
-        per_block = model.kv_spec(1, bs).bytes_per_block
+        per_block = model.kv_spec(1, bs).bytes_per_block + model.state_bytes  # a hybrid's snapshot per block
         budget = cc.memory_bytes or DEFAULT_KV_MEMORY
         needed = math.ceil(max_model_len / bs) + 1
         num = budget // per_block

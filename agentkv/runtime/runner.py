@@ -25,6 +25,7 @@ class Chunk(NamedTuple):
     block_table: Sequence[int]
     logits: str | None = "last"
     adapter: Adapter | None = None
+    draft: bool = False  # a verification chunk (a hybrid's state records each row's state)
 
 
 class ModelRunner:
@@ -36,10 +37,13 @@ class ModelRunner:
         self.max_loras: int | None = None  # distinct LoRA adapters in one forward (None: any)
         self._lora = None  # the last step's LoraStep, whose pieces the next may reuse
         self.kv = self.backend.allocate_kv(model.kv_spec(num_blocks, block_size))
+        self.states = model.allocate_states(num_blocks, block_size)  # hybrids: a state slot per block
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
             self.backend.copy_blocks(self.kv, pairs)
+            if self.states is not None:
+                self.states.copy(pairs)
 
     def build(self, chunks: Sequence[Chunk]) -> tuple[np.ndarray, AttnMeta, np.ndarray]:
         """Flat token ids `[n]`, the step's AttnMeta and the row indices whose logits are read."""
@@ -87,11 +91,22 @@ class ModelRunner:
                 c.adapter.usage[1] += len(c.token_ids)  # the engine thread is its only writer
         lora = self._lora = lora_step([c.adapter for c in chunks], [len(c.token_ids) for c in chunks], self._lora)
         extra = {} if lora is None else {"lora": lora}
+        if self.states is not None:
+            extra["states"] = self.states
+            self.states.begin_step(chunks)
         if len(logit_rows) == 0:
             # KV must still be written: run the model with one row requested and drop it.
             self.model.forward(ids, meta, self.kv, np.array([len(ids) - 1]), **extra)
-            return np.zeros((0, self.model.vocab_size), np.float32)
-        return self.backend.read(self.model.forward(ids, meta, self.kv, logit_rows, **extra))
+            logits = np.zeros((0, self.model.vocab_size), np.float32)
+        else:
+            logits = self.backend.read(self.model.forward(ids, meta, self.kv, logit_rows, **extra))
+        return logits
+
+    def settle(self, chunks: Sequence[Chunk], num_computed: Sequence[int]) -> None:
+        """After a step's verification: each chunk's sequence holds `num_computed` tokens of KV;
+        a hybrid's recurrent state is put back to the last accepted token (hal/recurrent.py)."""
+        if self.states is not None:
+            self.states.settle(chunks, num_computed)
 
     def _groups(self, chunks: Sequence[Chunk]) -> list[list[Chunk]]:
         """Consecutive runs of `chunks` that use at most `max_loras` distinct adapters each."""

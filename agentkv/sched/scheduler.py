@@ -8,6 +8,7 @@ from collections import deque
 
 from agentkv.cache import BlockId, BlockPool, MatchResult, Node, RadixCache, common_prefix_len
 from agentkv.cache.disk_tier import DiskTier
+from agentkv.cache.snapshots import resume_point
 from agentkv.sched.config import CacheView, SchedulerConfig
 from agentkv.sched.integrity import check_scheduler
 from agentkv.sched.plan import ScheduledChunk, SchedulerOutput, _Step
@@ -32,7 +33,10 @@ class Scheduler:
         cache: RadixCache | None,
         view: CacheView,
         disk: DiskTier | None = None,
+        resume_align: int = 1,
     ) -> None:
+        """`resume_align`: a hit is used up to a multiple of this many tokens (a hybrid model
+        resumes from the recurrent-state snapshot at a block end: its block size)."""
         if cache is not None and cache.block_size != view.block_size:
             raise ValueError(
                 f"cache block_size={cache.block_size} differs from the view's block_size={view.block_size}"
@@ -53,6 +57,7 @@ class Scheduler:
         self._num_arrivals = 0
         self.preemptions = 0
         self.drafts = DraftBlocks(pool, self.block_size)  # speculation's blocks
+        self.resume_align = resume_align
 
     @property
     def num_running(self) -> int:
@@ -190,7 +195,8 @@ class Scheduler:
         if self.cache is None or not step.chunks:
             return False
         limit = seq.num_tokens - 1
-        cached_len = self.cache.match(seq.namespace, seq.all_ids, limit, record=False).cached_len
+        match = self.cache.match(seq.namespace, seq.all_ids, limit, record=False)
+        cached_len = resume_point(match, self.resume_align, self.block_size).cached_len
         for other in self.running:
             if other.namespace != seq.namespace or other.is_decoding:
                 continue
@@ -275,7 +281,7 @@ class Scheduler:
         match = self.cache.match(seq.namespace, seq.all_ids, seq.num_tokens - 1, record=False)
         assert match.last_node is not None
         self.cache.lock(match.last_node)
-        return match
+        return resume_point(match, self.resume_align, self.block_size)
 
     def _share(self, seq: Sequence, match: MatchResult) -> tuple[list[BlockId], list[tuple[BlockId, BlockId]]]:
         """The shared part of `seq`'s block table and its copies; the caller checked that

@@ -1,0 +1,187 @@
+"""The exactness contract on a hybrid model (gated DeltaNet + attention, Qwen3.5 text): logits
+bit-identical with the cache off and on (hits resumed from the recurrent-state snapshot at a
+block end, split points on and off the boundaries), across batch mixes, chunk sizes, f16 KV and
+a second turn that hits through decoded tokens, speculation with rejected drafts, a restart
+from the disk tier.
+`np.array_equal`, never a tolerance.
+
+Controls: a hit used token-exactly (no cut to the snapshot) resumes from a state that is not
+the prefix's, a non-invariant matmul breaks the batch and chunk families, and rejected drafts
+left in the state break speculation, snapshots lost on a disk load break the restart; all are
+caught."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentkv.runtime.config import CacheConfig, EngineConfig
+from agentkv.runtime.engine import Engine
+from agentkv.runtime.params import SamplingParams
+from agentkv.sched import SchedulerConfig
+from agentkv.sched.draft import DRAFTERS
+from tests.models.test_hybrid import tiny_hybrid
+from tests.runtime import test_speculative as spec
+from tests.runtime.test_exactness import GREEDY, SplitKBackend, byte_level_tokenizer, rows_equal, run, tokens
+
+BS = 4  # tokens per block: a state snapshot every 4 tokens
+VOCAB = 256
+PROMPT_LEN = 30
+
+
+@pytest.fixture(scope="module")
+def qwen35_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen35")
+    tiny_hybrid(folder, "qwen3_5_text", seed=5, vocab_size=VOCAB)
+    byte_level_tokenizer(folder)
+    return str(folder)
+
+
+def make_engine(model, backend="cpu", chunk=512, prefix_cache=True, kv_dtype="f32", **config) -> Engine:
+    cache = CacheConfig(num_blocks=96, block_size=BS, enable_prefix_cache=prefix_cache, dtype=kv_dtype)
+    engine = Engine(
+        EngineConfig(
+            model=model, backend=backend, cache=cache, scheduler=SchedulerConfig(max_num_batched_tokens=chunk), **config
+        )
+    )
+    engine.record_logits = True
+    return engine
+
+
+SPLITS = (6, 8, 17, PROMPT_LEN - 1)  # off and on the snapshot boundaries
+BATCHES = (1, 4)  # unrelated requests riding along
+CHUNKS = (1, 5)  # chunked prefill: cuts on and off the block boundaries
+
+
+def hybrid_contract(
+    model: str,
+    backend: str = "cpu",
+    kv_dtype: str = "f32",
+    exact_hits: bool = False,
+    variants=(SPLITS, BATCHES, CHUNKS),
+    params: SamplingParams = GREEDY,
+) -> list[str]:
+    """Every variant's name that broke the contract. `exact_hits` (the control) lets a hit
+    resume token-exactly instead of at the deepest snapshot; `variants`: the warm splits,
+    batch widths and chunk sizes to run; `params` those of the request compared."""
+    splits, batches, chunks = variants
+    prompt = tokens(PROMPT_LEN, 1, VOCAB)
+    engine_of = lambda **kw: make_engine(model, backend, kv_dtype=kv_dtype, **kw)  # noqa: E731
+    cold = run(engine_of(prefix_cache=False), {"p": prompt}, params)[0]["p"]
+    broken = []
+    for split in splits:
+        engine = engine_of()
+        if exact_hits:
+            engine.scheduler.resume_align = 1
+        # Two tokens: the first sampled one is computed too, so the cached path runs past the
+        # split and a token-exact hit would end inside a block whose state is further on.
+        run(engine, {"prefix": prompt[:split]}, SamplingParams(max_tokens=2, temperature=0.0))
+        warm, outs = run(engine, {"p": prompt}, params)
+        if not exact_hits:
+            cached = outs["p"].cached_len
+            assert cached % BS == 0 and split // BS * BS <= cached <= split + 1, (split, cached)
+        if not rows_equal(warm["p"], cold):
+            broken.append(f"warm split={split}")
+    others = {f"o{i}": tokens(5 + 7 * i, 100 + i, VOCAB) for i in range(4)}
+    for num in batches:
+        got = run(engine_of(), {**dict(list(others.items())[:num]), "p": prompt}, params)[0]["p"]
+        if not rows_equal(got, cold):
+            broken.append(f"batched with {num}")
+    for chunk in chunks:
+        got = run(engine_of(chunk=chunk), {"p": prompt}, params)[0]["p"]
+        if not rows_equal(got, cold):
+            broken.append(f"chunk={chunk}")
+    return broken
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_exact_reuse_hybrid(qwen35_dir, kv_dtype):
+    assert hybrid_contract(qwen35_dir, kv_dtype=kv_dtype) == []
+
+
+def test_second_turn_hits_through_decoded_tokens(qwen35_dir):
+    """Turn 2 sends turn 1's prompt, its answer and more: the snapshots decode steps left
+    serve it, and its logits equal a cold run's."""
+    first = tokens(13, 7, VOCAB)
+    engine = make_engine(qwen35_dir)
+    _, outs = run(engine, {"t1": first}, SamplingParams(max_tokens=6, temperature=0.0))
+    second = first + outs["t1"].token_ids + tokens(5, 8, VOCAB)
+    warm, outs = run(engine, {"t2": second})
+    cold = run(make_engine(qwen35_dir, prefix_cache=False), {"t2": second})[0]["t2"]
+    assert outs["t2"].cached_len == (13 + 6 - 1) // BS * BS  # turn 1 computed 18 tokens
+    assert rows_equal(warm["t2"], cold)
+
+
+def test_preempted_sequence_resumes_exactly(qwen35_dir):
+    """A pool too small for two prompts at once: the younger is preempted, its computed
+    blocks (and snapshots) go to the cache, and it resumes from the deepest one."""
+    prompt = tokens(PROMPT_LEN, 1, VOCAB)
+    cold = run(make_engine(qwen35_dir, prefix_cache=False), {"p": prompt})[0]["p"]
+    cache = CacheConfig(num_blocks=14, block_size=BS, dtype="f32")
+    engine = Engine(EngineConfig(model=qwen35_dir, cache=cache, scheduler=SchedulerConfig(max_num_batched_tokens=8)))
+    engine.record_logits = True
+    got = run(engine, {"q": tokens(PROMPT_LEN, 9, VOCAB), "p": prompt})[0]["p"]
+    assert engine.scheduler.preemptions >= 1 and rows_equal(got, cold)
+
+
+def test_control_token_exact_hits_break_the_state(qwen35_dir):
+    broken = hybrid_contract(qwen35_dir, exact_hits=True, variants=((6, 8, 17), (), ()))
+    assert broken == ["warm split=6", "warm split=17"]  # a hit on a block end needs no cut
+
+
+def test_control_non_invariant_matmul_is_caught(qwen35_dir):
+    one = SamplingParams(max_tokens=1, temperature=0.0)  # the prompt's rows alone: few slow steps
+    broken = hybrid_contract(qwen35_dir, SplitKBackend.name, variants=((), (1,), (16,)), params=one)
+    assert broken == ["batched with 1", "chunk=16"]
+
+
+@pytest.fixture
+def oracle_drafter(monkeypatch):
+    """test_speculative's drafter of plain decode's answers with one wrong token per draft."""
+    monkeypatch.setitem(DRAFTERS, "oracle", spec.OracleDrafter)
+    monkeypatch.setattr(spec.OracleDrafter, "truth", {})
+    return spec.OracleDrafter
+
+
+def test_speculation_with_rejected_drafts_is_bit_identical(qwen35_dir, oracle_drafter):
+    """The oracle drafter drafts plain decode's answer with one wrong token: every request
+    both accepts and rolls back, batched, after a cache hit; tokens, logprobs and logits
+    rows equal plain decode's."""
+    requests = spec.workload(VOCAB, spec.GREEDY, batched=True)
+    plain = spec.run(spec.make_engine(qwen35_dir), requests)
+    got, stats = spec.spec_run(qwen35_dir, "oracle", requests, plain)
+    assert spec.same(got, plain)
+    assert stats.prefix_hit_tokens > 0 and 0 < stats.spec_accepted_tokens < stats.spec_drafted_tokens
+
+
+def test_control_rejected_drafts_left_in_the_state_are_caught(qwen35_dir, oracle_drafter):
+    requests = {"p": (spec.copy_prompt(1, VOCAB), spec.GREEDY)}
+    plain = spec.run(spec.make_engine(qwen35_dir), requests)
+    oracle_drafter.truth[tuple(requests["p"][0])] = plain["p"][0]
+    engine = spec.make_engine(qwen35_dir, "oracle")
+    engine.runner.settle = lambda chunks, num_computed: None  # the control: no state rollback
+    assert not spec.same(spec.run(engine, requests), plain)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
+def test_restart_from_the_disk_tier_is_bit_identical(qwen35_dir, tmp_path, kv_dtype):
+    """A restarted engine serves a hybrid's transcript from disk: each block file carries the
+    block's K/V and its state snapshot, so the hit resumes and its logits equal a cold run's.
+    Control: the same restart with the snapshots zeroed on load is caught."""
+    first = tokens(22, 21, VOCAB)
+    disk = CacheConfig(num_blocks=96, block_size=BS, disk_dir=str(tmp_path), dtype=kv_dtype)
+    config = lambda: EngineConfig(model=qwen35_dir, cache=disk)  # noqa: E731
+    before = Engine(config())
+    before.record_logits = True
+    _, outs = run(before, {"t1": first})
+    before.close()  # writes back what the RAM cache holds
+    second = first + outs["t1"].token_ids + tokens(6, 22, VOCAB)
+    cold = run(make_engine(qwen35_dir, prefix_cache=False, kv_dtype=kv_dtype), {"t2": second})[0]["t2"]
+    for zeroed in (False, True):
+        after = Engine(config())
+        after.record_logits = True
+        if zeroed:  # the control: K/V from disk, the recurrent state not
+            kv_bytes, write = after.model.kv_spec(1, BS).bytes_per_block, after.disk.write_block
+            after.disk.write_block = lambda b, data, w=write, n=kv_bytes: w(b, data[:n] + bytes(len(data) - n))
+        warm, outs = run(after, {"t2": second})
+        assert outs["t2"].cached_len == 24  # 25 tokens computed before the restart: 6 full blocks
+        assert rows_equal(warm["t2"], cold) != zeroed
