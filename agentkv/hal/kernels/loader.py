@@ -52,6 +52,7 @@ HEADERS = (
     "simd512.h",
     "formats512.h",
     "row_groups.h",
+    "formats_avx2.h",
 )
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")
