@@ -23,11 +23,11 @@ from agentkv.bench.engine import add_engine_flags
 from agentkv.bench.isolate import failed, reusable, run_isolated, why
 
 REFERENCE = "agentkv"  # the arm whose answers the replaying arms append
-DEFAULT_PEERS = "agentkv,agentkv-nocache,agentkv-http,llamacpp,transformers"
+DEFAULT_PEERS = "agentkv,agentkv-nocache,agentkv-http,llama-server,llamacpp,transformers"
 DEFAULT_WORKLOADS = "fak-agents,tool-loop,shared-prefix,multi-turn"
 # The expensive arms (they recompute every prompt) go last; each arm's result is kept in
 # OUT/runs/ as soon as it finishes.
-ORDER = ("agentkv", "agentkv-http", "llamacpp", "agentkv-nocache", "transformers")
+ORDER = ("agentkv", "agentkv-http", "llama-server", "llamacpp", "agentkv-nocache", "transformers")
 LIVE = ("agentkv", "agentkv-nocache")  # append their own answers; the rest replay agentkv's
 
 
@@ -87,6 +87,8 @@ def overrides(items: list[str]) -> dict[str, dict[str, int]]:
 
 def run(args: argparse.Namespace) -> int:
     from agentkv.bench.arms import ARMS
+    from agentkv.bench.llama_server import build_facts
+    from agentkv.bench.long import isa_facts
     from agentkv.bench.report import write_all
 
     arms = [p for p in args.peers.split(",") if p]
@@ -109,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         peers=arms,
         quick=args.quick,
         llamacpp_build=peers.llamacpp_build(),
+        llama_server_build=build_facts(),
+        isa=isa_facts(),
     )
     print(paths["md"].read_text())
     for kind, path in paths.items():
@@ -140,6 +144,10 @@ def run_arm(spec: dict, config: RunConfig) -> dict:
     workdir = config.out_dir / "runs"
     tag = f"{spec['workload']}-{spec['arm']}{'-profile' if spec.get('profile') else ''}"
     reason = peers.missing(spec["arm"]) if spec["arm"] in peers.PEERS else None
+    if spec["arm"] == "llama-server":
+        from agentkv.bench.llama_server import server_missing
+
+        reason = server_missing()
     if reason:
         return peers.skipped(reason)
     kept = reusable(spec, workdir, tag) if config.reuse else None
@@ -263,12 +271,13 @@ def exactness(results: dict[str, dict]) -> dict:
 
 def targets(summary: dict) -> dict:
     """The acceptance targets on tool-loop: wall >= 4x lower than transformers, lower than
-    llama.cpp; prefill computed >= 10x fewer than the no-cache arm."""
+    llama.cpp (its C++ server and llama-cpp-python); prefill computed >= 10x fewer than the no-cache arm."""
     arms = summary["arms"]
     ours = arms.get(REFERENCE, {})
     out = {}
     goals = [
         ("transformers", "wall_s", 4.0),
+        ("llama-server", "wall_s", 1.0),
         ("llamacpp", "wall_s", 1.0),
         ("agentkv-nocache", "prefill_computed", 10.0),
     ]

@@ -320,7 +320,7 @@ class TransformersArm(Arm):
         return [self._one(p, max_tokens) for p in prompts]
 
 
-ARMS = ("agentkv", "agentkv-nocache", "agentkv-http", "llamacpp", "transformers")
+ARMS = ("agentkv", "agentkv-nocache", "agentkv-http", "llama-server", "llamacpp", "transformers")
 
 
 def make_arm(name: str, model: str, kv_blocks: int, n_ctx: int, weights: str = "resident") -> Arm:
@@ -331,6 +331,12 @@ def make_arm(name: str, model: str, kv_blocks: int, n_ctx: int, weights: str = "
         return AgentkvArm(model, name == "agentkv", kv_blocks, weights)
     if name == "agentkv-http":
         return HttpArm(model, kv_blocks, weights)
+    if name == "llama-server":
+        from pathlib import Path
+
+        from agentkv.bench.llama_server import agents_arm
+
+        return agents_arm(str(resolve_model_path(model)), n_ctx, Path(os.environ.get("TMPDIR", "/tmp")))
     if name == "llamacpp":
         return LlamaCppArm(str(resolve_model_path(model)), n_ctx)
     if name == "transformers":

@@ -14,25 +14,15 @@ too, for its logits). The result's "how" says which ran. Peers are imported only
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 from agentkv.bench.isolate import failed, run_isolated
+from agentkv.bench.llama_server import LlamaServer, default_server_binary
 from agentkv.bench.peers import THREADS, missing, skipped
-from agentkv.commands.cluster import ClusterError, wait_healthy
 
-LLAMA_VERSION = "0.3.36"
 SLOT_FILE = "agent-prefix.bin"
-
-
-def default_server_binary() -> Path:
-    cache = Path(os.environ.get("AGENTKV_CACHE", Path.home() / ".cache" / "agentkv"))
-    return cache / f"llama-server-{LLAMA_VERSION}"
 
 
 def _gguf_and_ids(spec: dict) -> tuple[str, list[int]]:
@@ -80,54 +70,13 @@ def llamacpp_arm(spec: dict, binary: str | None, work: Path, timeout_s: float) -
 
 
 # -- llama-server ---------------------------------------------------------------------------
-class _Server:
-    """llama-server on 127.0.0.1 with --slot-save-path, THREADS threads, one slot."""
-
-    def __init__(self, binary: Path, gguf: str, slots: Path, n_ctx: int, timeout_s: float) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        cmd = [str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", str(THREADS)]
-        cmd += ["-tb", str(THREADS), "-c", str(n_ctx), "-np", "1", "--slot-save-path", str(slots)]
-        # Its log goes to a file beside the slots: an undrained pipe would stall the server
-        # once its per-request logging filled the pipe's buffer.
-        self.log_path = slots / f"llama-server-{self.port}.log"
-        with open(self.log_path, "wb") as log_file:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True)
-        try:
-            wait_healthy(f"http://127.0.0.1:{self.port}", self.proc, time.monotonic() + timeout_s, what="llama-server")
-        except ClusterError as exc:
-            self.stop()
-            raise RuntimeError(f"{exc}: {self.log_path.read_text(errors='replace')[-2000:]}") from None
-
-    def post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=3600) as resp:
-            return json.loads(resp.read())
-
-    def warm_up(self, ids: list[int]) -> None:
-        """One short request first, as the agentkv arms make (page-in, first-call setup)."""
-        self.complete(ids)
-
-    def complete(self, ids: list[int]) -> tuple[float, dict]:
-        body = {"prompt": ids, "n_predict": 1, "cache_prompt": True, "id_slot": 0, "temperature": 0.0}
-        t0 = time.perf_counter()
-        out = self.post("/completion", body)
-        return time.perf_counter() - t0, out
-
-    def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+def _server(binary: Path, gguf: str, slots: Path, n_ctx: int, timeout_s: float) -> LlamaServer:
+    """llama-server with --slot-save-path, one slot, started and healthy. Its log goes to a
+    file beside the slots (an undrained pipe would stall it)."""
+    flags = ["-c", str(n_ctx), "-np", "1", "--slot-save-path", str(slots)]
+    server = LlamaServer(binary, gguf, flags, slots / f"llama-server-{os.getpid()}.log")
+    server.start(timeout_s)
+    return server
 
 
 def server_arm(spec: dict, binary: Path, slots: Path, timeout_s: float) -> dict:
@@ -135,21 +84,21 @@ def server_arm(spec: dict, binary: Path, slots: Path, timeout_s: float) -> dict:
     slots.mkdir(parents=True, exist_ok=True)
     (slots / SLOT_FILE).unlink(missing_ok=True)
     n_ctx = len(ids) + 64
-    first = _Server(binary, gguf, slots, n_ctx, timeout_s)
+    first = _server(binary, gguf, slots, n_ctx, timeout_s)
     warm_up_ids = ids[:1] + [(t + 1) % spec["vocab"] for t in ids[1:8]]  # shares one token at most
     try:
-        first.warm_up(warm_up_ids)
-        cold_s, cold = first.complete(ids)
+        first.complete_ids(warm_up_ids)  # as the agentkv arms warm up (page-in, first-call setup)
+        cold_s, cold = first.complete_ids(ids)
         saved = first.post("/slots/0?action=save", {"filename": SLOT_FILE})
     finally:
         first.stop()
-    second = _Server(binary, gguf, slots, n_ctx, timeout_s)
+    second = _server(binary, gguf, slots, n_ctx, timeout_s)
     try:
-        second.warm_up(warm_up_ids)
+        second.complete_ids(warm_up_ids)
         t0 = time.perf_counter()
         restored = second.post("/slots/0?action=restore", {"filename": SLOT_FILE})
         restore_s = time.perf_counter() - t0
-        answer_s, warm = second.complete(ids)
+        answer_s, warm = second.complete_ids(ids)
     finally:
         second.stop()
     return {

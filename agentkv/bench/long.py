@@ -1,20 +1,24 @@
 """`agentkv bench long`: the long-context and agent-loop figures over HTTP, agentkv against
-llama-cpp-python's own OpenAI server (with its prompt cache) on the same GGUF, 2 threads
-each, the same client (long_client.py), ratios measured in one run.
+llama.cpp's own C++ server (`llama-server`: parallel slots, unified KV, its prompt cache;
+llama_server.py) and, as a second arm, llama-cpp-python's OpenAI server (`llama_cpp.server`,
+one slot, its prompt cache), on the same GGUF, 2 threads each, the same client
+(long_client.py), ratios against the first peer that ran (llama-server) in one run.
 
 Per model, each server in turn (never both at once, so they never share the cores): start
 it (long_servers.py), one short warm-up request, the figures asked, stop it.
 
     replay   the tool loop (workloads.tool_loop): A agents x T turns over a P-token shared
              prefix, a turn's agents at once; wall time           target agentkv >= 8x lower
+    fleet    the same agents, all at once, each its own turns in order (no turn barrier):
+             wall time                                                          >= 4x lower
     ttft     a fresh L-token prompt (no cache hit): time to first token          >= 3x lower;
              its prefill tokens/s and the decode tokens/s of the next tokens at that depth
-    decode   one stream, D tokens after a short prompt: tokens/s  >= 2x SmolLM2, 1.5x Gemma-3
+    decode   one stream, D tokens after a short prompt: tokens/s  >= 1.5x SmolLM2, 1.3x Gemma-3
     streams  N streams at once: aggregate tokens/s (and whether the server overlapped them)
 
 Memory bandwidth is measured in this run, before and after the servers (quant.bandwidth_gbs,
 the faster of the two); the decode ceiling is the GGUF's weight bytes per token over it, and
-each decode figure is reported as a fraction of it (target >= 60%). replay and ttft run on
+each decode figure is reported as a fraction of it (target >= 60%). replay, fleet and ttft run on
 --context-models (the issue measures them on SmolLM2), decode and streams on --models.
 """
 
@@ -31,20 +35,29 @@ from agentkv.bench import long_prompts
 from agentkv.bench.common import envelope, log
 from agentkv.bench.engine import BENCH_KNOBS
 from agentkv.bench.isolate import failed
+from agentkv.bench.llama_server import (
+    LlamaServer,
+    build_facts,
+    default_server_binary,
+    fleet_flags,
+    server_missing,
+    system_info,
+)
 from agentkv.bench.long_prompts import Prompts, Sizes
 from agentkv.bench.long_report import report
 from agentkv.bench.long_servers import PeerServer, agentkv_server, peer_missing
 from agentkv.bench.peers import THREADS, llamacpp_build, skipped
 
-FIGURES = ("replay", "ttft", "decode", "streams")
-ARMS = ("agentkv", "agentkv-int8", "llamacpp")
-DEFAULT_ARMS = "agentkv,llamacpp"
+FIGURES = ("replay", "fleet", "ttft", "decode", "streams")
+ARMS = ("agentkv", "agentkv-int8", "llama-server", "llamacpp")
+DEFAULT_ARMS = "agentkv,llama-server,llamacpp"
+PEERS = ("llama-server", "llamacpp")  # the ratios' peer: the first of these that ran
 # agentkv arms beyond the default engine: the flags each adds to `agentkv serve`
 ARM_FLAGS = {"agentkv": [], "agentkv-int8": ["--activation-dtype", "int8"]}
-SPEED_TARGETS = {"replay": 8.0, "ttft": 3.0}
-DECODE_TARGETS = {"smollm2": 2.0, "gemma3-270m": 1.5}  # other models: the lower one
+SPEED_TARGETS = {"replay": 8.0, "fleet": 4.0, "ttft": 3.0}
+DECODE_TARGETS = {"smollm2": 1.5, "gemma3-270m": 1.3}  # other models: the lower one
 CEILING_TARGET = 0.6
-CONTEXT_FIGURES = ("replay", "ttft")
+CONTEXT_FIGURES = ("replay", "fleet", "ttft")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--arms",
         default=DEFAULT_ARMS,
-        help=f"comma list of {', '.join(ARMS)} (agentkv-int8: int8 matmul activations; default {DEFAULT_ARMS})",
+        help=f"comma list of {', '.join(ARMS)} (agentkv-int8: int8 matmul activations; llamacpp: "
+        f"llama_cpp.server; default {DEFAULT_ARMS})",
+    )
+    parser.add_argument(
+        "--llama-server",
+        default=str(default_server_binary()),
+        metavar="PATH",
+        help="llama.cpp's server binary (bench/build_llama_server.sh builds it; default %(default)s)",
     )
     add_engine_arguments(parser, knobs=BENCH_KNOBS, model_positional=False)
     parser.set_defaults(weights="resident")
@@ -143,6 +163,8 @@ async def measure(base: str, model: str, figures: list[str], p: Prompts, s: Size
         log(f"  {figure} ...")
         if figure == "replay":
             out[figure] = await http.replay(base, model, p.segments, s.answer)
+        elif figure == "fleet":
+            out[figure] = await http.fleet(base, model, p.fleet, s.answer)
         elif figure == "ttft":
             out[figure] = await http.ttft(base, model, p.ttft, s.depth_len)
         elif figure == "decode":
@@ -166,7 +188,13 @@ def run_arm(arm: str, model: str, figures: list[str], p: Prompts, args: argparse
     from agentkv.formats.resolve import resolve_model_path
 
     log_path = Path(args.out) / f"long-{model}-{arm}.log"
-    if arm == "llamacpp":
+    if arm == "llama-server":
+        reason = server_missing(Path(args.llama_server))
+        if reason:
+            return skipped(reason)
+        flags = fleet_flags(p.max_context, max(args.agents, 1))
+        server = LlamaServer(Path(args.llama_server), str(resolve_model_path(model)), flags, log_path)
+    elif arm == "llamacpp":
         if not args.peer_streams:
             figures = [f for f in figures if f != "streams"]
         reason = peer_missing()
@@ -179,6 +207,8 @@ def run_arm(arm: str, model: str, figures: list[str], p: Prompts, args: argparse
     log(f"{model}: {arm}: starting its server ...")
     try:
         facts["start_s"] = server.start()
+        if arm == "llama-server":
+            facts["system_info"] = system_info(server.log_path)
         return {**facts, **asyncio.run(measure(server.base, model, figures, p, sizes(args)))}
     except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
         return {**facts, "error": f"{type(exc).__name__}: {exc}", "log": str(server.log_path)}
@@ -202,8 +232,10 @@ def derive(model: str, results: dict[str, dict], bw_gbs: float) -> dict[str, Any
     facts = gguf_facts(model)
     ceiling = bw_gbs * 1e9 / facts["decode_bytes_per_token"]
     ok = {a: r for a, r in results.items() if not failed(r)}
-    peer = ok.get("llamacpp", {})
+    peer_name = next((p for p in PEERS if p in ok), None)
+    peer = ok.get(peer_name, {})
     figs = {arm: over_peer(ok.get(arm, {}), peer) for arm in ARM_FLAGS}
+    second = over_peer(ok.get("agentkv", {}), ok.get("llamacpp", {})) if peer_name != "llamacpp" else {}
     targets = {**SPEED_TARGETS, "decode": DECODE_TARGETS.get(model, min(DECODE_TARGETS.values())), "streams": None}
     of_ceiling = {
         arm: {
@@ -219,6 +251,7 @@ def derive(model: str, results: dict[str, dict], bw_gbs: float) -> dict[str, Any
         "decode_ceiling_tok_s": ceiling,
         "of_ceiling": of_ceiling,
         "ceiling_target": CEILING_TARGET,
+        "peer": peer_name,
         "ratios": {
             f: {
                 "agentkv_over_peer": v,
@@ -226,6 +259,7 @@ def derive(model: str, results: dict[str, dict], bw_gbs: float) -> dict[str, Any
                 "met": met(v, targets[f]),
                 "int8_over_peer": figs["agentkv-int8"][f],
                 "int8_met": met(figs["agentkv-int8"][f], targets[f]),
+                "agentkv_over_llama_cpp_server": second.get(f),
             }
             for f, v in figs["agentkv"].items()
         },
@@ -240,6 +274,7 @@ def over_peer(ours: dict, peer: dict) -> dict[str, float | None]:
 
     return {
         "replay": ratio(get(peer, "replay", "wall_s"), get(ours, "replay", "wall_s")),
+        "fleet": ratio(get(peer, "fleet", "wall_s"), get(ours, "fleet", "wall_s")),
         "ttft": ratio(get(peer, "ttft", "ttft_s"), get(ours, "ttft", "ttft_s")),
         "decode": ratio(get(ours, "decode", "decode_tok_s"), get(peer, "decode", "decode_tok_s")),
         "streams": ratio(get(ours, "streams", "aggregate_tok_s"), get(peer, "streams", "aggregate_tok_s")),
@@ -273,6 +308,8 @@ def run(args: argparse.Namespace) -> int:
         bandwidth={**best, "runs": bw},
         load_average={"before": load_before, "after": os.getloadavg()},
         llamacpp_build=llamacpp_build(),
+        llama_server_build=build_facts(Path(args.llama_server)),
+        isa=isa_facts(),
         serve_flags=serve_flags(args),
         targets={**SPEED_TARGETS, "decode": DECODE_TARGETS, "of_ceiling": CEILING_TARGET},
         models=models,
@@ -280,3 +317,16 @@ def run(args: argparse.Namespace) -> int:
     report(payload, Path(args.out))
     errors = [(m, a) for m, b in models.items() for a, r in b["results"].items() if "error" in r]
     return 1 if errors else 0
+
+
+def isa_facts() -> dict[str, Any]:
+    """The ISA agentkv's kernels run — AGENTKV_CPU_ISA when set (the servers inherit it), else
+    the best the CPU has, as the kernels choose it (qmatmul512.cpp's cpu_supports) — and the
+    CPU's SIMD flags. Read from /proc/cpuinfo: never loads (or compiles) the kernels."""
+    from agentkv.hal.kernels.loader import ISA_ENV, _cpu_flags
+
+    flags = _cpu_flags(None) or set()
+    best = "avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags else "avx2"
+    forced = os.environ.get(ISA_ENV)
+    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
+    return {"agentkv_kernels": forced or best, "forced": forced, "cpu_flags": simd}

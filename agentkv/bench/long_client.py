@@ -94,9 +94,12 @@ async def complete(client, request: dict[str, Any]) -> Stream:
 
 
 def client(base: str):
+    """A fresh connection per request (no keep-alive): llama-server closes a connection after
+    a streamed answer, and a request sent on it at that moment fails with no response."""
     import httpx
 
-    return httpx.AsyncClient(base_url=base, timeout=TIMEOUT_S, limits=httpx.Limits(max_connections=256))
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=0)
+    return httpx.AsyncClient(base_url=base, timeout=TIMEOUT_S, limits=limits)
 
 
 async def replay(base: str, model: str, segments: list[list[str]], answer_len: int) -> dict[str, Any]:
@@ -115,10 +118,34 @@ async def replay(base: str, model: str, segments: list[list[str]], answer_len: i
             contexts = [c + g.text for c, g in zip(contexts, got)]
             streams += got
         wall = time.perf_counter() - t0
+    return {"wall_s": wall, "turn_s": turn_s, **summary(streams, answer_len)}
+
+
+async def fleet(base: str, model: str, segments: list[list[str]], answer_len: int) -> dict[str, Any]:
+    """The tool loop with no turn barrier: every agent at once, each sending its own turns
+    in order (its context grows by its segment, then by its answer). Wall time until the last
+    agent is done, and each agent's own."""
+
+    async def agent(http, a: int, t0: float) -> tuple[float, list[Stream]]:
+        context, got = "", []
+        for row in segments:
+            context += row[a]
+            got.append(await complete(http, body(model, context, answer_len)))
+            context += got[-1].text
+        return time.perf_counter() - t0, got
+
+    async with client(base) as http:
+        t0 = time.perf_counter()
+        agents = await asyncio.gather(*(agent(http, a, t0) for a in range(len(segments[0]))))
+        wall = time.perf_counter() - t0
+    streams = [s for _, got in agents for s in got]
+    return {"wall_s": wall, "agent_s": [s for s, _ in agents], **summary(streams, answer_len)}
+
+
+def summary(streams: list[Stream], answer_len: int) -> dict[str, Any]:
+    """What the replay and the fleet report besides their times."""
     cached = [s.cached_tokens for s in streams]
     return {
-        "wall_s": wall,
-        "turn_s": turn_s,
         "requests": len(streams),
         "completion_tokens": sum(s.num_tokens for s in streams),
         "short_answers": sum(s.num_tokens < answer_len for s in streams),

@@ -1,6 +1,7 @@
-"""`agentkv bench long` end to end at tiny sizes against both real servers (`agentkv serve` and
-llama-cpp-python's `llama_cpp.server`), and its pieces: the prompts' token counts, the overlap
-measure that says whether a server serialised its streams, and the flags' bad-value errors."""
+"""`agentkv bench long` end to end at tiny sizes against the real servers (`agentkv serve`,
+llama.cpp's C++ `llama-server` and llama-cpp-python's `llama_cpp.server`), and its pieces:
+the prompts' token counts, the overlap measure that says whether a server serialised its
+streams, and the flags' bad-value errors."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from agentkv.bench import long as long_bench
 from agentkv.bench.isolate import failed
+from agentkv.bench.llama_server import server_missing
 from agentkv.bench.long_client import Stream, max_overlap
 from agentkv.bench.long_servers import peer_missing
 from agentkv.cli import main
@@ -30,12 +32,14 @@ def test_long_bench_both_servers_tiny(tmp_path):
     if reason:
         pytest.skip(reason)
     out = tmp_path / "out"
-    rc = main(["bench", "long", *TINY, "--out", str(out)])
+    figures = ["--figures", "replay,ttft,decode,streams", "--arms", "agentkv,llamacpp"]
+    rc = main(["bench", "long", *TINY, *figures, "--out", str(out)])
     payload = json.loads((out / "long.json").read_text())
     block = payload["models"]["smollm2"]
     assert rc == 0, json.dumps(block["results"], indent=1)[:3000]
     assert payload["benchmark"] == "long" and payload["sizes"]["agents"] == AGENTS
     assert block["figures"] == ["replay", "ttft", "decode", "streams"]
+    assert block["derived"]["peer"] == "llamacpp"  # the second arm stands in when llama-server did not run
     ours, peer = block["results"]["agentkv"], block["results"]["llamacpp"]
     assert not failed(ours) and not failed(peer)
     for res in (ours, peer):
@@ -124,3 +128,35 @@ def test_the_int8_arm_serves_with_int8_activations(tmp_path):
     assert res["agentkv-int8"]["decode"]["tokens"] == DECODE_LEN
     assert payload["models"]["smollm2"]["derived"]["ratios"]["decode"]["int8_over_peer"] is None  # no peer ran
     assert "agentkv int8" in (out / "long.md").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_long_bench_llama_server_tiny(tmp_path):
+    """llama.cpp's C++ server as the peer: the replay and the fleet (each agent its own turns,
+    all at once) on its parallel slots, its prompt cache reused across turns, TTFT and decode;
+    the JSON names its flags, its build and its system-info line. Then the ratios take it as
+    the peer over llama_cpp.server."""
+    reason = server_missing()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "out"
+    args = ["--figures", "replay,fleet,ttft,decode", "--arms", "llama-server", "--prefix", "64", "--answer", "4"]
+    rc = main(["bench", "long", *TINY, *args, "--ttft-len", "32", "--decode-len", "4", "--out", str(out)])
+    payload = json.loads((out / "long.json").read_text())
+    block = payload["models"]["smollm2"]
+    assert rc == 0, json.dumps(block["results"], indent=1)[:3000]
+    peer = block["results"]["llama-server"]
+    assert not failed(peer)
+    assert {"-np", "--kv-unified", "--cache-reuse", "-cram"} <= set(peer["command"])
+    assert "AVX2 = 1" in peer["system_info"] and payload["llama_server_build"]["build_flags"]["GGML_NATIVE"] == "OFF"
+    for figure in ("replay", "fleet"):
+        assert peer[figure]["requests"] == AGENTS * TURNS and peer[figure]["completion_tokens"] == AGENTS * TURNS * 4
+        assert peer[figure]["cached_tokens"] > 0  # its prompt cache kept a turn's context for the next
+    assert len(peer["fleet"]["agent_s"]) == AGENTS and max(peer["fleet"]["agent_s"]) <= peer["fleet"]["wall_s"]
+    assert peer["ttft"]["prompt_tokens"] == 32 and peer["decode"]["tokens"] == 4
+    assert payload["isa"]["agentkv_kernels"] in ("avx2", "avx512")
+    # with llama_cpp.server's result beside it, llama-server stays the peer of the ratios
+    results = {"agentkv": peer, "llama-server": peer, "llamacpp": {**peer, "replay": {"wall_s": 1e9}}}
+    derived = long_bench.derive("smollm2", results, 10.0)
+    assert derived["peer"] == "llama-server" and derived["ratios"]["fleet"]["agentkv_over_peer"] == 1.0
+    assert derived["ratios"]["replay"]["agentkv_over_llama_cpp_server"] > 1e3

@@ -54,6 +54,7 @@ HEADERS = (
     "row_groups.h",
     "mxfp4.h",
     "mxfp4_512.h",
+    "formats_avx2.h",
 )
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "formats_avx2.h"
 #include "pool.h"
 #include "qmatmul_impl.h"
 #include "qmatmul_vnni.h"
@@ -58,8 +59,95 @@ static inline void decode_unit(const uint8_t* row, int64_t u, __m256 wv[4]) {
     F::decode(row + (u / SUBS) * F::BYTES, static_cast<int>(u % SUBS), wv);
 }
 
+// decode_cols for a TABLED format (formats_avx2.h): the same fma sequence per output, each
+// block's scalars converted beforehand, SPAN blocks per column at a time, and each span's
+// bytes prefetched once (not once per block: several small blocks share a cache line).
+template <class F, int M, int G>
+static void decode_cols_tabled(const Problem& p, int64_t c0) {
+    constexpr int64_t SPAN = 64;
+    __m256 acc[M][G];
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
+    const uint8_t* rows[G];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    const int64_t blocks = p.k / F::QK;
+    alignas(32) float s[G][2 * SPAN];
+    for (int64_t b0 = 0; b0 < blocks; b0 += SPAN) {
+        const int64_t nb = blocks - b0 < SPAN ? blocks - b0 : SPAN;
+        for (int g = 0; g < G; ++g) {
+            prefetch_block(rows[g] + b0 * F::BYTES + PREFETCH_BYTES, static_cast<int>(nb * F::BYTES));
+            for (int64_t j = 0; j < nb; ++j) F::scalars(rows[g] + (b0 + j) * F::BYTES, s[g] + 2 * j);
+        }
+        for (int64_t j = 0; j < nb; ++j) {
+            const float* xk = p.x + (b0 + j) * F::QK;
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) {
+                __m256 wv[4];
+                F::lookup(rows[g] + (b0 + j) * F::BYTES, s[g] + 2 * j, wv);
+#pragma GCC unroll 8
+                for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; ++i)
+                        acc[r][g] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + r * p.k + 8 * i), wv[i], acc[r][g]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum8(acc[r][g]);
+}
+
+// decode_cols for a PREPARED format (formats_avx2.h): each block's shared scales worked
+// out once per column block, then its sub-blocks decoded with them; the same fma sequence.
+template <class F, int M, int G>
+static void decode_cols_prepared(const Problem& p, int64_t c0) {
+    __m256 acc[M][G];
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
+    const uint8_t* rows[G];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    for (int64_t sb = 0; sb < p.k / F::QK; ++sb) {
+        typename F::Ctx ctx[G];
+        for (int g = 0; g < G; ++g) {
+            prefetch_block(rows[g] + sb * F::BYTES + PREFETCH_BYTES, F::BYTES);
+            F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
+        }
+        for (int sub = 0; sub < F::QK / 32; ++sub) {
+            const float* xk = p.x + sb * F::QK + sub * 32;
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) {
+                __m256 wv[4];
+                F::decode(rows[g] + sb * F::BYTES, sub, ctx[g], wv);
+#pragma GCC unroll 8
+                for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; ++i)
+                        acc[r][g] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + r * p.k + 8 * i), wv[i], acc[r][g]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum8(acc[r][g]);
+}
+
 template <class F, int M, int G>
 static void decode_cols(const Problem& p, int64_t c0) {
+    if constexpr (formats_avx2::is_tabled<F>::value) {
+        decode_cols_tabled<F, M, G>(p, c0);
+        return;
+    } else if constexpr (formats_avx2::is_prepared<F>::value) {
+        decode_cols_prepared<F, M, G>(p, c0);
+        return;
+    }
     __m256 acc[M][G];
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
@@ -157,6 +245,36 @@ static void tile_cols(const float* x, int64_t ldx, const float* wp, int64_t k, f
     for (; c < cols; ++c) tile<R, 1>(x, ldx, wp + c * k, k, out + c, ldo);
 }
 
+// A format's Ctx, or an empty one for formats without (so decode_row declares one either way).
+template <class F, bool = formats_avx2::is_prepared<F>::value>
+struct Prepared {
+    struct Ctx {};
+};
+template <class F>
+struct Prepared<F, true> {
+    using Ctx = typename F::Ctx;
+};
+
+// One weight row decoded into f32 `dst` [k] (the prefill panel): the decode path's values,
+// a PREPARED format's block scales worked out once per block.
+template <class F>
+static void decode_row(const uint8_t* row, int64_t k, float* dst) {
+    for (int64_t sb = 0; sb < k / F::QK; ++sb) {
+        const uint8_t* b = row + sb * F::BYTES;
+        [[maybe_unused]] typename Prepared<F>::Ctx ctx;
+        if constexpr (formats_avx2::is_prepared<F>::value) F::prepare(b, ctx);
+        for (int sub = 0; sub < F::QK / 32; ++sub) {
+            __m256 wv[4];
+            if constexpr (formats_avx2::is_prepared<F>::value) {
+                F::decode(b, sub, ctx, wv);
+            } else {
+                F::decode(b, sub, wv);
+            }
+            for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + sb * F::QK + 32 * sub + 8 * i, wv[i]);
+        }
+    }
+}
+
 template <class F>
 static void prefill_path(const Problem& p) {
     const int64_t panels = (p.n + PANEL - 1) / PANEL;
@@ -165,15 +283,7 @@ static void prefill_path(const Problem& p) {
         for (int64_t pi = b; pi < e; ++pi) {
             const int64_t c0 = pi * PANEL;
             const int cols = static_cast<int>(std::min<int64_t>(PANEL, p.n - c0));
-            for (int c = 0; c < cols; ++c) {
-                const uint8_t* row = p.w + (c0 + c) * p.row_bytes;
-                float* dst = scratch + c * p.k;
-                for (int64_t u = 0; u < p.k / 32; ++u) {
-                    __m256 wv[4];
-                    decode_unit<F>(row, u, wv);
-                    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(dst + 32 * u + 8 * i, wv[i]);
-                }
-            }
+            for (int c = 0; c < cols; ++c) decode_row<F>(p.w + (c0 + c) * p.row_bytes, p.k, scratch + c * p.k);
             int64_t r = 0;
             float* o = p.out + c0;
             for (; r + TILE_R <= p.m; r += TILE_R)
@@ -364,7 +474,7 @@ void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_
         run_avx512(p, qtype);
         return;
     }
-    dispatch(qtype, [&](auto fmt) { run<decltype(fmt)>(p); });
+    dispatch(qtype, [&](auto fmt) { run<typename formats_avx2::Matmul<decltype(fmt)>::type>(p); });
 }
 
 void dequantize_raw(const uint8_t* w, float* out, int64_t n, int64_t k, int64_t row_bytes, int qtype) {
