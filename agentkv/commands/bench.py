@@ -16,6 +16,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "forward": ("agentkv.bench.forward", "single-stream prefill/decode speed vs the peers"),
     "quant": ("agentkv.bench.quant", "resident quantized weights vs llama.cpp: speed, memory, profile"),
     "moe": ("agentkv.bench.moe", "a synthetic ~1B mixture-of-experts GGUF vs llama.cpp: decode, prefill, ceiling"),
+    "gptoss": ("agentkv.bench.gptoss", "a synthetic GGUF with gpt-oss-20b's shapes vs llama-server: load, RSS, speed"),
     "cache": ("agentkv.bench.cache", "prefix-cache reuse: agentkv with the cache on vs off"),
     "disk": ("agentkv.bench.disk", "TTFT after a restart: cold, warm from the disk tier, llama.cpp slot restore"),
     "kernels": ("agentkv.bench.kernels", "the compiled CPU kernels vs torch on model shapes"),

@@ -67,12 +67,13 @@ VOCAB = 272  # 256 byte tokens, harmony's special tokens, room to spare
 
 
 def harmony_tokenizer(folder: Path) -> dict[str, int]:
-    """A byte-level tokenizer.json with harmony's special tokens (ids 256..262): the o200k
-    vocabulary cannot be downloaded here. Returns the special tokens' ids by text."""
+    """A byte-level tokenizer.json with one merge and harmony's special tokens (ids 257..263):
+    the o200k vocabulary cannot be downloaded here. Returns the special tokens' ids by text."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    vocab = {**{ch: i for i, ch in enumerate(alphabet)}, "\u0120\u0120": len(alphabet)}  # one merge: llama.cpp
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("\u0120", "\u0120")]))  # refuses a BPE vocab without
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in HARMONY_SPECIALS])

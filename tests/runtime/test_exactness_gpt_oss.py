@@ -1,14 +1,18 @@
 """The exactness contract on a tiny random gpt-oss (sinks, a 16-token window on every other
 layer, biased experts): cache on/off, warm splits on both sides of window edges, batch mixes,
 chunk sizes, f16 KV, speculation and a restart from the disk tier give bit-identical logits
-rows, and the control (a matmul whose bits depend on the row count) is caught."""
+rows, and the control (a sink whose weight depends on the row count) is caught. Rows past one
+256-key range, where the sinks join a merge of ranges, are tests/hal/test_attention_sinks.py's."""
 
 from __future__ import annotations
 
 import pytest
 
+from agentkv.hal.base import Tensor
+from agentkv.hal.cpu import CpuBackend
+from agentkv.hal.registry import register
 from tests.models.gpt_oss_tiny import VOCAB, harmony_tokenizer, tiny_gpt_oss
-from tests.runtime.test_exactness import VARIANT_FAMILIES, SplitKBackend, check_contract
+from tests.runtime.test_exactness import VARIANT_FAMILIES, check_contract
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +29,23 @@ def test_exact_reuse_tiny_gpt_oss(gpt_oss_dir, kv_dtype):
     assert check_contract(gpt_oss_dir, "cpu", 256, 45, seed=1, kv_dtype=kv_dtype, light=kv_dtype == "f16") == []
 
 
-def test_exact_reuse_tiny_gpt_oss_long_rows(gpt_oss_dir):
-    # 300 tokens: full-attention rows past one 256-key range, so the sinks join a merge of ranges
-    assert check_contract(gpt_oss_dir, "cpu", 256, 300, seed=4, light=True) == []
+class RowCountSinkBackend(CpuBackend):
+    """The control: the cpu backend with a sink whose weight depends on how many rows share the
+    call (one part in 2^20 per row count mod 3), the way a sink folded into per-call partial
+    sums would; everything else is the cpu backend's, so only the sink path breaks the contract."""
+
+    name = "cpu-sink-rowcount"
+
+    def attention_sinks(self, q, kv, layer, meta, scale, window, sinks, softcap=None):
+        out = super().attention_sinks(q, kv, layer, meta, scale, window, sinks, softcap)
+        return Tensor(out.raw * (1.0 + (q.shape[0] % 3) * 2.0**-20))
 
 
-def test_control_non_invariant_backend_is_caught(gpt_oss_dir):
-    broken = check_contract(gpt_oss_dir, SplitKBackend.name, 256, 45, seed=1, light=True)
+register(RowCountSinkBackend.name, RowCountSinkBackend, "approx")
+
+
+def test_control_a_row_count_dependent_sink_is_caught(gpt_oss_dir):
+    broken = check_contract(gpt_oss_dir, RowCountSinkBackend.name, 256, 45, seed=1, light=True)
     caught = {name.split()[0].split("=")[0] for name in broken}
     assert caught == set(VARIANT_FAMILIES), f"unnoticed: {set(VARIANT_FAMILIES) - caught} (broken: {broken})"
 
