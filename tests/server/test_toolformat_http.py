@@ -40,7 +40,10 @@ TIME = {
     },
 }
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
-FAMILIES = ["hermes", "qwen3_coder", "llama3_json", "mistral", "harmony", "glm45", "kimi_k2", "deepseek_v31"]
+FAMILIES = [
+    *["hermes", "qwen3_coder", "llama3_json", "mistral", "harmony", "glm45", "kimi_k2", "deepseek_v31"],
+    *["pythonic", "mistral_v3", "deepseek_v3"],
+]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
