@@ -83,14 +83,19 @@ def llamacpp_arm(spec: dict, binary: str | None, work: Path, timeout_s: float) -
 class _Server:
     """llama-server on 127.0.0.1 with --slot-save-path, THREADS threads, one slot."""
 
-    def __init__(self, binary: Path, gguf: str, slots: Path, n_ctx: int, timeout_s: float) -> None:
+    def __init__(
+        self, binary: Path, gguf: str, slots: Path, n_ctx: int, timeout_s: float, extra: list[str] | None = None
+    ) -> None:
+        """`extra`: the server's mode flags instead of one slot saved under `slots` (the
+        folder its log goes to either way)."""
         import socket
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         cmd = [str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port), "-t", str(THREADS)]
-        cmd += ["-tb", str(THREADS), "-c", str(n_ctx), "-np", "1", "--slot-save-path", str(slots)]
+        cmd += ["-tb", str(THREADS), "-c", str(n_ctx)]
+        cmd += ["-np", "1", "--slot-save-path", str(slots)] if extra is None else extra
         # Its log goes to a file beside the slots: an undrained pipe would stall the server
         # once its per-request logging filled the pipe's buffer.
         self.log_path = slots / f"llama-server-{self.port}.log"
