@@ -72,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
             log(f"{engine}: {len(cases)} cases x {choices} ...")
             server.start()
             try:
-                results[engine] = {choice: _arm(server.base, cases, choice, args.max_tokens) for choice in choices}
+                with urllib.request.urlopen(f"{server.base}/v1/models", timeout=60) as resp:
+                    model = json.loads(resp.read())["data"][0]["id"]  # the name the server answers to
+                results[engine] = {c: _arm(server.base, model, cases, c, args.max_tokens) for c in choices}
             finally:
                 server.stop()
     payload = envelope("tools", model=gguf, cases_per_category=args.cases, results=results)
@@ -88,12 +90,12 @@ def _server(engine: str, gguf: str, binary: str | None, log_path: Path) -> Serve
     return LlamaServer(str(path), gguf, str(log_path))
 
 
-def _arm(base: str, cases: list[Case], choice: str, max_tokens: int) -> dict[str, dict[str, float]]:
+def _arm(base: str, model: str, cases: list[Case], choice: str, max_tokens: int) -> dict[str, dict[str, float]]:
     """Per category: cases, share whose calls parse, BFCL AST accuracy, seconds per case."""
     rows: dict[str, list[tuple[bool, bool, float]]] = {}
     for case in cases:
         t0 = time.perf_counter()
-        calls = _ask(base, case, choice, max_tokens)
+        calls = _ask(base, model, case, choice, max_tokens)
         wall = time.perf_counter() - t0
         valid = calls is not None and bool(check(case, calls).get("valid"))
         rows.setdefault(case.category, []).append((calls is not None, valid, wall))
@@ -108,10 +110,10 @@ def _arm(base: str, cases: list[Case], choice: str, max_tokens: int) -> dict[str
     }
 
 
-def _ask(base: str, case: Case, choice: str, max_tokens: int) -> list[tuple[str, dict[str, Any]]] | None:
+def _ask(base: str, model: str, case: Case, choice: str, max_tokens: int) -> list[tuple[str, dict[str, Any]]] | None:
     """The calls of one answer, or None when it holds none that parse (or the server refused)."""
     body = {
-        "model": "m",
+        "model": model,
         "messages": case.messages,
         "tools": openai_tools(case.functions),
         "tool_choice": choice,

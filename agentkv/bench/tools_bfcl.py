@@ -75,8 +75,8 @@ def _schema(node: Any) -> Any:
         return [_schema(x) for x in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _schema(v) for k, v in node.items() if k != "type"}
-    if "type" in node:
+    out = {k: _schema(v) for k, v in node.items() if k not in ("type", "properties")}
+    if isinstance(node.get("type"), str):  # (a parameter may be called "type")
         kind = _TYPES.get(node["type"], node["type"])
         if kind is not None:
             out["type"] = kind
