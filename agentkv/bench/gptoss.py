@@ -72,14 +72,20 @@ def llama_server_arm(spec: dict, binary: Path, work: Path, timeout_s: float) -> 
     """llama-server's load time (until healthy), RSS, and its own prompt/decode timings."""
     import psutil
 
-    from agentkv.bench.disk_llamacpp import _Server
+    from agentkv.bench.llama_server import LlamaServer
 
     if not binary.exists():
         return peers.skipped(f"no llama-server at {binary} (bench/build_llama_server.sh builds it)")
     work.mkdir(parents=True, exist_ok=True)
     ids = prompt_ids(spec["vocab"], spec["prompt_len"])
     started = time.perf_counter()
-    server = _Server(binary, spec["model"], work, spec["prompt_len"] + spec["decode_len"] + 32, timeout_s)
+    n_ctx = spec["prompt_len"] + spec["decode_len"] + 32
+    server = LlamaServer(binary, spec["model"], ["-c", str(n_ctx), "-np", "1"], work / "llama-server-gptoss.log")
+    try:
+        server.start(timeout_s)
+    except (OSError, RuntimeError):
+        server.stop()
+        raise
     load_s = time.perf_counter() - started
     try:
         pre = server.post("/completion", {"prompt": ids, "n_predict": 1, "cache_prompt": False})["timings"]
@@ -112,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         "agentkv": run_isolated("agentkv.bench.gptoss:agentkv_worker", spec, out / "runs", "agentkv", args.arm_timeout)
     }
     log("llama-server ...")
-    from agentkv.bench.disk_llamacpp import default_server_binary
+    from agentkv.bench.llama_server import default_server_binary
 
     binary = Path(args.llama_server) if args.llama_server else default_server_binary()
     try:

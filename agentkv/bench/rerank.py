@@ -6,14 +6,15 @@ A prompt is Qwen3-Reranker's layout in token ids: a shared prefix (system prompt
 and query; `--prefix-len`), then the document (`--doc-len`) and the 5-token suffix. Each pair
 is one max_tokens=1 engine request reporting its yes/no logits, all admitted at once, as the
 server's /v1/rerank does. The scores of both arms must be bit-identical (the exactness
-contract); the bench records whether they were. llama.cpp's `llama-server --reranking` on the
-same GGUF is not run here: it needs a llama.cpp build with its rank pooling (a ~10-minute
-compile this suite does not do)."""
+contract); the bench records whether they were. The third arm is llama.cpp's own
+`llama-server --reranking` on the same GGUF (rerank_llamacpp.py; skipped without the binary),
+whose scores are compared with agentkv's (largest difference, same order)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,7 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from agentkv.bench.common import bar_plot, cache_dir, envelope, log, print_paths, table, write_outputs
-from agentkv.bench.moe_model import write_vocab
+from agentkv.bench.rerank_gguf import JUDGE_IDS, suffix_ids, text_id_range, write_rank_metadata
+from agentkv.bench.rerank_llamacpp import llamacpp_arm
+from agentkv.runtime.rerank import judge_score
 
 SUFFIX_LEN = 5  # "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" is 5+ tokens in Qwen3's vocabulary
 
@@ -53,14 +56,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--doc-len", type=int, default=32, help="tokens per document")
     parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
     parser.add_argument("--out", default="bench/out")
+    parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
 
 
 def synthetic_reranker(shape: RerankerShape, seed: int = 0, folder: Path | None = None) -> Path:
-    """The random-weight Q8_0 qwen3 GGUF of `shape` (norm gains f32), written once and cached."""
+    """The random-weight Q8_0 qwen3 GGUF of `shape` (norm gains f32) in llama.cpp's
+    Qwen3-Reranker layout (rerank_gguf.py), written once and cached."""
     import gguf
 
     folder = Path(folder) if folder is not None else cache_dir()
-    path = folder / f"qwen3-reranker-synthetic-{shape.tag}-Q8_0-s{seed}.gguf"
+    path = folder / f"qwen3-reranker-synthetic-{shape.tag}-rank-Q8_0-s{seed}.gguf"
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,8 +78,12 @@ def synthetic_reranker(shape: RerankerShape, seed: int = 0, folder: Path | None 
             data = rng.standard_normal(dims, dtype=np.float32)
             if len(dims) == 1:
                 writer.add_tensor(name, np.float32(1.0) + np.float32(0.1) * data)
-            else:
-                writer.add_tensor(name, gguf.quants.quantize(data * np.float32(0.02), q8), raw_dtype=q8)
+                continue
+            quantized = gguf.quants.quantize(data * np.float32(0.02), q8)
+            writer.add_tensor(name, quantized, raw_dtype=q8)
+            if name == "token_embd.weight":
+                head = quantized[list(JUDGE_IDS)].copy()  # cls.output: the tied head's yes/no rows
+        writer.add_tensor("cls.output.weight", head, raw_dtype=q8)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -117,15 +126,16 @@ def _metadata(writer, shape: RerankerShape) -> None:
     writer.add_rope_freq_base(1000000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(shape.vocab)
-    write_vocab(writer, shape.vocab)
+    write_rank_metadata(writer, shape.vocab, SUFFIX_LEN)
     writer.add_file_type(7)  # MOSTLY_Q8_0
 
 
 def prompts(vocab: int, docs: int, prefix_len: int, doc_len: int, seed: int = 0) -> list[list[int]]:
     """Token-id prompts in the reranker's layout: one shared prefix, a document each, one suffix."""
     rng = np.random.default_rng(seed)
-    draw = lambda n: rng.integers(300, vocab, n).tolist()  # noqa: E731  (past the special and byte pieces)
-    prefix, suffix = draw(prefix_len), draw(SUFFIX_LEN)
+    first, end = text_id_range(vocab)
+    draw = lambda n: rng.integers(first, end, n).tolist()  # noqa: E731  (pieces that are one character each)
+    prefix, suffix = draw(prefix_len), suffix_ids(vocab, SUFFIX_LEN)
     return [prefix + draw(doc_len) + suffix for _ in range(docs)]
 
 
@@ -143,7 +153,7 @@ def rank(path: Path, batch: list[list[int]], prefix_cache: bool) -> dict:
             cache=CacheConfig(num_blocks=blocks, enable_prefix_cache=prefix_cache),
         )
     )
-    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0, logit_token_ids=(300, 301), speculative=False)
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0, logit_token_ids=JUDGE_IDS, speculative=False)
     start = time.perf_counter()
     for i, ids in enumerate(batch):
         engine.add_request(str(i), ids, params)
@@ -169,6 +179,11 @@ def run(args: argparse.Namespace) -> int:
     for arm, on in (("prefix reuse", True), ("no reuse", False)):
         log(f"{arm}: {args.docs} documents ...")
         results[arm], rows[arm] = rank(path, batch, on)
+    log(f"llama-server --reranking: {args.docs} documents ...")
+    with tempfile.TemporaryDirectory() as work:  # the server's log
+        cut = (args.prefix_len, SUFFIX_LEN)
+        results["llama.cpp"], theirs = llamacpp_arm(path, batch, cut, Path(work), args.llama_server)
+    ours = np.array([judge_score(float(y), float(n)) for y, n in rows["prefix reuse"]])
     payload = envelope(
         "rerank",
         model=str(path),
@@ -182,11 +197,11 @@ def run(args: argparse.Namespace) -> int:
         results=results,
         speedup=results["no reuse"]["wall_s"] / results["prefix reuse"]["wall_s"],
         scores_bit_identical=bool(np.array_equal(rows["prefix reuse"], rows["no reuse"])),
-        llamacpp="not run: llama-server --reranking needs a llama.cpp build (~10 min compile) this suite does not do",
+        scores_vs_llamacpp=None if theirs is None else agreement(ours, theirs),
     )
     out = Path(args.out)
     md = markdown(payload)
-    groups = {"documents / s": {arm: r["docs_per_s"] for arm, r in results.items()}}
+    groups = {"documents / s": {arm: r["docs_per_s"] for arm, r in results.items() if "docs_per_s" in r}}
     png = bar_plot(
         out / "rerank.png", f"1 query x {args.docs} docs, Qwen3-Reranker-0.6B shapes, Q8_0", groups, "docs/s"
     )
@@ -208,12 +223,27 @@ def markdown(payload: dict) -> list[str]:
     rows = [
         [arm, r["wall_s"], r["docs_per_s"], r["computed_tokens"], r["cached_tokens"]]
         for arm, r in payload["results"].items()
+        if "wall_s" in r
     ]
     lines += table(["arm", "wall s", "docs/s", "tokens computed", "tokens cached"], rows)
+    peer = payload["results"]["llama.cpp"]
     lines += [
         "",
-        f"- prefix reuse is ×{payload['speedup']:.2f} faster; scores bit-identical across arms: "
+        f"- prefix reuse is ×{payload['speedup']:.2f} faster; scores bit-identical across agentkv's arms: "
         f"{payload['scores_bit_identical']}",
-        f"- llama.cpp: {payload['llamacpp']}",
+        f"- llama.cpp (llama-server --reranking, same GGUF): {peer if 'wall_s' not in peer else 'ran'}; "
+        f"scores against agentkv's: {payload['scores_vs_llamacpp']}",
     ]
     return lines
+
+
+def agreement(ours: np.ndarray, theirs: np.ndarray) -> dict:
+    """How two engines' scores of the same pairs agree: the largest difference, and whether
+    they rank the documents the same."""
+    return {
+        "max_abs_diff": float(np.max(np.abs(ours - theirs))),
+        "same_order": bool(np.array_equal(np.argsort(-ours, kind="stable"), np.argsort(-theirs, kind="stable"))),
+        "same_top_10": bool(
+            np.array_equal(np.argsort(-ours, kind="stable")[:10], np.argsort(-theirs, kind="stable")[:10])
+        ),
+    }

@@ -27,7 +27,11 @@ SUITES: dict[str, tuple[str, str]] = {
     "stepcost": ("agentkv.bench.stepcost", "Python time per engine step with a small and a huge prefix cache"),
     "lora": ("agentkv.bench.lora", "8 LoRA adapters mixed in one batch vs the base alone: prefill, decode"),
     "long": ("agentkv.bench.long", "long contexts and agent loops over HTTP vs llama_cpp.server: replay, TTFT, decode"),
-    "rerank": ("agentkv.bench.rerank", "1 query x N documents, Qwen3-Reranker-0.6B shapes: prefix reuse on vs off"),
+    "rerank": (
+        "agentkv.bench.rerank",
+        "1 query x N documents, Qwen3-Reranker-0.6B shapes: prefix reuse on vs llama-server",
+    ),
+    "tools": ("agentkv.bench.tools", "BFCL simple/multiple/parallel tool-call accuracy vs llama-server --jinja"),
 }
 
 

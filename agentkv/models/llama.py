@@ -15,6 +15,7 @@ from agentkv.hal.blocks import AttentionSpec, BlockSpec, DenseFFNSpec
 from agentkv.hal.lora import LoraView
 from agentkv.models.base import LoadOptions, Model, decoder_layer
 from agentkv.models.config import SourceKeys, layer_letters, sliding_layers
+from agentkv.models.rank_head import check_rank_head
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,7 @@ class LlamaModel(Model):
         self.layers = [decoder_layer(self, i) for i in range(hp.num_layers)]
         self.norm = self.weight("output_norm.weight")
         self.head = self.token_embd if hp.tie_embeddings else self.weight("output.weight")
+        check_rank_head(source)  # llama.cpp's Qwen3-Reranker layout: its head must be token_embd
 
     @staticmethod
     def _rope_scaling(source) -> dict | None:

@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agentkv.runtime.structural_tags import schemas_in, tag_format
+
 log = logging.getLogger("agentkv.structured")
 
 TOOL_CALL_OPEN = "<tool_call>\n"
@@ -155,20 +157,16 @@ class ConstraintFactory:
             max_calls > 1 or or_schema is not None,
         )
 
-    def triggered_calls(self, trigger: str, tags: Sequence[tuple[str, list[Any], str]]) -> GrammarConstraint:
-        """Free text, in which each call opened by `trigger` must be one of `tags` (begin,
-        pieces as in `call_grammar`, end): xgrammar's triggered structural tags. Ends on EOS."""
+    def triggered_calls(self, triggers: Sequence[str], tags: Sequence[tuple[str, list[Any], str]]) -> GrammarConstraint:
+        """Free text, in which each call opened by one of `triggers` must be one of `tags`
+        (begin, pieces as in `call_grammar` -- or ("tags", (tags, sep)), ("star", pieces),
+        ("or", [pieces, ...]) -- end): xgrammar's triggered structural tags. Ends on EOS."""
         for _, pieces, _ in tags:
-            for kind, value in pieces:
-                if kind == "json":
-                    check_admits_something(value)
+            for schema in schemas_in(pieces):
+                check_admits_something(schema)
         spec = {
             "type": "structural_tag",
-            "format": {
-                "type": "triggered_tags",
-                "triggers": [trigger],
-                "tags": [{"type": "tag", "begin": b, "content": _sequence(pieces), "end": e} for b, pieces, e in tags],
-            },
+            "format": {"type": "triggered_tags", "triggers": list(triggers), "tags": [tag_format(t) for t in tags]},
         }
 
         def build() -> Any:
@@ -249,18 +247,6 @@ class ConstraintFactory:
         options = [xgr.Grammar.concat(*_repeat(parts, sep, k)) for k in range(1, max_calls + 1)] + alternative
         grammar = options[0] if len(options) == 1 else xgr.Grammar.union(*options)
         return self._compiler.compile_grammar(grammar)
-
-
-def _sequence(pieces: list[Any]) -> dict[str, Any]:
-    """Pieces as a structural tag's content format."""
-    kinds = {
-        "lit": lambda v: {"type": "const_string", "value": v},
-        "json": lambda v: {"type": "json_schema", "json_schema": v},
-        "regex": lambda v: {"type": "regex", "pattern": v},
-        "ebnf": lambda v: {"type": "grammar", "grammar": f"root ::= {v}"},
-    }
-    elements = [kinds[kind](value) for kind, value in pieces]
-    return elements[0] if len(elements) == 1 else {"type": "sequence", "elements": elements}
 
 
 def check_admits_something(schema: Any) -> None:

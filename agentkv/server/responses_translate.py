@@ -112,6 +112,7 @@ def tool_dicts(req: ResponsesRequest) -> list[dict[str, Any]]:
             "name": tool.name,
             **({"description": tool.description} if tool.description else {}),
             "parameters": tool.parameters or {"type": "object", "properties": {}},
+            **({"strict": True} if tool.strict else {}),
         }
         out.append({"type": "function", "function": fn})
     return out

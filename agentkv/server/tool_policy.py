@@ -82,19 +82,17 @@ def constraint_builder(policy: ToolPolicy, fmt: Any, tool_format: Any = None) ->
 
 
 def _strict_calls(policy: ToolPolicy, tool_format: Any) -> Callable[[Any], Any] | None:
-    """`strict: true` tools under "auto": text stays free, but a call, once begun, follows the
-    family's grammar (formats whose calls open with a literal; others decode freely)."""
+    """`strict: true` tools under "auto": text stays free, but a call, once begun (its marker,
+    its section's marker, or where a format has none, its head), follows the family's grammar."""
     if not policy.parse or not any(t["function"].get("strict") for t in policy.tools):
         return None
-    from agentkv.server.toolformats.base import triggered_calls
     from agentkv.server.toolformats.registry import get_format
 
-    tool_format = tool_format or get_format("hermes")
-    found = triggered_calls(tool_format.grammar(policy.tools), tool_format.trigger)
+    found = (tool_format or get_format("hermes")).strict_calls(policy.tools)
     if found is None:
         return None
-    trigger, tags = found
-    return lambda f: f.triggered_calls(trigger, tags)
+    triggers, tags = found
+    return lambda f: f.triggered_calls(triggers, tags)
 
 
 def _calls(

@@ -1,6 +1,8 @@
 """`agentkv bench rerank` on a tiny shape: the synthetic GGUF loads as a qwen3 model, the reuse
 arm computes the shared prefix once (prefix + each document and suffix), the other arm every
-prompt token, and the scores of the two arms are bit-identical."""
+prompt token, and the scores of the two arms are bit-identical. Where llama.cpp's server is
+built, its `--reranking` arm on the same GGUF reads the prompts' text back into exactly their
+ids and ranks the documents as agentkv does."""
 
 from __future__ import annotations
 
@@ -26,3 +28,9 @@ def test_bench_rerank_reuses_the_shared_prefix(tmp_path):
     assert cold["computed_tokens"] == payload["prompt_tokens"] and cold["cached_tokens"] == 0
     assert payload["scores_bit_identical"] is True
     assert (tmp_path / "rerank.md").is_file()
+    peer = payload["results"]["llama.cpp"]
+    if "skipped" in peer:
+        return  # no llama-server binary here (bench/build_llama_server.sh)
+    assert peer["prompt_ids_read_back_exactly"] is True and peer["computed_tokens"] == payload["prompt_tokens"]
+    agree = payload["scores_vs_llamacpp"]
+    assert agree["same_order"] is True and agree["max_abs_diff"] < 1e-2  # 3e-4 seen (Q8_0 both, other kernels)

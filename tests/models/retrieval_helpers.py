@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 QUERY = "what is the capital of france"
@@ -149,3 +150,67 @@ def qwen3(folder: Path, embedding: bool, seed: int = 0):
         (folder / "modules.json").write_text(json.dumps(modules))
         (folder / "2_Normalize").mkdir()
     return model
+
+
+def qwen3_rank_gguf(folder: Path, hf, path: Path, qtype: str | None = None, head_rows=None) -> Path:
+    """The Qwen3 reranker in `folder` as llama.cpp's converter writes a Qwen3-Reranker
+    (conversion/qwen.py): arch `qwen3`, pooling_type 4 (rank), classifier labels
+    ["yes", "no"], a `rerank` chat template with {query} and {document}, and `cls.output.weight`
+    the LM head's "yes" and "no" rows stacked (the tied embeddings kept as `token_embd`).
+    The vocabulary is the folder's tokenizer.json as a 'gpt2' BPE (pre 'qwen2'). `qtype`
+    (e.g. "Q8_0") quantizes the matrices; `head_rows` replaces the two head rows (an untied
+    model's)."""
+    import gguf
+
+    cfg = hf.config
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    vocab = {**spec["model"]["vocab"], **{t["content"]: t["id"] for t in spec["added_tokens"]}}
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["content"] for t in spec["added_tokens"] if t["special"]}
+    added = {t["content"] for t in spec["added_tokens"]} - special
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(float((cfg.rope_parameters or {}).get("rope_theta", 10000.0)))
+    writer.add_pooling_type(gguf.PoolingType.RANK)
+    writer.add_classifier_output_labels(["yes", "no"])
+    writer.add_chat_template([{"name": "rerank", "template": RERANK_TEMPLATE}])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 4 if t in added else 1 for t in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]])
+    writer.add_eos_token_id(vocab["<|im_end|>"])
+    writer.add_vocab_size(cfg.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, cfg.num_hidden_layers)
+    state = {k: v.detach().float().numpy().copy() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    embed = state["model.embed_tokens.weight"]
+    state["cls.output.weight"] = np.stack([embed[vocab["yes"]], embed[vocab["no"]]]) if head_rows is None else head_rows
+    for hf_name, data in state.items():
+        name = hf_name if hf_name.startswith("cls.") else names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if qtype is not None and data.ndim == 2:
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# What llama.cpp's converter stores as the `rerank` chat template of a Qwen3-Reranker GGUF.
+RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n<Instruct>: Given a '
+    "web search query, retrieve relevant passages that answer the query\n<Query>: {query}\n<Document>: {document}"
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)

@@ -9,6 +9,8 @@ float32 weights, only the summation order differs (~1e-7 seen)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import numpy as np
 import pytest
@@ -220,3 +222,37 @@ def test_causal_reranker_refuses_more_documents_than_the_fanout_and_over_long_pa
         server.base_url + "/v1/rerank", json={"query": "q", "documents": ["paris " * 300]}, headers=headers, timeout=60
     )
     assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+
+
+RANK_GGUF_Q8_RTOL = 6e-2  # Q8_0 against f32 weights: at most 4.2e-2 relative seen on these peaky random scores
+
+
+def test_llama_cpp_rank_gguf_scores_as_the_hf_folder(reranker, tmp_path):
+    """A Qwen3 reranker in llama.cpp's GGUF layout (rank pooling, yes/no `cls.output`; written
+    as its converter does, tests/models/retrieval_helpers.py) is served by /v1/rerank with the
+    folder's scores: bit-identical from the same f32 weights; from Q8_0 weights within the
+    recorded floor, and then not bit-identical (the control: the equality can fail)."""
+    server, folder, hf = reranker
+    want = [r["relevance_score"] for r in sorted(rerank_as(server, "key-a")["results"], key=lambda r: r["index"])]
+    got = {}
+    for qtype in (None, "Q8_0"):
+        path = rh.qwen3_rank_gguf(folder, hf, tmp_path / f"rank-{qtype}.gguf", qtype)
+        engine = AsyncEngine.from_model(str(path), kv_cache_blocks=256, kv_cache_dtype="f32")
+        engine.start()
+        for live in serve(create_app(engine, served_model_name="qr", api_key=KEYS), engine):
+            results = rerank_as(live, "key-a")["results"]
+            got[qtype] = [r["relevance_score"] for r in sorted(results, key=lambda r: r["index"])]
+        asyncio.run(engine.shutdown())
+    assert np.array_equal(got[None], want)
+    np.testing.assert_allclose(got["Q8_0"], want, rtol=RANK_GGUF_Q8_RTOL)
+    assert not np.array_equal(got["Q8_0"], want)
+
+
+def test_an_untied_rank_gguf_is_refused_naming_the_tensor(reranker, tmp_path):
+    """llama.cpp's converter keeps an untied reranker's head only as the two `cls.output` rows;
+    scoring through `token_embd` would be wrong, so loading says so."""
+    _, folder, hf = reranker
+    rows = np.random.default_rng(0).standard_normal((2, hf.config.hidden_size)).astype(np.float32)
+    path = rh.qwen3_rank_gguf(folder, hf, tmp_path / "untied.gguf", head_rows=rows)
+    with pytest.raises(ValueError, match="cls.output.weight is not token_embd.weight's rows"):
+        AsyncEngine.from_model(str(path))

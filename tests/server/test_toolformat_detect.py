@@ -28,6 +28,8 @@ def test_each_family_template_picks_its_format(family):
     ("text", "tokens", "want"),
     [
         ("{{ tools }}<｜tool▁calls▁begin｜><｜tool▁sep｜>function ```json", [], "deepseek_v3"),
+        # V3/R1 as their templates write it: no literal "<｜tool▁sep｜>function" (was taken for V3.1)
+        ("{{ tools }}{{ '<｜tool▁calls▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + '```json' }}", [], "deepseek_v3"),
         ("{{ tools }}<｜tool▁calls▁begin｜>{{ name }}<｜tool▁sep｜>", [], "deepseek_v31"),
         ("{{ tools }}", ["<|tool_calls_section_begin|>"], "kimi_k2"),
         ("{{ tools }}<tool_call>{{ name }}<arg_key>", [], "glm45"),

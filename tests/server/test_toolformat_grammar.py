@@ -129,3 +129,55 @@ def test_a_named_choice_is_exactly_one_call(factory, parallel):
     # Control: "required" with parallel calls may go on after the first call (ends on EOS).
     required = tool_policy(TOOLS, "required", parallel)
     assert required.max_calls is None and required.grammar_calls() > 1
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_a_strict_call_under_auto_parses_once_begun(factory, name):
+    """`strict` tools under auto: text stays free (a word the grammar could never write is
+    accepted), and once the text opens a call -- the format's marker, its section's marker or,
+    where it has none, the call's head -- the rest is held to the family's grammar, so a random
+    walk from there always parses into a schema-valid call. Control: the same walk unconstrained
+    parses into nothing."""
+    from agentkv.server.tool_policy import constraint_builder, tool_policy
+
+    tokenizer, build = factory
+    fmt = get_format(name)
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    constraint = constraint_builder(tool_policy(strict, "auto", False), None, fmt)(build)
+    triggers, tags = fmt.strict_calls(strict)
+    opener = tags[-1][0] if name == "pythonic" else tags[0][0][: max(len(t) for t in triggers)]
+    prefix = ("" if name in ("llama3_json", "pythonic") else "Let me see. ") + opener
+    ids = tokenizer.encode(prefix, False)
+    for token in ids:
+        assert constraint.allowed_mask()[token], (prefix, token)
+        constraint.accept(token)
+    rng = np.random.default_rng(11)
+    closers = tuple(tokenizer.encode("<", False) + tokenizer.encode("\n", False))
+    ids += _walk_until_call(constraint, rng, closers)
+    text = tokenizer.decode(ids)
+    known = ParseContext.of_tools(strict, frozenset({"get_weather"}))
+    _, calls = parse_whole(fmt, text, known)
+    assert calls and {c.name for c in calls} == {"get_weather"}, text  # a section may hold several
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), SCHEMA)
+    free = rng.choice(256, size=len(ids) - len(tokenizer.encode(prefix, False)))
+    loose = tokenizer.decode(tokenizer.encode(prefix, False) + [int(t) for t in free])
+    assert parse_whole(fmt, loose, known)[1] == [], loose
+
+
+def _walk_until_call(constraint, rng, closers) -> list[int]:
+    """Random allowed tokens until the call the text opened is whole: the grammar is back in
+    free text, where every byte is allowed again."""
+    ids: list[int] = []
+    while len(ids) < 400:
+        allowed = np.flatnonzero(constraint.allowed_mask())
+        if len(allowed) >= 256:
+            break
+        special = allowed[allowed >= 256]
+        token = int(special[0]) if len(special) and len(allowed) < 30 else int(rng.choice(allowed))
+        ends = [c for c in closers if c in set(allowed.tolist())]
+        if ends and rng.random() < 0.5:
+            token = ends[0]
+        ids.append(token)
+        constraint.accept(token)
+    return ids

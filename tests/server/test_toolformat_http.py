@@ -40,7 +40,10 @@ TIME = {
     },
 }
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
-FAMILIES = ["hermes", "qwen3_coder", "llama3_json", "mistral", "harmony", "glm45", "kimi_k2", "deepseek_v31"]
+FAMILIES = [
+    *["hermes", "qwen3_coder", "llama3_json", "mistral", "harmony", "glm45", "kimi_k2", "deepseek_v31"],
+    *["pythonic", "mistral_v3", "deepseek_v3"],
+]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -132,24 +135,33 @@ def test_anthropic_messages_any_whole_and_streamed(family):
     assert [b.input for b in final.content if b.type == "tool_use"] == [uses[0].input]
 
 
-TRIGGER_TOKENS = {
+TRIGGER_TOKENS = {  # the special token a call (or its section) opens with; harmony's is text
     "hermes": "<tool_call>",
     "qwen3_coder": "<tool_call>",
     "glm45": "<tool_call>",
     "mistral": "[TOOL_CALLS]",
+    "mistral_v3": "[TOOL_CALLS]",
+    "llama3_json": "<|python_tag|>",
+    "pythonic": "<|python_start|>",
+    "kimi_k2": "<|tool_calls_section_begin|>",
+    "deepseek_v3": "<｜tool▁calls▁begin｜>",
+    "deepseek_v31": "<｜tool▁calls▁begin｜>",
 }
 
 
 def test_a_strict_tool_under_auto_follows_the_grammar_once_begun(family):
     """The model is nudged (logit_bias) to open a call; with `strict` the rest must follow the
-    family's grammar, so the call parses; without it this random model writes junk (control)."""
+    family's grammar, so the call parses; without it this random model writes junk (control).
+    Harmony's call opens with text (`<|channel|>commentary to=`), which a bias cannot spell:
+    the grammar-level test (test_toolformat_grammar.py) walks it from there."""
     name, _, _, specials = family
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
     if name not in TRIGGER_TOKENS:
-        assert live_constraint_is_free(family)
+        r = _chat(family, tools=[strict], tool_choice="auto", max_tokens=4)
+        assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
         return
     bias = {str(specials[TRIGGER_TOKENS[name]]): 100}
-    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
-    r = _chat(family, tools=[strict], tool_choice="auto", parallel_tool_calls=False, logit_bias=bias, max_tokens=60)
+    r = _chat(family, tools=[strict], tool_choice="auto", parallel_tool_calls=False, logit_bias=bias, max_tokens=90)
     calls = r.choices[0].message.tool_calls or []
     assert len(calls) == 1 and json.loads(calls[0].function.arguments)["city"] in CITY["enum"]
     loose = _chat(
@@ -158,12 +170,18 @@ def test_a_strict_tool_under_auto_follows_the_grammar_once_begun(family):
     assert not loose.choices[0].message.tool_calls
 
 
-def live_constraint_is_free(family) -> bool:
-    """Formats whose calls sit in a section (or open without a marker) decode `strict` tools
-    under auto freely: the request still succeeds."""
-    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
-    r = _chat(family, tools=[strict], tool_choice="auto", max_tokens=4)
-    return r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+def test_responses_honours_strict_under_auto(family):
+    """Responses used to drop `strict`. A strict tool whose schema admits nothing cannot be
+    held to a grammar: its call's grammar is refused with the API's 400; the same tool without
+    `strict` decodes freely (control), so the 400 comes from honouring `strict`."""
+    _, live, _, _ = family
+    client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="x", max_retries=0)
+    never = {"type": "object", "properties": {"city": {"enum": []}}, "required": ["city"]}
+    tool = {"type": "function", "name": "get_weather", "parameters": never}
+    kw = dict(model="tiny", input="Weather in Paris?", tool_choice="auto", max_output_tokens=2, temperature=0)
+    with pytest.raises(openai.BadRequestError, match="admits no JSON value"):
+        client.responses.create(tools=[{**tool, "strict": True}], **kw)
+    assert client.responses.create(tools=[{**tool, "strict": False}], **kw).status in ("completed", "incomplete")
 
 
 ENDS = {"<|im_end|>", "<|eot_id|>", "</s>", "<|return|>", "<|tool_calls_section_end|>", "<｜tool▁calls▁end｜>"}

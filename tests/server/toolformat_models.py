@@ -75,6 +75,28 @@ DEEPSEEK_V31_CALL = (
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>"
     "{{ c.function.arguments | tojson }}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
 )
+DEEPSEEK_V3_CALL = (
+    "{% if loop.first %}<｜tool▁calls▁begin｜>{% endif %}"  # as V3's template: type + sep + name, fenced JSON
+    "{{ '<｜tool▁call▁begin｜>' + 'function' + '<｜tool▁sep｜>' + c.function.name }}\n```json\n"
+    "{{ c.function.arguments | tojson }}\n```<｜tool▁call▁end｜>{% if loop.last %}<｜tool▁calls▁end｜>{% endif %}"
+)
+MISTRAL_V3 = (
+    "<s>{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{%- for m in messages %}{% if m.role == 'assistant' %}"
+    "{% if m.tool_calls %}[TOOL_CALLS][{% for c in m.tool_calls %}{% if not loop.first %}, {% endif %}"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}'
+    "{% endfor %}]{% else %}{{ m.content }}{% endif %}</s>"
+    "{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]"
+    "{% else %}[INST]{{ m.content }}[/INST]{% endif %}{% endfor %}"
+)
+PYTHONIC = (  # Llama 4's headers; calls as its template teaches: [func_name1(params_name1=params_value1)]
+    "{%- for m in messages %}<|header_start|>{{ 'ipython' if m.role == 'tool' else m.role }}<|header_end|>\n\n"
+    "{% if loop.first and tools %}Tools: {{ tools | tojson }}\n{% endif %}"
+    "{% if m.tool_calls %}[{% for c in m.tool_calls %}{% if not loop.first %}, {% endif %}{{ c.function.name }}("
+    "{% for k, v in c.function.arguments.items() %}{% if not loop.first %}, {% endif %}{{ k }}={{ v | tojson }}"
+    "{% endfor %}){% endfor %}]{% else %}{{ m.content }}{% endif %}<|eot|>"
+    "{%- endfor %}{% if add_generation_prompt %}<|header_start|>assistant<|header_end|>\n\n{% endif %}"
+)
 CHATML = ["<|im_start|>", "<|im_end|>"]
 
 # family: (chat template, special tokens, eos token, the markers a call is written with)
@@ -134,6 +156,29 @@ FAMILIES = {
             "<｜tool▁sep｜>",
         ],
         "<|im_end|>",
+    ),
+    "deepseek_v3": (
+        _TOOLS + _CHATML.replace("CALL", DEEPSEEK_V3_CALL),
+        [
+            *CHATML,
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+        ],
+        "<|im_end|>",
+    ),
+    "mistral_v3": (
+        MISTRAL_V3,
+        ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"]
+        + ["[TOOL_RESULTS]", "[/TOOL_RESULTS]"],
+        "</s>",
+    ),
+    "pythonic": (
+        PYTHONIC,
+        ["<|header_start|>", "<|header_end|>", "<|eot|>", "<|python_start|>", "<|python_end|>"],
+        "<|eot|>",
     ),
     "harmony": (
         HARMONY,

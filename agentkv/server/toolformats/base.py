@@ -45,7 +45,8 @@ class Scan(NamedTuple):
 
 
 # A piece of a call's grammar: ("lit", text), ("json", a JSON schema), ("ebnf", a rule body)
-# or ("regex", a pattern the text must match whole).
+# or ("regex", a pattern the text must match whole); in strict tags also ("tags", (tags, sep)):
+# one or more tags joined by sep, ("star", pieces): zero or more times, ("or", [pieces, ...]).
 Piece = tuple[str, Any]
 TEXT_VALUE: Piece = ("ebnf", "[^<]*")  # an XML value: any text without a tag in it
 
@@ -61,19 +62,32 @@ class CallGrammar(NamedTuple):
     end: str
 
 
-def triggered_calls(plan: CallGrammar, trigger: str) -> tuple[str, list[tuple[str, list[Piece], str]]] | None:
-    """The plan as (trigger, [(begin, middle pieces, end) per tool]) for free text in which a
-    call, once `trigger` (the format's call marker) appears, must follow the grammar (`strict`
-    tools under `auto`); None for a format without one, or whose calls sit in a section."""
-    if not trigger or plan.begin or plan.end:
-        return None
-    if not all(p and p[0][0] == "lit" and p[0][1].startswith(trigger) for p in plan.calls):
-        return None
+Tag = tuple[str, list[Piece], str]  # (begin, content pieces, end) of one structural tag
+Triggered = tuple[list[str], list[Tag]]
+
+
+def call_tags(plan: CallGrammar) -> list[Tag]:
+    """Each call of `plan` as a tag: its opening literal, what follows, its closing literal."""
     tags = []
     for pieces in plan.calls:
-        end = pieces[-1][1] if len(pieces) > 1 and pieces[-1][0] == "lit" else ""
-        tags.append((pieces[0][1], list(pieces[1 : len(pieces) - (1 if end else 0)]), end))
-    return trigger, tags
+        rest = list(pieces[1:])
+        end = rest.pop()[1] if len(rest) > 1 and rest[-1][0] == "lit" else ""
+        tags.append((pieces[0][1], rest, end))
+    return tags
+
+
+def triggered_calls(plan: CallGrammar, trigger: str) -> Triggered | None:
+    """The plan as (triggers, tags) for free text in which a call, once a trigger appears, must
+    follow the grammar (`strict` tools under `auto`). Calls opening with `trigger` are a tag
+    each; calls in a section (`begin ... end`) make one tag of the whole section, opened by
+    `trigger` or the section's marker. None when neither holds."""
+    tags = call_tags(plan)
+    if plan.begin:
+        opener = trigger if trigger and plan.begin.startswith(trigger) else plan.begin
+        return [opener], [(plan.begin, [("tags", (tags, plan.sep))], plan.end)]
+    if not trigger or not all(begin.startswith(trigger) for begin, _, _ in tags):
+        return None
+    return [trigger], tags
 
 
 class ParseContext(NamedTuple):
@@ -116,6 +130,11 @@ class ToolFormat(ABC):
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         """The assistant text that writes `calls` ((name, arguments JSON) pairs) in this
         format: what a constrained call generates and what history renders back."""
+
+    def strict_calls(self, tools: Sequence[dict[str, Any]]) -> Triggered | None:
+        """`strict` tools under `auto`: the triggers that open a call in free text and the
+        tags the call must then follow (None: this format decodes them freely)."""
+        return triggered_calls(self.grammar(tools), self.trigger)
 
 
 def partial_marker_len(text: str, markers: Sequence[str]) -> int:

@@ -9,7 +9,17 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentkv.server.toolformats.base import Call, CallGrammar, ParseContext, Scan, dumps, parameters, tool_name
+from agentkv.server.toolformats.base import (
+    Call,
+    CallGrammar,
+    ParseContext,
+    Scan,
+    Triggered,
+    call_tags,
+    dumps,
+    parameters,
+    tool_name,
+)
 from agentkv.server.toolformats.blocks import BlockFormat, Body
 from agentkv.server.toolformats.hermes import call_json, read_json_call
 
@@ -43,6 +53,12 @@ class Llama3JsonFormat(BlockFormat):
 
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         return "; ".join(call_json(n, a, key="parameters") for n, a in calls)
+
+    def strict_calls(self, tools: Sequence[dict[str, Any]]) -> Triggered | None:
+        """A call opens with `<|python_tag|>` or bare, at `{"name": `: from either on, the call
+        follows the grammar (a bare one counts as a call only where it opens the output)."""
+        tags = call_tags(self.grammar(tools))
+        return [self.begin, '{"name": '], [(self.begin + b, p, e) for b, p, e in tags] + tags
 
 
 def read_call_list(body: str, ctx: ParseContext, complete: bool, separator: re.Pattern[str]) -> Body:

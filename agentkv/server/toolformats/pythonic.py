@@ -17,6 +17,7 @@ from agentkv.server.toolformats.base import (
     ParseContext,
     Piece,
     Scan,
+    Triggered,
     dumps,
     listed_parameters,
     tool_name,
@@ -73,6 +74,15 @@ class PythonicFormat(BlockFormat):
                 pieces += [("lit", (", " if i else "") + f"{key}="), _python_piece(schema)]  # type: ignore[list-item]
             calls.append([*pieces, ("lit", ")")])
         return CallGrammar("[", calls, ", ", "]")
+
+    def strict_calls(self, tools: Sequence[dict[str, Any]]) -> Triggered | None:
+        """No marker opens the list, and `[` alone is too common to hold text to: a call is
+        held to the grammar once `[NAME(` of a tool is written, or `<|python_start|>`."""
+        plan = self.grammar(tools)
+        more: Piece = ("star", [("lit", plan.sep), ("or", plan.calls)])
+        tags = [(plan.begin + p[0][1], [*p[1:], more], plan.end) for p in plan.calls]
+        wrapped = (self.begin + plan.begin, [("or", plan.calls), more], plan.end + self.ends[0])
+        return [b for b, _, _ in tags] + [self.begin], [*tags, wrapped]
 
     def render_calls(self, calls: Sequence[tuple[str, str]]) -> str:
         parts = []

@@ -152,7 +152,7 @@ _TOOL_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 def detect(template: str, special_tokens: Iterable[str] = (), renders_tools: bool = True) -> Choice:
     """Formats for a model whose chat template text is `template`. A template that renders
     no tools gets Hermes, taught in the system prompt (chat.py), whatever its tokens say;
-    DeepSeek's V3 form needs its fenced JSON; every other format needs one of its markers.
+    DeepSeek's V3 form needs its section marker and fenced JSON; every other format needs one of its markers.
     Reasoning comes from the template text alone (tokens are often reserved, unused)."""
     reasoning, why = _reasoning(template)
     if not renders_tools:
@@ -161,9 +161,7 @@ def detect(template: str, special_tokens: Iterable[str] = (), renders_tools: boo
     for name, markers in _TOOL_MARKERS:
         hit = next((m for m in markers if m in text), None)
         if hit is None or (name == "deepseek_v3" and "<｜tool▁calls▁begin｜>" not in text):
-            continue
-        if name == "deepseek_v3" and "<｜tool▁sep｜>function" not in text:
-            continue
+            continue  # V3/R1 templates write `tool['type'] + '<｜tool▁sep｜>'` and a ```json fence
         if name == "harmony":
             reasoning, why = "harmony", "harmony's analysis channel is its reasoning"
         return Choice(name, f"the template or special tokens hold {hit!r}", reasoning, why)
