@@ -117,28 +117,15 @@ def _grouped(backend: Backend, x: Tensor, w: BiasedMoEFFN, spec: BiasedMoEFFNSpe
     (as hal/portable/moe.py's `grouped_moe`)."""
     import torch
 
-    from agentkv.hal.portable.moe import route
+    from agentkv.hal.portable.moe import expert_slots, rank_weighted, route
 
-    xs = x.raw
-    n, k = xs.shape[0], spec.top_k
     chosen, probs = route(logits, spec.routing)
-    flat = chosen.reshape(-1)  # slot s = token * k + rank
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=spec.num_experts).tolist()
-    slots_out = xs.new_empty((n * k, xs.shape[1]))
-    ex, start = w.experts, 0
-    for e, count in enumerate(counts):
-        if not count:
-            continue
-        slots = order[start : start + count]
-        start += count
-        rows = Tensor(xs.index_select(0, slots // k))
+    ex = w.experts
+
+    def run_expert(e: int, rows: Tensor, _tokens) -> torch.Tensor:
         gate = backend.matmul(rows, ex.gate[e], w.gate_bias[e]).raw
         up = backend.matmul(rows, ex.up[e], w.up_bias[e]).raw
         hidden = clamped_swiglu_torch(gate, up, spec.alpha, spec.limit)
-        slots_out.index_copy_(0, slots, backend.matmul(Tensor(hidden), ex.down[e], w.down_bias[e]).raw)
-    per_rank = slots_out.view(n, k, -1)
-    out = probs[:, :1] * per_rank[:, 0]
-    for j in range(1, k):
-        out = out + probs[:, j : j + 1] * per_rank[:, j]
-    return Tensor(out)
+        return backend.matmul(Tensor(hidden), ex.down[e], w.down_bias[e]).raw
+
+    return Tensor(rank_weighted(expert_slots(x.raw, chosen, spec.num_experts, run_expert), probs))

@@ -20,7 +20,7 @@ import torch
 from agentkv.hal.base import Layout, Tensor, Weight
 from agentkv.hal.blocks import Experts, MoEFFN, MoEFFNSpec
 from agentkv.hal.cuda import launch
-from agentkv.hal.portable.moe import add_shared, route
+from agentkv.hal.portable.moe import add_shared, rank_weighted, route
 
 
 def stack(ws: tuple[Weight, ...], name: str) -> Weight:
@@ -97,8 +97,4 @@ def _routed(backend, xs: torch.Tensor, experts: Experts, chosen, probs, act, bia
     hidden = act(gate_rows, up_rows)
     slots_out = torch.empty((n * k, xs.shape[1]), dtype=torch.float32, device=xs.device)
     slots_out.index_copy_(0, order, launch.grouped_matmul(backend.tiles, hidden, down, num_experts, where, biases[2]))
-    per_rank = slots_out.view(n, k, -1)
-    out = probs[:, :1] * per_rank[:, 0]
-    for j in range(1, k):
-        out = out + probs[:, j : j + 1] * per_rank[:, j]
-    return out
+    return rank_weighted(slots_out, probs)

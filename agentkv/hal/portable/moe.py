@@ -56,28 +56,45 @@ def grouped_moe(backend: Backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec, 
     `expert_matmul(rows, weight, tokens)` replaces the experts' `backend.matmul(rows, weight)`
     (hal/lora_moe.py adds the rows' LoRA deltas; `tokens`: the token each row came from)."""
     matmul = expert_matmul or (lambda rows, w, _tokens: backend.matmul(rows, w))
-    xs = x.raw
-    n, k = xs.shape[0], spec.top_k
     chosen, probs = route(backend.matmul(x, weights.router).raw, spec, score_bias(weights))
+    ex = weights.experts
+
+    def run_expert(e: int, rows: Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        hidden = backend.glu([matmul(rows, ex.gate[e], tokens), matmul(rows, ex.up[e], tokens)], spec.act)
+        return matmul(hidden, ex.down[e], tokens).raw
+
+    slots_out = expert_slots(x.raw, chosen, spec.num_experts, run_expert)
+    return add_shared(backend, x, weights, spec, rank_weighted(slots_out, probs))
+
+
+def expert_slots(xs: torch.Tensor, chosen: torch.Tensor, num_experts: int, run_expert) -> torch.Tensor:
+    """Every (token, rank) slot's expert output `[n * k, d]`: the rows routed to each expert
+    that some token chose, in expert order, through `run_expert(e, rows, tokens)` (`tokens`:
+    the token each row came from). Reads the experts' counts back to the host."""
+    k = chosen.shape[1]
     flat = chosen.reshape(-1)  # slot s = token * k + rank
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=spec.num_experts).tolist()
-    slots_out = xs.new_empty((n * k, xs.shape[1]))
-    ex, start = weights.experts, 0
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    slots_out, start = xs.new_empty((flat.shape[0], xs.shape[1])), 0
     for e, count in enumerate(counts):
         if not count:
             continue
         slots = order[start : start + count]
         start += count
         tokens = slots // k
-        rows = Tensor(xs.index_select(0, tokens))
-        hidden = backend.glu([matmul(rows, ex.gate[e], tokens), matmul(rows, ex.up[e], tokens)], spec.act)
-        slots_out.index_copy_(0, slots, matmul(hidden, ex.down[e], tokens).raw)
+        slots_out.index_copy_(0, slots, run_expert(e, Tensor(xs.index_select(0, tokens)), tokens))
+    return slots_out
+
+
+def rank_weighted(slots_out: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Each token's slots `[n * k, d]` weighted by `probs` `[n, k]` and summed in rank order,
+    elementwise across tokens -> `[n, d]`."""
+    n, k = probs.shape
     per_rank = slots_out.view(n, k, -1)
     out = probs[:, :1] * per_rank[:, 0]
     for j in range(1, k):
         out = out + probs[:, j : j + 1] * per_rank[:, j]
-    return add_shared(backend, x, weights, spec, out)
+    return out
 
 
 def score_bias(weights: MoEFFN) -> torch.Tensor | None:
