@@ -25,6 +25,11 @@ def missing(peer: str) -> str | None:
         raise ValueError(f"unknown peer {peer!r}; choose from {', '.join(PEERS)}")
     if importlib.util.find_spec(PEERS[peer]) is None:
         return f"{PEERS[peer]} is not installed ({INSTALL[peer]})"
+    if peer == "llamacpp":  # installed without its dependencies (e.g. diskcache) it cannot import
+        try:
+            importlib.import_module(PEERS[peer])
+        except ImportError as exc:
+            return f"{PEERS[peer]} is installed but cannot be imported: {exc} ({INSTALL[peer]})"
     return None
 
 
