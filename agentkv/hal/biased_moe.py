@@ -77,7 +77,7 @@ def _biased_moe(weights: BiasedMoEFFN, backend: Backend, x: Tensor, spec: Biased
     logits = backend.matmul(x, weights.router, weights.router_bias)  # [n, E]
     if isinstance(x.raw, np.ndarray):
         return _per_token(backend, x, weights, spec, logits.raw)
-    return _grouped(backend, x, weights, spec, logits.raw)
+    return grouped_biased_moe(backend, x, weights, spec, logits.raw)
 
 
 def clamped_swiglu_np(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
@@ -111,7 +111,7 @@ def _per_token(backend: Backend, x: Tensor, w: BiasedMoEFFN, spec: BiasedMoEFFNS
     return Tensor(out)
 
 
-def _grouped(backend: Backend, x: Tensor, w: BiasedMoEFFN, spec: BiasedMoEFFNSpec, logits) -> Tensor:
+def grouped_biased_moe(backend: Backend, x: Tensor, w: BiasedMoEFFN, spec: BiasedMoEFFNSpec, logits) -> Tensor:
     """Torch tensors (`torch`, `cpu`): the rows routed to each expert in one matmul per
     projection, outputs into one slot per (token, rank), summed per token in rank order
     (as hal/portable/moe.py's `grouped_moe`)."""

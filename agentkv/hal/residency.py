@@ -18,12 +18,13 @@ class WeightsDoNotFit(ValueError):
 def held_bytes(source, backend: Backend, resident: bool) -> int:
     """Bytes the backend holds for `source`'s tensors: a quantized tensor it keeps in its
     blocks counts its file bytes, unless the backend maps the file (`weights == "mapped"`:
-    the pages stay the file's); anything dequantized counts 4 bytes per element."""
+    the pages stay the file's); anything dequantized counts 4 bytes per element. A 3-D
+    tensor is a bank of experts, each held in its blocks as a 2-D weight of its own."""
     caps = backend.capabilities
     total = 0
     for name in source.tensor_names():
         info = source.tensor(name)
-        if resident and info.qtype in caps.resident_qtypes and len(info.shape) == 2:
+        if resident and info.qtype in caps.resident_qtypes and len(info.shape) in (2, 3):
             total += 0 if caps.weights == "mapped" else info.data.nbytes
         else:
             total += 4 * math.prod(info.shape)

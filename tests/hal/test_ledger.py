@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentkv.formats.resolve import open_model
-from agentkv.hal.base import Tensor
+from agentkv.hal.base import BackendUnavailable, Tensor
 from agentkv.hal.portable.backend import TorchBackend
 from agentkv.hal.registry import lookup
 from agentkv.hal.residency import WeightsDoNotFit, check_weights_fit, held_bytes
@@ -116,3 +116,23 @@ def test_weights_that_do_not_fit_are_refused_before_load(name, folder):
     if name == "cpu":  # mapped: the kept blocks are the file's pages; dequantizing copies
         assert needed < dequantized
     assert dequantized == sum(4 * np.prod(source.tensor(n).shape) for n in source.tensor_names())
+
+
+def test_quantized_expert_banks_count_their_blocks(tmp_path):
+    """A 3-D `ffn_*_exps` bank in a kept qtype is held in its blocks, one 2-D weight per
+    expert, so on `cpu` (mapped) it counts no bytes of its own, not 4 bytes per weight
+    (gpt-oss-20b's MXFP4 experts counted as f32 were 71 GiB and refused on 24 GiB)."""
+    from tests.hal.cuda_interp_moe import tiny_moe
+
+    try:
+        backend = lookup("cpu")
+    except BackendUnavailable as e:
+        pytest.skip(f"cpu kernels unavailable: {e}")
+    source, kept = open_model(tiny_moe(tmp_path)), backend.capabilities.resident_qtypes
+    f32_bytes = {n: 4 * int(np.prod(source.tensor(n).shape)) for n in source.tensor_names()}
+    banks = [n for n in f32_bytes if len(source.tensor(n).shape) == 3]
+    assert len(banks) == 6 and all(source.tensor(n).qtype in kept for n in banks)  # Q8_0 and F16 banks
+    mapped = [n for n in f32_bytes if len(source.tensor(n).shape) in (2, 3) and source.tensor(n).qtype in kept]
+    held = held_bytes(source, backend, resident=True)
+    assert held == sum(f32_bytes.values()) - sum(f32_bytes[n] for n in mapped)
+    assert held <= sum(f32_bytes.values()) - sum(f32_bytes[n] for n in banks)  # no bank counted

@@ -207,6 +207,18 @@ at::Tensor glu(const at::Tensor& x, int64_t kind) {
     return out;
 }
 
+at::Tensor clamped_swiglu(const at::Tensor& gate, const at::Tensor& up, double alpha, double limit) {
+    fix_isa();
+    check_f32(gate, "gate", 1);
+    check_f32(up, "up", 1);
+    TORCH_CHECK(gate.numel() == up.numel(), "gate has ", gate.numel(), " elements, up ", up.numel());
+    auto out = at::empty_like(gate);
+    if (out.numel() == 0) return out;
+    clamped_swiglu_raw(gate.data_ptr<float>(), up.data_ptr<float>(), out.data_ptr<float>(), gate.numel(),
+                       static_cast<float>(alpha), static_cast<float>(limit));
+    return out;
+}
+
 void check_i64_range(const at::Tensor& t, const char* name, int64_t n, int64_t limit, const char* limit_name) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == 1 && t.is_contiguous(),
                 name, " must be a contiguous CPU int64 tensor with 1 dim, got ", t.scalar_type(), " ", t.sizes());
@@ -316,6 +328,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("post_weight"), py::arg("eps"),
           py::arg("unit_offset") = false);
     m.def("glu", &agentkv::ops::glu, nogil, "act(x[:, :f]) * x[:, f:] -> [n, f]", py::arg("x"), py::arg("kind"));
+    m.def("clamped_swiglu", &agentkv::ops::clamped_swiglu, nogil,
+          "gpt-oss's (clip(up, +-limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit), elementwise",
+          py::arg("gate"), py::arg("up"), py::arg("alpha"), py::arg("limit"));
     m.def("attention_inputs", &agentkv::ops::attention_inputs, nogil,
           "split q|k|v, q/k norm, rope, store K/V at slots -> q [n, h, hd]",
           py::arg("qkv"), py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"),

@@ -162,6 +162,20 @@ void glu_raw(const float* x, float* out, int64_t rows, int64_t f, int kind) {
     });
 }
 
+void clamped_swiglu_raw(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit) {
+    const __m256 one = _mm256_set1_ps(1.0f), hi = _mm256_set1_ps(limit), lo = _mm256_set1_ps(-limit);
+    const __m256 neg_alpha = _mm256_set1_ps(-alpha);
+    // Every op is lane-wise, so an element's bits do not depend on the lanes it rides in.
+    parallel_chunks((n + 7) / 8, grain_rows(16), [&](int64_t b, int64_t e) {
+        for (int64_t j = 8 * b; j < std::min(n, 8 * e); j += 8) {
+            const __m256 g = _mm256_min_ps(load8(gate + j, n - j), hi);
+            const __m256 u = _mm256_min_ps(_mm256_max_ps(load8(up + j, n - j), lo), hi);
+            const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_mul_ps(neg_alpha, g))));
+            store8(out + j, _mm256_mul_ps(_mm256_add_ps(u, one), s), n - j);
+        }
+    });
+}
+
 void attention_inputs_raw(const AttentionInputsArgs& a) {
     const int64_t width = (a.h + 2 * a.kvh) * a.hd, kv_width = a.kvh * a.hd, half = a.rope_dim / 2;
     const bool f16 = a.k_half != nullptr;

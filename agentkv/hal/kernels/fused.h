@@ -20,6 +20,10 @@ void add_norm_raw(float* h, const float* delta, const float* w, const float* pos
 enum GluKind : int { GLU_SILU = 0, GLU_GELU_TANH = 1 };
 void glu_raw(const float* x, float* out, int64_t rows, int64_t f, int kind);
 
+// gpt-oss's clamped SwiGLU over n elements (gate and up apart, not interleaved; out may alias
+// gate): g = min(gate, limit), u = clip(up, -limit, limit), out = (u + 1) * g / (1 + exp(-alpha g)).
+void clamped_swiglu_raw(const float* gate, const float* up, float* out, int64_t n, float alpha, float limit);
+
 // Split q|k|v rows, optional per-head RMSNorm of q and k, rope, K/V into their cache slots
 // (f32, or rounded to f16 to nearest even, as torch's .to(float16) rounds).
 struct AttentionInputsArgs {

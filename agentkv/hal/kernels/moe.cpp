@@ -10,6 +10,10 @@
 //       h = glu(g | u)       --down--> y [c, d]   -> slots_out[slot]
 //   out[t] = p[t, 0] * y[t, 0];  out[t] = out[t] + p[t, j] * y[t, j] for j = 1 .. k-1
 //
+// gpt-oss's biased experts (hal/biased_moe.py) take the same route with each projection's
+// per-expert bias added to its output rows (g += bg[e], u += bu[e], y += bd[e]) and the
+// clamped SwiGLU of fused.cpp in place of glu (act 2); elementwise, so still row-invariant.
+//
 // Every matmul is the row-invariant driver of qmatmul.cpp (threads over output columns), the
 // activation is fused.cpp's glu, and the weighted sum is elementwise in rank order, so a
 // token's bits depend only on its own row, never on which tokens share its batch or chunk.
@@ -39,6 +43,15 @@ struct ExpertBank {
     std::vector<at::Tensor> w;
     int64_t qtype = 0, rows = 0, k = 0, row_bytes = 0;
     std::vector<const uint8_t*> blocks;  // w[e]'s bytes (quantized banks)
+    std::vector<at::Tensor> bias;         // bias[e] f32 [rows], or empty: no bias
+
+    // out[r] += bias[e] for each of the c rows of out [c, rows]
+    void add_bias(int64_t e, float* out, int64_t c) const {
+        if (bias.empty()) return;
+        const float* b = bias[e].data_ptr<float>();
+        for (int64_t r = 0; r < c; ++r)
+            for (int64_t i = 0; i < rows; ++i) out[r * rows + i] = out[r * rows + i] + b[i];
+    }
 
     // out[c, rows] = x[c, k] @ w[e].T
     void apply(int64_t e, const float* x, int64_t c, float* out) const {
@@ -60,7 +73,8 @@ int64_t bank_row_bytes(int64_t qtype, int64_t k) {
     return k / qk * bytes;
 }
 
-ExpertBank bank(std::vector<at::Tensor> w, int64_t qtype, int64_t rows, int64_t k, const char* name) {
+ExpertBank bank(std::vector<at::Tensor> w, std::vector<at::Tensor> bias, int64_t qtype, int64_t rows, int64_t k,
+                const char* name) {
     TORCH_CHECK(!w.empty(), name, ": no experts");
     const int64_t rb = bank_row_bytes(qtype, k);
     for (size_t e = 0; e < w.size(); ++e) {
@@ -75,10 +89,17 @@ ExpertBank bank(std::vector<at::Tensor> w, int64_t qtype, int64_t rows, int64_t 
                         t.numel());
         }
     }
+    TORCH_CHECK(bias.empty() || bias.size() == w.size(), name, ": ", bias.size(), " biases for ", w.size(),
+                " experts");
+    for (size_t e = 0; e < bias.size(); ++e)
+        TORCH_CHECK(bias[e].device().is_cpu() && bias[e].is_contiguous() && bias[e].scalar_type() == at::kFloat &&
+                        bias[e].numel() == rows,
+                    name, " bias[", e, "] must be a contiguous float32 [", rows, "] tensor, got ",
+                    bias[e].scalar_type(), " ", bias[e].sizes());
     std::vector<const uint8_t*> blocks;
     if (qtype != 0)
         for (const at::Tensor& t : w) blocks.push_back(t.data_ptr<uint8_t>());
-    return ExpertBank{std::move(w), qtype, rows, k, rb, std::move(blocks)};
+    return ExpertBank{std::move(w), qtype, rows, k, rb, std::move(blocks), std::move(bias)};
 }
 
 // A decode matmul's columns are worth a pool chunk from this many weight bytes (as qmatmul.cpp).
@@ -128,9 +149,26 @@ Groups group_slots(const int64_t* chosen, int64_t slots, int64_t experts) {
     return g;
 }
 
+constexpr int64_t CLAMPED_SWIGLU = 2;  // gpt-oss's activation (fused.h's clamped_swiglu_raw)
+
 struct MoEExperts {
     ExpertBank gate, up, down;
     int64_t act = 0;
+    float alpha = 0.0f, limit = 0.0f;  // CLAMPED_SWIGLU's gain and clamp
+
+    // h [c, f] from g and u [c, f] (each with its bias added), written over g; gu is scratch
+    void activate(float* g, const float* u, float* gu, int64_t c) const {
+        const int64_t f = gate.rows;
+        if (act == CLAMPED_SWIGLU) {
+            clamped_swiglu_raw(g, u, g, c * f, alpha, limit);
+            return;
+        }
+        for (int64_t r = 0; r < c; ++r) {
+            std::memcpy(gu + r * 2 * f, g + r * f, sizeof(float) * f);
+            std::memcpy(gu + r * 2 * f + f, u + r * f, sizeof(float) * f);
+        }
+        glu_raw(gu, g, c, f, static_cast<int>(act));
+    }
 
     int64_t experts() const { return static_cast<int64_t>(gate.w.size()); }
 
@@ -143,12 +181,11 @@ struct MoEExperts {
         float* gu = u + c * f;  // [c, 2f]: gate | up per row, as glu reads them
         gate.apply(e, xr, c, g);
         up.apply(e, xr, c, u);
-        for (int64_t r = 0; r < c; ++r) {
-            std::memcpy(gu + r * 2 * f, g + r * f, sizeof(float) * f);
-            std::memcpy(gu + r * 2 * f + f, u + r * f, sizeof(float) * f);
-        }
-        glu_raw(gu, g, c, f, static_cast<int>(act));  // h [c, f] over g's storage
+        gate.add_bias(e, g, c);
+        up.add_bias(e, u, c);
+        activate(g, u, gu, c);  // h [c, f] over g's storage
         down.apply(e, g, c, y);
+        down.add_bias(e, y, c);
     }
 
     // x [n, d], chosen int64 [n, k], probs f32 [n, k] -> the weighted expert sum [n, d].
@@ -202,11 +239,11 @@ struct MoEExperts {
             qtypes.push_back(static_cast<int>(up.qtype));
         }
         decode_all(jobs, qtypes, f, std::max(gate.row_bytes, up.row_bytes));
-        for (int64_t r = 0; r < rows; ++r) {
-            std::memcpy(gu.data() + r * 2 * f, g.data() + r * f, sizeof(float) * f);
-            std::memcpy(gu.data() + r * 2 * f + f, u.data() + r * f, sizeof(float) * f);
+        for (const Active& a : active) {
+            gate.add_bias(a.e, g.data() + a.row0 * f, a.c);
+            up.add_bias(a.e, u.data() + a.row0 * f, a.c);
         }
-        glu_raw(gu.data(), g.data(), rows, f, static_cast<int>(act));  // h [rows, f] over g
+        activate(g.data(), u.data(), gu.data(), rows);  // h [rows, f] over g
         jobs.clear();
         qtypes.clear();
         for (const Active& a : active) {
@@ -214,6 +251,7 @@ struct MoEExperts {
             qtypes.push_back(static_cast<int>(down.qtype));
         }
         decode_all(jobs, qtypes, d, down.row_bytes);
+        for (const Active& a : active) down.add_bias(a.e, y + a.row0 * d, a.c);
     }
 
     static void weighted_sum(const float* ys, const float* p, float* out, int64_t n, int64_t k, int64_t d) {
@@ -245,14 +283,24 @@ struct MoEExperts {
 };
 
 MoEExperts moe_experts(std::vector<at::Tensor> gate, std::vector<at::Tensor> up, std::vector<at::Tensor> down,
-                       std::vector<int64_t> qtypes, int64_t d, int64_t f, int64_t act) {
+                       std::vector<int64_t> qtypes, int64_t d, int64_t f, int64_t act,
+                       std::vector<std::vector<at::Tensor>> biases, double alpha, double limit) {
     TORCH_CHECK(qtypes.size() == 3, "qtypes must be [gate, up, down], got ", qtypes.size(), " entries");
     TORCH_CHECK(gate.size() == up.size() && gate.size() == down.size(), "experts: ", gate.size(), " gate, ",
                 up.size(), " up and ", down.size(), " down weights");
-    TORCH_CHECK(act == GLU_SILU || act == GLU_GELU_TANH, "act ", act, " unknown (0 silu, 1 gelu_tanh)");
+    TORCH_CHECK(act == GLU_SILU || act == GLU_GELU_TANH || act == CLAMPED_SWIGLU, "act ", act,
+                " unknown (0 silu, 1 gelu_tanh, 2 clamped swiglu)");
+    TORCH_CHECK(act != CLAMPED_SWIGLU || limit > 0, "the clamped SwiGLU's limit must be > 0, got ", limit);
+    TORCH_CHECK(biases.empty() || biases.size() == 3, "biases must be [] or [gate, up, down], got ", biases.size(),
+                " lists");
     TORCH_CHECK(d > 0 && f > 0, "d=", d, " and f=", f, " must be > 0");
-    return MoEExperts{bank(std::move(gate), qtypes[0], f, d, "gate"), bank(std::move(up), qtypes[1], f, d, "up"),
-                      bank(std::move(down), qtypes[2], d, f, "down"), act};
+    biases.resize(3);
+    return MoEExperts{bank(std::move(gate), std::move(biases[0]), qtypes[0], f, d, "gate"),
+                      bank(std::move(up), std::move(biases[1]), qtypes[1], f, d, "up"),
+                      bank(std::move(down), std::move(biases[2]), qtypes[2], d, f, "down"),
+                      act,
+                      static_cast<float>(alpha),
+                      static_cast<float>(limit)};
 }
 
 }  // namespace
@@ -265,9 +313,11 @@ void bind_moe(pybind11::module_& m) {
              py::arg("x"), py::arg("chosen"), py::arg("probs"));
     m.def("moe_experts", &moe_experts,
           "one layer's routed experts: per-expert gate/up [f, d] and down [d, f] weights, qtypes [gate, up, down] "
-          "(0 f32), d, f, act (0 silu, 1 gelu_tanh)",
+          "(0 f32), d, f, act (0 silu, 1 gelu_tanh, 2 gpt-oss's clamped swiglu with alpha and limit), "
+          "biases [] or per-expert f32 [gate, up, down] lists",
           py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("qtypes"), py::arg("d"), py::arg("f"),
-          py::arg("act"));
+          py::arg("act"), py::arg("biases") = std::vector<std::vector<at::Tensor>>{}, py::arg("alpha") = 0.0,
+          py::arg("limit") = 0.0);
 }
 
 }  // namespace ops
