@@ -217,3 +217,18 @@ def save_figure(fig, path: Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def write_once(path: Path, write) -> Path:
+    """`path`, written first by `write(partial)` when it does not exist: under a temporary
+    name renamed at the end, so a half-written file never takes the name."""
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".partial-{os.getpid()}")
+    try:
+        write(partial)
+        partial.rename(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path

@@ -10,14 +10,13 @@ tensor (never held in memory whole) with progress, under a temporary name rename
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from agentkv.bench.common import cache_dir, log
-from agentkv.bench.moe_model import write_vocab
+from agentkv.bench.common import cache_dir, write_once
+from agentkv.bench.moe_model import write_tensor_data, write_vocab
 
 MXFP4 = 39  # gguf.GGMLQuantizationType.MXFP4: 32 E2M1 codes + one E8M0 scale in 17 bytes
 
@@ -57,16 +56,7 @@ def synthetic_gptoss(shape: GptOssShape, seed: int = 0, folder: Path | None = No
     """The path of the synthetic GGUF of `shape`, written first if it is not cached."""
     folder = Path(folder) if folder is not None else cache_dir()
     path = folder / f"gptoss-synthetic-{shape.tag}-s{seed}.gguf"
-    if path.exists():
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".partial-{os.getpid()}")
-    try:
-        _write(partial, shape, seed)
-        partial.rename(path)
-    finally:
-        partial.unlink(missing_ok=True)
-    return path
+    return write_once(path, lambda partial: _write(partial, shape, seed))
 
 
 def _tensors(shape: GptOssShape):
@@ -122,17 +112,7 @@ def _write(path: Path, shape: GptOssShape, seed: int) -> None:
         else:
             dtype = np.dtype(np.float16 if kind == "f16" else np.float32)
             writer.add_tensor_info(name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    rng, written, total = np.random.default_rng(seed), 0, sum(ti.nbytes for ti in writer.tensors[0].values())
-    for i, (name, dims, kind) in enumerate(entries):
-        data = _data(dims, kind, rng)
-        writer.write_tensor_data(data)
-        written += data.nbytes
-        if name.endswith("ffn_down_exps.weight") or i == len(entries) - 1:  # once a layer
-            log(f"writing {path.name}: {written / 2**30:.2f} of {total / 2**30:.2f} GiB")
-    writer.close()
+    write_tensor_data(writer, path, entries, _data, seed, "ffn_down_exps.weight")
 
 
 def _metadata(writer, shape: GptOssShape) -> None:

@@ -153,3 +153,21 @@ def write_vocab(writer, size: int) -> None:
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(False)
+
+
+def write_tensor_data(writer, path: Path, entries: list, data, seed: int, layer_end: str) -> None:
+    """After the header, kv and tensor infos: each entry's `data(dims, kind, rng)` in order
+    from one seeded generator, logging progress when a tensor named `*layer_end` is done."""
+    from agentkv.bench.common import log
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng, written, total = np.random.default_rng(seed), 0, sum(ti.nbytes for ti in writer.tensors[0].values())
+    for i, (name, dims, kind) in enumerate(entries):
+        block = data(dims, kind, rng)
+        writer.write_tensor_data(block)
+        written += block.nbytes
+        if name.endswith(layer_end) or i == len(entries) - 1:  # once a layer
+            log(f"writing {path.name}: {written / 2**30:.2f} of {total / 2**30:.2f} GiB")
+    writer.close()

@@ -225,9 +225,11 @@ class DeepseekModel(MoEModel):
         if self.source.has_tensor(name):
             kv_b = self.source.dequantized(name).reshape(spec.num_heads * (spec.nope_dim + spec.v_dim), spec.kv_rank)
             uk, uv = kv_b_heads(np.asarray(kv_b, np.float32), spec)
+            self.weight_formats[name] = F32
         else:  # llama.cpp's split: attn_k_b [h, nope, kv_rank]... as the converter writes it
             uk, uv = self._split_kv_b(i)
-        self.weight_formats[name] = F32
+            for part in ("k_b", "v_b"):
+                self.weight_formats[f"blk.{i}.attn_{part}.weight"] = F32
         up = lambda tag, h, a: be.upload_weight(f"blk.{i}.{tag}[{h}]", a, F32, a.shape)  # noqa: E731
         return tuple(up("uk", h, a) for h, a in enumerate(uk)), tuple(up("uv", h, a) for h, a in enumerate(uv))
 

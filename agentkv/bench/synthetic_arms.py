@@ -1,0 +1,209 @@
+"""The two arms of the synthetic-GGUF benchmarks (`bench gptoss`, `bench mla`): agentkv in
+its own process and llama.cpp's own `llama-server`, on the same file, THREADS threads each.
+
+Each arm reports: load time; a first 512-token prefill of another prompt (it pages the mapped
+weights in: reported, not in the ratios); the timed prefill and single-stream decode after it;
+RSS; KV bytes per token; and, when `spec["long_len"]` is set, a decode after a prompt of that
+many tokens (`long_prefill_tok_s`, `long_decode_tok_s`). `spec`: model, prompt_len, decode_len,
+vocab, long_len (0: none)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from agentkv.bench import peers
+from agentkv.bench.common import log, memory_mib, prompt_ids
+
+_KV_LINE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
+
+
+def timed_decode(engine, ids: list[int], decode_len: int) -> tuple[float, int, float]:
+    """Greedy `decode_len` tokens after `ids`: (prefill seconds, tokens after the first, their
+    seconds). The prefill runs until the first token (a long prompt takes several chunks)."""
+    from agentkv.runtime.params import SamplingParams
+
+    params = SamplingParams(max_tokens=decode_len + 1, temperature=0.0, ignore_eos=True)
+    engine.add_request(f"decode-{time.monotonic_ns()}", ids, params)
+    t0 = time.perf_counter()
+    while engine.has_unfinished() and not engine.step():
+        pass
+    t1 = time.perf_counter()
+    n = 0
+    while engine.has_unfinished():
+        n += len(engine.step())
+    return t1 - t0, n, time.perf_counter() - t1
+
+
+def agentkv_arm(spec: dict) -> dict:
+    """agentkv (cpu backend, resident weights, no prefix cache): see the module docstring."""
+    import torch
+
+    from agentkv.bench.engine import build_engine
+
+    torch.set_num_threads(peers.THREADS)
+    before = memory_mib()
+    started = time.perf_counter()
+    max_len = max(spec["prompt_len"], spec.get("long_len", 0)) + spec["decode_len"] + 32
+    args = SimpleNamespace(model=spec["model"], backend="cpu", weights="resident")
+    engine = build_engine(args, prefix_cache=False, num_blocks=-(-max_len // 16) + 2, max_model_len=max_len)
+    load_s = time.perf_counter() - started
+    vocab, n = engine.vocab_size, spec["prompt_len"]
+    first_s, _, _ = timed_decode(engine, prompt_ids(vocab, n, seed=1), 0)
+    prefill_s, _, _ = timed_decode(engine, prompt_ids(vocab, n), 0)
+    _, tokens, decode_s = timed_decode(engine, prompt_ids(vocab, n), spec["decode_len"])
+    out = {
+        "load_s": load_s,
+        "first_prefill_s": first_s,
+        "prefill_tok_s": n / prefill_s,
+        "decode_tok_s": tokens / decode_s,
+        "rss_mib": memory_mib()["rss"] - before["rss"],
+        "kv_bytes_per_token": engine.model.kv_spec(1, 16).bytes_per_token,
+        "kv_dtype": engine.backend.kv_dtype,
+        "kernels": engine.backend.identity.isa,
+    }
+    if spec.get("long_len"):
+        long_s, tokens, decode_s = timed_decode(engine, prompt_ids(vocab, spec["long_len"], seed=2), spec["decode_len"])
+        out |= {"long_prefill_tok_s": spec["long_len"] / long_s, "long_decode_tok_s": tokens / decode_s}
+    return out
+
+
+def llama_server_arm(spec: dict, binary: Path, work: Path, timeout_s: float) -> dict:
+    """llama-server (one slot, no prompt cache between the timed requests): its own timings."""
+    import psutil
+
+    from agentkv.bench.llama_server import LlamaServer
+
+    if not binary.exists():
+        return peers.skipped(f"no llama-server at {binary} (bench/build_llama_server.sh builds it)")
+    work.mkdir(parents=True, exist_ok=True)
+    n_ctx = max(spec["prompt_len"], spec.get("long_len", 0)) + spec["decode_len"] + 32
+    log_path = work / f"llama-server-{Path(spec['model']).stem}.log"
+    server = LlamaServer(binary, spec["model"], ["-c", str(n_ctx), "-np", "1"], log_path)
+    started = time.perf_counter()
+    try:
+        server.start(timeout_s)
+    except (OSError, RuntimeError):
+        server.stop()
+        raise
+    load_s = time.perf_counter() - started
+    vocab, n, d = spec["vocab"], spec["prompt_len"], spec["decode_len"]
+
+    def completion(ids: list[int], n_predict: int) -> dict:
+        body = {"prompt": ids, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False}
+        return server.post("/completion", body)["timings"]
+
+    try:
+        first = completion(prompt_ids(vocab, n, seed=1), 1)
+        pre, dec = completion(prompt_ids(vocab, n), 1), completion(prompt_ids(vocab, n), d)
+        long = completion(prompt_ids(vocab, spec["long_len"], seed=2), d) if spec.get("long_len") else None
+        rss = psutil.Process(server.proc.pid).memory_info().rss / 2**20
+    finally:
+        server.stop()
+    out = {
+        "load_s": load_s,
+        "first_prefill_s": first["prompt_ms"] / 1000.0,
+        "prefill_tok_s": pre["prompt_per_second"],
+        "decode_tok_s": dec["predicted_per_second"],
+        "rss_mib": rss,
+        "kv_bytes_per_token": kv_bytes_per_token(log_path),
+        "kernels": "llama-server",
+    }
+    if long is not None:
+        out |= {"long_prefill_tok_s": long["prompt_per_second"], "long_decode_tok_s": long["predicted_per_second"]}
+    return out
+
+
+def kv_bytes_per_token(log_path: Path) -> float | None:
+    """llama-server's KV cache bytes per token (cell), from its `llama_kv_cache: size = ...`
+    log line (summed when it logs more than one cache), or None when it logged none."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    found = [(float(mib), int(cells)) for mib, cells in _KV_LINE.findall(text)]
+    if not found:
+        return None
+    return sum(mib * 2**20 / cells for mib, cells in found if cells)
+
+
+def run_both(spec: dict, out: Path, server_binary: str | None, timeout_s: float) -> dict:
+    """agentkv's arm in its own process, then llama-server's (a failure of either is its
+    result, `{"error": ...}`): arm name -> result."""
+    from agentkv.bench.isolate import run_isolated
+    from agentkv.bench.llama_server import default_server_binary
+
+    log("agentkv ...")
+    results = {"agentkv": run_isolated(f"{__name__}:agentkv_arm", spec, out / "runs", "agentkv", timeout_s)}
+    log("llama-server ...")
+    binary = Path(server_binary) if server_binary else default_server_binary()
+    try:
+        results["llama-server"] = llama_server_arm(spec, binary, out / "runs" / "llama-server", timeout_s)
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        results["llama-server"] = {"error": f"llama-server {binary}: {exc}"}
+    return results
+
+
+def speed_ratios(results: dict, keys: tuple[str, ...]) -> dict[str, float]:
+    """agentkv ÷ llama-server for each of `keys` both arms measured ({} unless both ran)."""
+    from agentkv.bench.isolate import failed
+
+    ours, theirs = results.get("agentkv", {}), results.get("llama-server", {})
+    if failed(ours) or failed(theirs) or not ours or not theirs:
+        return {}
+    return {k: ours[k] / theirs[k] for k in keys if ours.get(k) and theirs.get(k)}
+
+
+def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str, ...]) -> dict:
+    """Both arms on the synthetic GGUF `path` of `shape` (a dataclass with `top_k` and
+    `vocab`), with the memory bandwidth, the decode bytes per token and the load average
+    around the run: the benchmark's JSON payload."""
+    import os
+    from dataclasses import asdict
+
+    from agentkv.bench.common import envelope
+    from agentkv.bench.isolate import failed
+    from agentkv.bench.moe import decode_bytes, verdict
+    from agentkv.bench.quant import SPEED_TARGET, bandwidth_gbs
+
+    log("measuring memory bandwidth ...")
+    bw = bandwidth_gbs()
+    spec = {"model": str(path), "prompt_len": args.prompt_len, "decode_len": args.decode_len, "vocab": shape.vocab}
+    spec["long_len"] = getattr(args, "long_len", 0)
+    load_before = os.getloadavg()
+    results = run_both(spec, Path(args.out), args.llama_server, args.arm_timeout)
+    facts = decode_bytes(path, shape.top_k)
+    file_mib = path.stat().st_size / 2**20
+    vs = speed_ratios(results, speeds)
+    return envelope(
+        benchmark,
+        model=str(path),
+        shape=asdict(shape),
+        file_mib=file_mib,
+        gguf=facts,
+        threads=peers.THREADS,
+        bandwidth=bw,
+        decode_ceiling_tok_s=bw["best_gbs"] * 1e9 / facts["decode_bytes_per_token"],
+        rss_over_file={a: r["rss_mib"] / file_mib for a, r in results.items() if not failed(r)},
+        load_average_before=load_before,
+        load_average_after=os.getloadavg(),
+        results=results,
+        ratios={"vs_llama_server": vs},
+        targets={"speed_vs_llama_server": SPEED_TARGET, "rss_over_file": 1.1},
+        speed_verdict=verdict(vs) if vs else "not measured",
+    )
+
+
+def publish(payload: dict, md: list[str], title: str, speeds: tuple[str, ...], out: Path) -> None:
+    """The payload's JSON, its Markdown and a bar plot of `speeds` per arm into `out`."""
+    from agentkv.bench.common import bar_plot, print_paths, write_outputs
+    from agentkv.bench.isolate import failed
+
+    name = payload["benchmark"]
+    groups = {k: {a: r.get(k) for a, r in payload["results"].items() if not failed(r)} for k in speeds}
+    png = bar_plot(out / f"{name}.png", title, groups, "tok/s")
+    if png:
+        md.append(f"\n![{name}]({png.name})")
+    print_paths({**write_outputs(out, name, payload, md), **({"png": png} if png else {})})

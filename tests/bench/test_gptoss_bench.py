@@ -1,0 +1,30 @@
+"""`agentkv bench gptoss` on a tiny shape of gpt-oss's layout: the run writes every figure for
+agentkv (MXFP4 experts on the compiled path) and llama-server's arm where the binary is built,
+otherwise reports it as skipped."""
+
+from __future__ import annotations
+
+import json
+
+from agentkv.bench.llama_server import server_missing
+from agentkv.cli import main
+
+TINY = ["--layers=2", "--d=256", "--ffn=256", "--heads=4", "--kv-heads=2", "--experts=4", "--top-k=2", "--vocab=400"]
+
+
+def test_bench_gptoss_writes_every_figure(tmp_path):
+    rc = main(
+        ["bench", "gptoss", *TINY, "--prompt-len", "32", "--decode-len", "2"]
+        + ["--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path)]
+    )
+    assert rc == 0
+    payload = json.loads((tmp_path / "gptoss.json").read_text())
+    ours = payload["results"]["agentkv"]
+    for key in ("prefill_tok_s", "decode_tok_s", "first_prefill_s", "rss_mib", "kv_bytes_per_token"):
+        assert ours[key] > 0, key
+    assert "long_decode_tok_s" not in ours  # no long prompt unless asked
+    peer = payload["results"]["llama-server"]
+    if server_missing():
+        assert peer.get("skipped"), peer
+    else:
+        assert set(payload["ratios"]["vs_llama_server"]) == {"prefill_tok_s", "decode_tok_s"}
