@@ -152,3 +152,40 @@ def test_openai_agents_tool_loop_in_harmony(served, model_class):
     assert len(ran) == 2 and set(ran) <= {"Paris", "Oslo"}
     assert result.final_output == f"sunny in {ran[1]}"
     assert live.engine.stats().prefix_hit_tokens - hits_before > 50  # turn two over turn one's prompt
+
+
+ROLE_FORM = "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+CHANNEL_FORM = "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+
+
+def test_a_forced_call_rendered_back_hits_the_cache_over_its_tokens(served):
+    """Turn one is forced to a call; turn two's prompt (the template rendering that call and
+    the tool's result) starts with turn one's prompt and generated tokens exactly, so the
+    radix cache (token-exact, partial blocks included) covers all of them but the last sampled
+    one (`<|call|>`, whose KV is never computed). Control: the same prompt with the call's
+    header in the channel form (what the grammar wrote before) hits only turn one's prompt."""
+    import httpx
+
+    live, _ = served
+    client = _client(live)
+    first = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=96
+    )
+    assert first.choices[0].finish_reason == "tool_calls"
+    call = first.choices[0].message.tool_calls[0]
+    turn = [*ASK, first.choices[0].message.model_dump(exclude_none=True)]
+    turn.append({"role": "tool", "tool_call_id": call.id, "content": "sunny"})
+    second = client.chat.completions.create(model="tiny", messages=turn, tools=[WEATHER], max_tokens=1, temperature=0)
+    covered = first.usage.prompt_tokens + first.usage.completion_tokens - 1
+    assert second.usage.prompt_tokens_details.cached_tokens >= covered
+
+    body = {"model": "tiny", "messages": turn, "tools": [WEATHER]}
+    ids = httpx.post(live.base_url + "/tokenize", json=body, timeout=30).json()["tokens"]
+    text = httpx.post(live.base_url + "/detokenize", json={"model": "tiny", "tokens": ids}, timeout=30).json()["prompt"]
+    assert text.count(ROLE_FORM + call.function.arguments + "<|call|>") == 1  # the arguments as generated
+    cached = {}
+    for name, prompt in (("same", text), ("channel form", text.replace(ROLE_FORM, CHANNEL_FORM))):
+        done = client.completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0)
+        cached[name] = done.usage.prompt_tokens_details.cached_tokens
+    assert cached["same"] >= covered  # the completions path tokenizes as chat does
+    assert cached["channel form"] == first.usage.prompt_tokens < covered
