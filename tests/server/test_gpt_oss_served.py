@@ -113,11 +113,11 @@ def test_tokenize_renders_system_developer_and_tools(served):
 @pytest.mark.parametrize("model_class", ["OpenAIResponsesModel", "OpenAIChatCompletionsModel"])
 def test_openai_agents_tool_loop_in_harmony(served, model_class):
     """Two turns, each forced (`tool_choice="required"`, kept by `reset_tool_choice=False`): each
-    call is generated through harmony's grammar (`<|channel|>commentary to=functions.get_weather
-    <|constrain|>json<|message|>...<|call|>`), parsed back into a call and run with
-    schema-valid arguments; turn two's prompt carries turn one's call and the tool's result
-    (rendered back by the template) and reuses turn one's prompt from the cache. The run ends
-    after the second call (a random model never ends a turn by itself)."""
+    call is generated through harmony's grammar (` to=functions.get_weather<|channel|>commentary
+    json<|message|>...<|call|>`, the form the template renders back), parsed back into a call
+    and run with schema-valid arguments; turn two's prompt carries turn one's call and the
+    tool's result and reuses from the cache all of turn one's prompt and call but the last
+    sampled token. The run ends after the second call (a random model never ends a turn by itself)."""
     import agents
     from openai import AsyncOpenAI
 
@@ -152,6 +152,10 @@ def test_openai_agents_tool_loop_in_harmony(served, model_class):
     assert len(ran) == 2 and set(ran) <= {"Paris", "Oslo"}
     assert result.final_output == f"sunny in {ran[1]}"
     assert live.engine.stats().prefix_hit_tokens - hits_before > 50  # turn two over turn one's prompt
+    # (the chat variant runs second and could also hit the Responses run's turn two; the
+    # forced-call test below holds the control)
+    first, second = (r.usage for r in result.raw_responses[:2])
+    assert second.input_tokens_details.cached_tokens >= first.input_tokens + first.output_tokens - 1
 
 
 ROLE_FORM = "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
