@@ -33,6 +33,21 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+class JSONArguments(dict):
+    """A tool call's arguments as the template sees them (a dict), remembering the JSON text
+    they were parsed from: `tojson` writes that text back unchanged, so a call rendered back
+    into the next prompt is byte for byte the JSON the model generated (its number spellings
+    and string escapes included, which a re-serialization could change) and the prefix cache
+    covers it. A `tojson` with options (indent, separators, ...) serializes the dict as usual.
+    The text's attribute name is one no JSON key is: jinja looks attributes up before keys."""
+
+    __slots__ = ("_agentkv_json_text",)
+
+    def __init__(self, value: dict[str, Any], text: str) -> None:
+        super().__init__(value)
+        self._agentkv_json_text = text
+
+
 def _tojson(
     x: Any,
     ensure_ascii: bool = False,
@@ -41,6 +56,8 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # jinja's own tojson HTML-escapes '<', '>', '&' and "'"; HF's does not.
+    if isinstance(x, JSONArguments) and not (ensure_ascii or indent is not None or separators or sort_keys):
+        return x._agentkv_json_text
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 

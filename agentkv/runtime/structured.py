@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -107,6 +108,7 @@ class ConstraintFactory:
         self._xgr = xgr
         self.vocab_size = vocab_size
         info = _tokenizer_info(tokenizer, vocab_size, keep_tokens)
+        self._markers = _marker_ids(tokenizer, vocab_size, keep_tokens)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -181,7 +183,7 @@ class ConstraintFactory:
         xgr = self._xgr
 
         def lit(text: str) -> list[Any]:
-            return [xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text, ensure_ascii=False)}")] if text else []
+            return [xgr.Grammar.from_ebnf(f"root ::= {literal_rule(text, self._markers)}")] if text else []
 
         def piece(kind: str, value: Any) -> list[Any]:
             if kind == "lit":
@@ -292,6 +294,25 @@ def _check_first_mask(compiled: Any, vocab_size: int) -> None:
     probe = GrammarConstraint(compiled, vocab_size)
     if not probe.is_finished() and not probe.allowed_mask().any():
         raise ValueError("the grammar admits no output: no token can start it")
+
+
+def _marker_ids(tokenizer: Any, vocab_size: int, keep_tokens: frozenset[str]) -> dict[str, int]:
+    """The special tokens among `keep_tokens`, by text: ids a call's literal writes them as."""
+    ids = {t: tokenizer.token_to_id(t) for t in keep_tokens}
+    special = set(getattr(tokenizer, "special_ids", ()))
+    return {t: i for t, i in ids.items() if i is not None and i in special and i < vocab_size}
+
+
+def literal_rule(text: str, markers: dict[str, int]) -> str:
+    """An EBNF body for the literal `text` in which each marker (`markers`: text -> special
+    token id) is that one token, `Token(id)`, and the rest is strings: a forced call writes
+    `<|channel|>` as the token the tokenizer makes of it, never spelled out in bytes, so its
+    tokens are the ones the next prompt holds when the chat template renders the call back."""
+    if not markers:
+        return json.dumps(text, ensure_ascii=False)
+    pattern = "|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True))
+    parts = [p for p in re.split(f"({pattern})", text) if p]
+    return " ".join(f"Token({markers[p]})" if p in markers else json.dumps(p, ensure_ascii=False) for p in parts)
 
 
 def _repeat(parts: list[Any], sep: Any, k: int) -> list[Any]:

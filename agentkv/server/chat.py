@@ -11,6 +11,7 @@ from typing import Any
 
 import jinja2
 
+from agentkv.formats.chat_template import JSONArguments
 from agentkv.server.errors import APIError, bad_request
 from agentkv.server.schemas import ChatMessage, TextPart
 from agentkv.server.tools import render_tool_call
@@ -49,10 +50,13 @@ def message_text(msg: ChatMessage, index: int) -> str:
 
 
 def _arguments_obj(arguments: str) -> Any:
+    """The client's arguments string as the template's value: an object keeps its text, so
+    `tojson` renders back what the model generated (JSONArguments); other text stays as sent."""
     try:
-        return json.loads(arguments)
+        value = json.loads(arguments)
     except json.JSONDecodeError:
         return arguments
+    return JSONArguments(value, arguments.strip()) if isinstance(value, dict) else value
 
 
 def _native_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

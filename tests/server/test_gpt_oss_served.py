@@ -113,11 +113,11 @@ def test_tokenize_renders_system_developer_and_tools(served):
 @pytest.mark.parametrize("model_class", ["OpenAIResponsesModel", "OpenAIChatCompletionsModel"])
 def test_openai_agents_tool_loop_in_harmony(served, model_class):
     """Two turns, each forced (`tool_choice="required"`, kept by `reset_tool_choice=False`): each
-    call is generated through harmony's grammar (`<|channel|>commentary to=functions.get_weather
-    <|constrain|>json<|message|>...<|call|>`), parsed back into a call and run with
-    schema-valid arguments; turn two's prompt carries turn one's call and the tool's result
-    (rendered back by the template) and reuses turn one's prompt from the cache. The run ends
-    after the second call (a random model never ends a turn by itself)."""
+    call is generated through harmony's grammar (` to=functions.get_weather<|channel|>commentary
+    json<|message|>...<|call|>`, the form the template renders back), parsed back into a call
+    and run with schema-valid arguments; turn two's prompt carries turn one's call and the
+    tool's result and reuses from the cache all of turn one's prompt and call but the last
+    sampled token. The run ends after the second call (a random model never ends a turn by itself)."""
     import agents
     from openai import AsyncOpenAI
 
@@ -152,3 +152,44 @@ def test_openai_agents_tool_loop_in_harmony(served, model_class):
     assert len(ran) == 2 and set(ran) <= {"Paris", "Oslo"}
     assert result.final_output == f"sunny in {ran[1]}"
     assert live.engine.stats().prefix_hit_tokens - hits_before > 50  # turn two over turn one's prompt
+    # (the chat variant runs second and could also hit the Responses run's turn two; the
+    # forced-call test below holds the control)
+    first, second = (r.usage for r in result.raw_responses[:2])
+    assert second.input_tokens_details.cached_tokens >= first.input_tokens + first.output_tokens - 1
+
+
+ROLE_FORM = "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+CHANNEL_FORM = "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+
+
+def test_a_forced_call_rendered_back_hits_the_cache_over_its_tokens(served):
+    """Turn one is forced to a call; turn two's prompt (the template rendering that call and
+    the tool's result) starts with turn one's prompt and generated tokens exactly, so the
+    radix cache (token-exact, partial blocks included) covers all of them but the last sampled
+    one (`<|call|>`, whose KV is never computed). Control: the same prompt with the call's
+    header in the channel form (what the grammar wrote before) hits only turn one's prompt."""
+    import httpx
+
+    live, _ = served
+    client = _client(live)
+    first = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=96
+    )
+    assert first.choices[0].finish_reason == "tool_calls"
+    call = first.choices[0].message.tool_calls[0]
+    turn = [*ASK, first.choices[0].message.model_dump(exclude_none=True)]
+    turn.append({"role": "tool", "tool_call_id": call.id, "content": "sunny"})
+    second = client.chat.completions.create(model="tiny", messages=turn, tools=[WEATHER], max_tokens=1, temperature=0)
+    covered = first.usage.prompt_tokens + first.usage.completion_tokens - 1
+    assert second.usage.prompt_tokens_details.cached_tokens >= covered
+
+    body = {"model": "tiny", "messages": turn, "tools": [WEATHER]}
+    ids = httpx.post(live.base_url + "/tokenize", json=body, timeout=30).json()["tokens"]
+    text = httpx.post(live.base_url + "/detokenize", json={"model": "tiny", "tokens": ids}, timeout=30).json()["prompt"]
+    assert text.count(ROLE_FORM + call.function.arguments + "<|call|>") == 1  # the arguments as generated
+    cached = {}
+    for name, prompt in (("same", text), ("channel form", text.replace(ROLE_FORM, CHANNEL_FORM))):
+        done = client.completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0)
+        cached[name] = done.usage.prompt_tokens_details.cached_tokens
+    assert cached["same"] >= covered  # the completions path tokenizes as chat does
+    assert cached["channel form"] == first.usage.prompt_tokens < covered

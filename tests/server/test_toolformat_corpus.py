@@ -59,6 +59,14 @@ def w_mistral_v3(calls):
 
 
 def w_harmony(calls):
+    """The role form, as the grammar writes calls and gpt-oss's template renders them back."""
+    return "<|start|>assistant".join(
+        f" to=functions.{n}<|channel|>commentary json<|message|>{dumps(a)}<|call|>" for n, a in calls
+    )
+
+
+def w_harmony_channel(calls):
+    """The channel form, which the model may write as well."""
     return "<|start|>assistant".join(
         f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{dumps(a)}<|call|>" for n, a in calls
     )
@@ -226,6 +234,22 @@ EXTRA: dict[str, list[Case]] = {
             "Checking.",
             CALL1,
         ),
+        Case("channel_form", w_harmony_channel(CALL1), None, CALL1),
+        Case("channel_form_parallel", w_harmony_channel(CALL1 * 2), None, CALL1 * 2),
+        Case(
+            "channel_form_after_reasoning",
+            "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant" + w_harmony_channel(CALL1),
+            None,
+            CALL1,
+            "Need it.",
+        ),
+        Case(
+            "role_form_then_channel_form",
+            w_harmony(CALL1) + "<|start|>assistant" + w_harmony_channel(CALL1),
+            None,
+            CALL1 * 2,
+        ),
+        Case("text_to_is_not_a_recipient", "I want to=go there.", "I want to=go there.", []),
         Case(
             "unknown_recipient",
             "<|channel|>commentary to=functions.rm <|constrain|>json<|message|>{}<|call|>",

@@ -54,7 +54,7 @@ HARMONY = (
     "{%- if tools %}<|start|>developer<|message|># Tools\n{{ tools | tojson }}<|end|>{% endif %}"
     "{%- for m in messages %}{% if m.role == 'assistant' %}"
     "{% if m.tool_calls %}{% for c in m.tool_calls %}"
-    "<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} <|constrain|>json"
+    "<|start|>assistant to=functions.{{ c.function.name }}<|channel|>commentary json"
     "<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}"
     "{% else %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>{% endif %}"
     "{% elif m.role == 'tool' %}<|start|>functions.tool to=assistant<|channel|>commentary"
