@@ -209,7 +209,7 @@ class GraniteHybridModel(MoEModel):
             part = self.backend.upload_weight(
                 f"{name}[{tag}]", info.data[rows], info.qtype, (f, *info.shape[1:]), resident=resident
             )
-            self.weight_formats[f"{name}[{tag}]"] = part.qtype
+            self.weight_formats[name] = part.qtype  # keyed by the file tensor both halves view
             parts.append(part)
         return parts[0], parts[1]
 
