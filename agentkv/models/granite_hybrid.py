@@ -54,7 +54,6 @@ class GraniteHybridConfig:
     rope: bool
     num_experts: int = 0
     experts_per_token: int = 0
-    shared_ffn_len: int = 0
 
     @classmethod
     def from_source(cls, source: ModelSource) -> GraniteHybridConfig:
@@ -62,41 +61,25 @@ class GraniteHybridConfig:
 
     @classmethod
     def from_keys(cls, keys: SourceKeys) -> GraniteHybridConfig:
-        hp, raw = keys.hparams, keys.raw
-        if keys.gguf:
-            raise keys.error("granitehybrid GGUF files are not supported yet; load the HF folder")
-        types = raw.get("layer_types") or raw.get("layers_block_type") or []
-        if len(types) != hp.num_layers:
-            raise keys.error(f"layer_types has {len(types)} entries, expected num_hidden_layers={hp.num_layers}")
-        heads = raw.get("mamba_n_heads")
-        head_dim = raw.get("mamba_d_head", "auto")
-        if head_dim == "auto" and isinstance(heads, int) and heads > 0:
-            head_dim = int(raw.get("mamba_expand", 2)) * hp.hidden_size // heads
-        shapes = {
-            "mamba_n_heads": heads,
-            "mamba_d_head": head_dim,
-            "mamba_n_groups": raw.get("mamba_n_groups", 1),
-            "mamba_d_state": raw.get("mamba_d_state"),
-            "mamba_d_conv": raw.get("mamba_d_conv", 4),
-        }
+        """From config.json (HF) or `granitehybrid.*` (llama.cpp's converter: a layer with no
+        K/V heads is a Mamba layer, and rope only where `rope.scaling.finetuned` says so)."""
+        hp = keys.hparams
+        layers, shapes, multipliers, rope = _gguf_keys(keys) if keys.gguf else _hf_keys(keys)
+        if len(layers) != hp.num_layers:
+            raise keys.error(f"the layer pattern has {len(layers)} entries, expected {hp.num_layers} layers")
         for name, value in shapes.items():
             if not isinstance(value, int) or value <= 0:
                 raise keys.error(f"{name} is {value!r}; expected a positive integer")
-        dt_min, dt_max = _time_step_limit(keys)
-        mamba = Mamba2Spec(*shapes.values(), hp.norm_eps, dt_min, dt_max)
-        num_experts = int(raw.get("num_local_experts") or 0)
+        dt_min, dt_max = (0.0, math.inf) if keys.gguf else _time_step_limit(keys)
+        num_experts = int(keys.get("expert_count", "num_local_experts", 0) or 0)
         return cls(
             hp,
-            tuple(t in MAMBA_TYPES for t in types),
-            mamba,
-            multipliers=tuple(
-                float(raw.get(k) if raw.get(k) is not None else 1.0)
-                for k in ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
-            ),
-            rope=raw.get("position_embedding_type") == "rope",
+            layers,
+            Mamba2Spec(*shapes.values(), hp.norm_eps, dt_min, dt_max),
+            multipliers=multipliers,
+            rope=rope,
             num_experts=num_experts,
-            experts_per_token=int(raw.get("num_experts_per_tok") or 0) if num_experts else 0,
-            shared_ffn_len=int(raw.get("shared_intermediate_size") or 0),
+            experts_per_token=int(keys.get("expert_used_count", "num_experts_per_tok", 0) or 0) if num_experts else 0,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -114,6 +97,45 @@ class GraniteHybridConfig:
             "experts_per_token": self.experts_per_token,
             "rope": self.rope,
         }
+
+
+def _hf_keys(keys: SourceKeys) -> tuple[tuple[bool, ...], dict[str, Any], tuple[float, ...], bool]:
+    """(Mamba layers, Mamba-2 shapes by key, multipliers, rope) from config.json."""
+    raw = keys.raw
+    types = raw.get("layer_types") or raw.get("layers_block_type") or []
+    heads = raw.get("mamba_n_heads")
+    head_dim = raw.get("mamba_d_head", "auto")
+    if head_dim == "auto" and isinstance(heads, int) and heads > 0:
+        head_dim = int(raw.get("mamba_expand", 2)) * keys.hparams.hidden_size // heads
+    shapes = {
+        "mamba_n_heads": heads,
+        "mamba_d_head": head_dim,
+        "mamba_n_groups": raw.get("mamba_n_groups", 1),
+        "mamba_d_state": raw.get("mamba_d_state"),
+        "mamba_d_conv": raw.get("mamba_d_conv", 4),
+    }
+    names = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
+    multipliers = tuple(float(raw[k]) if raw.get(k) is not None else 1.0 for k in names)
+    return tuple(t in MAMBA_TYPES for t in types), shapes, multipliers, raw.get("position_embedding_type") == "rope"
+
+
+def _gguf_keys(keys: SourceKeys) -> tuple[tuple[bool, ...], dict[str, Any], tuple[float, ...], bool]:
+    """(Mamba layers, Mamba-2 shapes by key, multipliers, rope) from `granitehybrid.*`."""
+    a = keys.arch
+    kv_heads = keys.get("attention.head_count_kv", None)
+    if not isinstance(kv_heads, list):
+        raise keys.error(f"{a}.attention.head_count_kv is {kv_heads!r}; expected one entry per layer (0: Mamba)")
+    heads, inner = keys.get("ssm.time_step_rank", None), keys.get("ssm.inner_size", None)
+    shapes = {
+        f"{a}.ssm.time_step_rank": heads,
+        f"{a}.ssm.inner_size / time_step_rank": inner // heads if isinstance(inner, int) and heads else None,
+        f"{a}.ssm.group_count": keys.get("ssm.group_count", None),
+        f"{a}.ssm.state_size": keys.get("ssm.state_size", None),
+        f"{a}.ssm.conv_kernel": keys.get("ssm.conv_kernel", None),
+    }
+    names = ("embedding_scale", "attention.scale", "residual_scale", "logit_scale")
+    multipliers = tuple(float(keys.get(k, None, 1.0)) for k in names)
+    return tuple(n == 0 for n in kv_heads), shapes, multipliers, bool(keys.get("rope.scaling.finetuned", None, False))
 
 
 def _time_step_limit(keys: SourceKeys) -> tuple[float, float]:
@@ -146,7 +168,9 @@ class GraniteHybridModel(MoEModel):
     def __init__(self, source, backend, options: LoadOptions = LoadOptions()):
         Model.__init__(self, source, backend, options)
         hp, cfg = self.hparams, self.config
-        rope = RopeSpec(dim=hp.head_dim, theta=hp.rope_theta, style=RopeStyle.NEOX, scaling=hp.rope_scaling)
+        gguf = source.kind == "gguf"  # llama.cpp's converter permutes q/k rows for interleaved rope
+        style = RopeStyle.INTERLEAVED if gguf else RopeStyle.NEOX
+        rope = RopeSpec(dim=hp.head_dim, theta=hp.rope_theta, style=style, scaling=hp.rope_scaling)
         self.attention_spec = AttentionSpec(
             hp.num_heads, hp.num_kv_heads, hp.head_dim, rope, cfg.multipliers[1], None, hp.norm_eps
         )
@@ -178,26 +202,33 @@ class GraniteHybridModel(MoEModel):
 
     def _mamba_weights(self, i: int) -> Mamba2Weights:
         """The conv, its bias, decay, dt bias, skip and gated-norm gain of layer i (host f32)."""
-        src, spec = self.source, self.config.mamba
+        src, spec, gguf = self.source, self.config.mamba, self.source.kind == "gguf"
         host = lambda name: src.dequantized(name).astype(np.float32).reshape(-1)  # noqa: E731
-        bias = f"blk.{i}.ssm_conv1d.bias"
+        bias, a = f"blk.{i}.ssm_conv1d.bias", host(f"blk.{i}.ssm_a")
         return Mamba2Weights(
             conv=np.ascontiguousarray(host(f"blk.{i}.ssm_conv1d.weight").reshape(spec.conv_dim, spec.conv_kernel)),
             conv_bias=host(bias) if src.has_tensor(bias) else None,
-            a_neg=(-np.exp(host(f"blk.{i}.ssm_a"))).astype(np.float32),
-            dt_bias=host(f"model.layers.{i}.mamba.dt_bias"),
+            a_neg=a if gguf else (-np.exp(a)).astype(np.float32),  # llama.cpp stores -exp(A_log)
+            dt_bias=host(f"blk.{i}.ssm_dt.bias" if gguf else f"model.layers.{i}.mamba.dt_bias"),
             d=host(f"blk.{i}.ssm_d"),
             norm=host(f"blk.{i}.ssm_norm.weight"),
         )
 
     def _ffn(self, i: int) -> DenseFFN | MoEFFN:
-        """The shared expert (HF: gate|up as one `input_linear`), alone or beside the experts."""
-        norm, down = self.weight(f"blk.{i}.ffn_norm.weight"), self.weight(f"blk.{i}.ffn_down_shexp.weight")
-        gate_up = Projection(self._halves(f"model.layers.{i}.shared_mlp.input_linear.weight"))
-        if not self.config.num_experts:
-            return DenseFFN(norm, gate_up, down)
-        shared = SharedExpert(gate_up, down)
-        return MoEFFN(norm, self.weight(f"blk.{i}.ffn_gate_inp.weight"), self._experts(i), shared)
+        """The shared expert, alone (a dense FFN) or beside the experts. HF keeps its gate|up as
+        one `input_linear`; llama.cpp's converter splits it (`ffn_{gate,up}` when dense)."""
+        w = lambda name: self.weight(f"blk.{i}.{name}")  # noqa: E731
+        dense, fused = not self.config.num_experts, f"model.layers.{i}.shared_mlp.input_linear.weight"
+        if self.source.has_tensor(fused):
+            gate_up, down = Projection(self._halves(fused)), w("ffn_down_shexp.weight")
+        else:
+            tail = "" if dense else "_shexp"
+            gate_up = Projection((w(f"ffn_gate{tail}.weight"), w(f"ffn_up{tail}.weight")))
+            down = w(f"ffn_down{tail}.weight")
+        if dense:
+            return DenseFFN(w("ffn_norm.weight"), gate_up.fused(self.backend, f"blk.{i}.gate+up"), down)
+        experts = self._experts(i)
+        return MoEFFN(w("ffn_norm.weight"), w("ffn_gate_inp.weight"), experts, SharedExpert(gate_up, down))
 
     def _halves(self, name: str) -> tuple[Weight, Weight]:
         """A `[2 f, d]` tensor as two `[f, d]` weights (first rows, last rows)."""

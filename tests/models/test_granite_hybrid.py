@@ -39,9 +39,12 @@ GRANITE = dict(
     residual_multiplier=0.22,
     logits_scaling=6.0,
 )
+# Granite-4.0-H-Micro: no experts, the shared MLP as wide as intermediate_size (llama.cpp
+# requires that of a dense granitehybrid GGUF)
+DENSE = dict(num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=128)
 VARIANTS = {
     "moe-nope": {},  # Granite-4.0-H-Tiny/Small: MoE + shared expert, attention without rope
-    "dense-rope": dict(num_local_experts=0, position_embedding_type="rope"),  # the shared MLP alone
+    "dense-rope": dict(DENSE, position_embedding_type="rope"),  # the shared MLP alone, rotated attention
 }
 MIN_COS = 0.99999  # the floor; measured 1 - cos < 3e-13 on both variants and backends
 
