@@ -155,7 +155,7 @@ class Mixer(NamedTuple):
     norm: Weight
     slot_layer: int
     in_proj: Projection | None = None
-    out: Weight | None = None
+    out: Projection | None = None
     weights: Mamba2Weights | None = None
     attention: AttentionWeights | None = None
 
@@ -164,6 +164,7 @@ class GraniteHybridModel(MoEModel):
     """Granite-4.0-H. Inherits only MoEModel's expert loading and its log line."""
 
     config_type = GraniteHybridConfig
+    supports_lora = False  # no `layers` of DecoderLayers for runtime/adapters.py to attach to
 
     def __init__(self, source, backend, options: LoadOptions = LoadOptions()):
         Model.__init__(self, source, backend, options)
@@ -196,8 +197,8 @@ class GraniteHybridModel(MoEModel):
         if not recurrent:
             attention = attention_weights(self, i, qk_norms=False)
             return Mixer(attention.norm, slot_layer, attention=attention)
-        in_proj = Projection((w("ssm_in.weight"),), (w("ssm_in.bias", False),))
-        out = w("ssm_out.weight")
+        in_proj = Projection((w("ssm_in.weight"),), (w("ssm_in.bias", False),))  # biases: mamba_proj_bias
+        out = Projection((w("ssm_out.weight"),), (w("ssm_out.bias", False),))
         return Mixer(w("attn_norm.weight"), slot_layer, in_proj, out, self._mamba_weights(i))
 
     def _mamba_weights(self, i: int) -> Mamba2Weights:
@@ -279,9 +280,9 @@ class GraniteHybridModel(MoEModel):
     def _mix(self, mixer: Mixer, x: Tensor, meta: AttnMeta, kv, states: StateStore) -> Tensor:
         be, a = self.backend, self.attention_spec
         if mixer.attention is None:
-            projected = be.matmul(x, mixer.in_proj.weights[0], mixer.in_proj.biases[0])
+            projected = project(be, x, mixer.in_proj)
             core = mamba2(be, projected, mixer.weights, self.config.mamba, states, mixer.slot_layer, meta)
-            return be.matmul(core, mixer.out)
+            return project(be, core, mixer.out)
         qkv = project(be, x, mixer.attention.qkv)
         if self.config.rope:
             q = be.attention_inputs(qkv, meta, kv, mixer.slot_layer, a)

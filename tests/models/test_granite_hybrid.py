@@ -45,6 +45,7 @@ DENSE = dict(num_local_experts=0, num_experts_per_tok=0, shared_intermediate_siz
 VARIANTS = {
     "moe-nope": {},  # Granite-4.0-H-Tiny/Small: MoE + shared expert, attention without rope
     "dense-rope": dict(DENSE, position_embedding_type="rope"),  # the shared MLP alone, rotated attention
+    "moe-biases": dict(mamba_proj_bias=True, mamba_conv_bias=False),  # in/out_proj biases, conv without
 }
 MIN_COS = 0.99999  # the issue's floor; measured 1 - cos < 3e-13 on both variants and backends
 
@@ -65,6 +66,8 @@ def tiny_granite(folder, seed: int = 0, **overrides):
                 p.copy_(0.5 * torch.randn_like(p))
             elif name.endswith(".D"):
                 p.copy_(torch.randn_like(p))
+            elif name.endswith(".bias"):  # HF starts the projections' biases at zero
+                p.copy_(0.1 * torch.randn_like(p))
     model.save_pretrained(folder, safe_serialization=True)
     return model
 
