@@ -7,6 +7,10 @@ view of expert e is `data[e]`, still memory-mapped. A HF folder saved by transfo
 
     qwen2moe / qwen3moe / olmoe:  model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight
     mixtral:                      model.layers.{i}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight
+
+Granite-4.0-H keeps each layer's gate and up projections as one 3-D bank, gate rows first
+(`model.layers.{i}.block_sparse_moe.input_linear.weight` `[num_experts, 2 f, d]`), which the
+views cut in halves; its down bank gguf-py maps to `ffn_down_exps`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from agentkv.formats.errors import FormatError
 from agentkv.formats.source import ModelSource, TensorInfo
 
 EXPERT_PROJECTIONS = ("gate", "up", "down")
+_FUSED_GATE_UP = "model.layers.{i}.block_sparse_moe.input_linear.weight"  # granitemoehybrid
 _HF_PATTERNS = {
     "gate": (
         "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
@@ -61,6 +66,9 @@ def expert_tensors(source: ModelSource, layer: int, projection: str, num_experts
             )
         views = tuple(TensorInfo(f"{name}[{e}]", info.shape[1:], info.qtype, info.data[e]) for e in range(num_experts))
         return ExpertTensors(views, (name,))
+    fused = _FUSED_GATE_UP.format(i=layer)
+    if projection != "down" and source.has_tensor(fused):
+        return _fused_half(source, fused, projection == "up", num_experts)
     for pattern in _HF_PATTERNS[projection]:
         names = [pattern.format(i=layer, e=e) for e in range(num_experts)]
         if source.has_tensor(names[0]):
@@ -74,3 +82,19 @@ def expert_tensors(source: ModelSource, layer: int, projection: str, num_experts
         f"{source.path}: missing tensor {name!r} (or its per-expert HF tensors) "
         f"needed by a mixture-of-experts layer {layer}"
     )
+
+
+def _fused_half(source: ModelSource, name: str, second: bool, num_experts: int) -> ExpertTensors:
+    """The gate (first) or up (`second`) half of a fused `[num_experts, 2 f, d]` bank."""
+    info = source.tensor(name)
+    if len(info.shape) != 3 or info.shape[0] != num_experts or info.shape[1] % 2:
+        raise FormatError(
+            f"{source.path}: tensor {name!r} has shape {list(info.shape)}, expected [{num_experts} experts, 2 f, d]"
+        )
+    f = info.shape[1] // 2
+    rows = slice(f, 2 * f) if second else slice(0, f)
+    views = tuple(
+        TensorInfo(f"{name}[{e}][{'up' if second else 'gate'}]", (f, info.shape[2]), info.qtype, info.data[e][rows])
+        for e in range(num_experts)
+    )
+    return ExpertTensors(views, (name,))

@@ -34,6 +34,7 @@ HF_ARCH = {
     "qwen3_next": "qwen3next",
     "qwen3_5_text": "qwen35",
     "qwen3_5_moe_text": "qwen35moe",
+    "granitemoehybrid": "granitehybrid",
 }
 
 

@@ -107,7 +107,9 @@ class DeltaNetWeights:
 
 class StateStore:
     """Per recurrent layer, one conv state and one recurrent state per slot (= KV block id),
-    zeroed, f32. Owned by the model runner; the cache counts the slots through the blocks."""
+    zeroed, f32. Owned by the model runner; the cache counts the slots through the blocks.
+    `specs`: one per layer, anything with `conv_shape`, `recurrent_shape` and `state_bytes`
+    (`DeltaNetSpec`, `hal.mamba.Mamba2Spec`)."""
 
     def __init__(self, specs: Sequence[DeltaNetSpec], num_slots: int, block_size: int):
         if num_slots < 1 or block_size < 1:
@@ -237,14 +239,8 @@ def _sequence(rows, start, where, weights, spec, store, layer) -> np.ndarray:
     qkv, g, beta = rows
     table, index = where
     record = store.recording.get(index)
-    conv_store, rec_store, bs = store.conv[layer], store.recurrent[layer], store.block_size
     kernel = spec.conv_kernel
-    if start == 0:
-        conv_state = np.zeros(spec.conv_shape, np.float32)
-        rec = np.zeros(spec.recurrent_shape, np.float32)
-    else:
-        slot = table[(start - 1) // bs]
-        conv_state, rec = conv_store[slot].copy(), rec_store[slot].copy()
+    conv_state, rec = resume_state(store, layer, table, start)
     num = qkv.shape[0]
     window = np.concatenate([conv_state, qkv], axis=0)  # [K - 1 + num, C]
     conv = window[0:num] * weights.conv[:, 0]
@@ -266,14 +262,34 @@ def _sequence(rows, start, where, weights, spec, store, layer) -> np.ndarray:
         delta = (v[t] - kv_mem) * beta[t][:, None]
         rec = rec + k[t][:, :, None] * delta[:, None, :]
         out[t] = (rec * q[t][:, :, None]).sum(axis=1)
-        if record is not None:
-            record[t][layer] = (window[t + 1 : t + kernel].copy(), rec)
-        pos = start + t
-        if (pos + 1) % bs == 0 or t == num - 1:
-            slot = table[pos // bs]
-            rec_store[slot] = rec
-            conv_store[slot] = window[t + 1 : t + kernel]
+        keep_state(store, (layer, table, record), (start, t, num), window[t + 1 : t + kernel], rec)
     return out
+
+
+def resume_state(store: StateStore, layer: int, table: Sequence[int], start: int) -> tuple[np.ndarray, np.ndarray]:
+    """(conv state, recurrent state) before position `start` of the sequence with block table
+    `table` in `store` layer `layer`: zeros at 0, else copies of the slot of the block holding
+    position `start - 1`."""
+    if start == 0:
+        spec = store.specs[layer]
+        return np.zeros(spec.conv_shape, STATE_DTYPE), np.zeros(spec.recurrent_shape, STATE_DTYPE)
+    slot = table[(start - 1) // store.block_size]
+    return store.conv[layer][slot].copy(), store.recurrent[layer][slot].copy()
+
+
+def keep_state(store: StateStore, where: tuple, row: tuple[int, int, int], conv: np.ndarray, rec: np.ndarray) -> None:
+    """After row t of a chunk of `num` rows starting at position `start` (`row`), with `where`
+    = (layer, block table, the chunk's record or None; mutates): a verification chunk records
+    the state; at a block end or the chunk's last row it goes into that position's slot."""
+    layer, table, record = where
+    start, t, num = row
+    if record is not None:
+        record[t][layer] = (conv.copy(), rec)
+    pos = start + t
+    if (pos + 1) % store.block_size == 0 or t == num - 1:
+        slot = table[pos // store.block_size]
+        store.recurrent[layer][slot] = rec
+        store.conv[layer][slot] = conv
 
 
 def gate_heads(be: Backend, x: Tensor, num_heads: int, head_dim: int) -> tuple[Tensor, Tensor]:

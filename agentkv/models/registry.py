@@ -32,6 +32,7 @@ _FAMILIES: dict[str, str] = {
     "qwen3next": "agentkv.models.qwen3next:HybridModel",
     "qwen35": "agentkv.models.qwen3next:HybridModel",
     "qwen35moe": "agentkv.models.qwen3next:HybridModel",
+    "granitehybrid": "agentkv.models.granite_hybrid:GraniteHybridModel",  # Granite-4.0-H (Mamba-2)
 }
 
 

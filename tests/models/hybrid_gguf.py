@@ -20,7 +20,7 @@ from conversion.base import TextModel
 TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 import convert_hf_to_gguf
 for folder, out in {pairs!r}:
-    sys.argv = ["convert_hf_to_gguf.py", folder, "--outfile", out, "--outtype", "f32", "--no-mtp"]
+    sys.argv = ["convert_hf_to_gguf.py", folder, "--outfile", out, "--outtype", "f32", *{flags!r}]
     convert_hf_to_gguf.main()
 """
 
@@ -31,11 +31,12 @@ def converter_missing() -> str | None:
     return None if script.is_file() else f"llama.cpp's converter is not at {script}"
 
 
-def convert_to_gguf(pairs: list[tuple[Path, Path]]) -> None:
-    """Each (HF folder, GGUF path) converted to an f32 GGUF, in one subprocess; raises with the
-    converter's stderr tail."""
+def convert_to_gguf(pairs: list[tuple[Path, Path]], flags: tuple[str, ...] = ("--no-mtp",)) -> None:
+    """Each (HF folder, GGUF path) converted to an f32 GGUF, in one subprocess, with the
+    converter's extra `flags` (the Qwen hybrids' `--no-mtp`; Granite refuses it); raises with
+    the converter's stderr tail."""
     pairs = [(str(folder), str(out)) for folder, out in pairs]
-    code = _RUN.format(src=str(LLAMA_SRC), gguf_py=str(LLAMA_SRC / "gguf-py"), pairs=pairs)
+    code = _RUN.format(src=str(LLAMA_SRC), gguf_py=str(LLAMA_SRC / "gguf-py"), pairs=pairs, flags=list(flags))
     env = {**os.environ, "PYTHONPATH": str(LLAMA_SRC / "gguf-py")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     if done.returncode != 0:

@@ -1,4 +1,5 @@
-"""The exactness contract on a hybrid model (gated DeltaNet + attention, Qwen3.5 text): logits
+"""The exactness contract on the hybrid families (gated DeltaNet + attention, Qwen3.5 text;
+Mamba-2 + attention, Granite-4.0-H with its experts and NoPE attention): logits
 bit-identical with the cache off and on (hits resumed from the recurrent-state snapshot at a
 block end, split points on and off the boundaries), across batch mixes, chunk sizes, f16 KV and
 a second turn that hits through decoded tokens, speculation with rejected drafts, a restart
@@ -19,6 +20,7 @@ from agentkv.runtime.engine import Engine
 from agentkv.runtime.params import SamplingParams
 from agentkv.sched import SchedulerConfig
 from agentkv.sched.draft import DRAFTERS
+from tests.models.test_granite_hybrid import tiny_granite
 from tests.models.test_hybrid import tiny_hybrid
 from tests.runtime import test_speculative as spec
 from tests.runtime.test_exactness import GREEDY, SplitKBackend, byte_level_tokenizer, rows_equal, run, tokens
@@ -28,10 +30,14 @@ VOCAB = 256
 PROMPT_LEN = 30
 
 
-@pytest.fixture(scope="module")
-def qwen35_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen35")
-    tiny_hybrid(folder, "qwen3_5_text", seed=5, vocab_size=VOCAB)
+@pytest.fixture(scope="module", params=["qwen35", "granite"])
+def hybrid_dir(request, tmp_path_factory):
+    """A tiny hybrid of each family: DeltaNet (Qwen3.5 text) or Mamba-2 (Granite-4.0-H, MoE)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "qwen35":
+        tiny_hybrid(folder, "qwen3_5_text", seed=5, vocab_size=VOCAB)
+    else:
+        tiny_granite(folder, seed=5, vocab_size=VOCAB)
     byte_level_tokenizer(folder)
     return str(folder)
 
@@ -94,43 +100,43 @@ def hybrid_contract(
 
 
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
-def test_exact_reuse_hybrid(qwen35_dir, kv_dtype):
-    assert hybrid_contract(qwen35_dir, kv_dtype=kv_dtype) == []
+def test_exact_reuse_hybrid(hybrid_dir, kv_dtype):
+    assert hybrid_contract(hybrid_dir, kv_dtype=kv_dtype) == []
 
 
-def test_second_turn_hits_through_decoded_tokens(qwen35_dir):
+def test_second_turn_hits_through_decoded_tokens(hybrid_dir):
     """Turn 2 sends turn 1's prompt, its answer and more: the snapshots decode steps left
     serve it, and its logits equal a cold run's."""
     first = tokens(13, 7, VOCAB)
-    engine = make_engine(qwen35_dir)
+    engine = make_engine(hybrid_dir)
     _, outs = run(engine, {"t1": first}, SamplingParams(max_tokens=6, temperature=0.0))
     second = first + outs["t1"].token_ids + tokens(5, 8, VOCAB)
     warm, outs = run(engine, {"t2": second})
-    cold = run(make_engine(qwen35_dir, prefix_cache=False), {"t2": second})[0]["t2"]
+    cold = run(make_engine(hybrid_dir, prefix_cache=False), {"t2": second})[0]["t2"]
     assert outs["t2"].cached_len == (13 + 6 - 1) // BS * BS  # turn 1 computed 18 tokens
     assert rows_equal(warm["t2"], cold)
 
 
-def test_preempted_sequence_resumes_exactly(qwen35_dir):
+def test_preempted_sequence_resumes_exactly(hybrid_dir):
     """A pool too small for two prompts at once: the younger is preempted, its computed
     blocks (and snapshots) go to the cache, and it resumes from the deepest one."""
     prompt = tokens(PROMPT_LEN, 1, VOCAB)
-    cold = run(make_engine(qwen35_dir, prefix_cache=False), {"p": prompt})[0]["p"]
+    cold = run(make_engine(hybrid_dir, prefix_cache=False), {"p": prompt})[0]["p"]
     cache = CacheConfig(num_blocks=14, block_size=BS, dtype="f32")
-    engine = Engine(EngineConfig(model=qwen35_dir, cache=cache, scheduler=SchedulerConfig(max_num_batched_tokens=8)))
+    engine = Engine(EngineConfig(model=hybrid_dir, cache=cache, scheduler=SchedulerConfig(max_num_batched_tokens=8)))
     engine.record_logits = True
     got = run(engine, {"q": tokens(PROMPT_LEN, 9, VOCAB), "p": prompt})[0]["p"]
     assert engine.scheduler.preemptions >= 1 and rows_equal(got, cold)
 
 
-def test_control_token_exact_hits_break_the_state(qwen35_dir):
-    broken = hybrid_contract(qwen35_dir, exact_hits=True, variants=((6, 8, 17), (), ()))
+def test_control_token_exact_hits_break_the_state(hybrid_dir):
+    broken = hybrid_contract(hybrid_dir, exact_hits=True, variants=((6, 8, 17), (), ()))
     assert broken == ["warm split=6", "warm split=17"]  # a hit on a block end needs no cut
 
 
-def test_control_non_invariant_matmul_is_caught(qwen35_dir):
+def test_control_non_invariant_matmul_is_caught(hybrid_dir):
     one = SamplingParams(max_tokens=1, temperature=0.0)  # the prompt's rows alone: few slow steps
-    broken = hybrid_contract(qwen35_dir, SplitKBackend.name, variants=((), (1,), (16,)), params=one)
+    broken = hybrid_contract(hybrid_dir, SplitKBackend.name, variants=((), (1,), (16,)), params=one)
     assert broken == ["batched with 1", "chunk=16"]
 
 
@@ -142,40 +148,40 @@ def oracle_drafter(monkeypatch):
     return spec.OracleDrafter
 
 
-def test_speculation_with_rejected_drafts_is_bit_identical(qwen35_dir, oracle_drafter):
+def test_speculation_with_rejected_drafts_is_bit_identical(hybrid_dir, oracle_drafter):
     """The oracle drafter drafts plain decode's answer with one wrong token: every request
     both accepts and rolls back, batched, after a cache hit; tokens, logprobs and logits
     rows equal plain decode's."""
     requests = spec.workload(VOCAB, spec.GREEDY, batched=True)
-    plain = spec.run(spec.make_engine(qwen35_dir), requests)
-    got, stats = spec.spec_run(qwen35_dir, "oracle", requests, plain)
+    plain = spec.run(spec.make_engine(hybrid_dir), requests)
+    got, stats = spec.spec_run(hybrid_dir, "oracle", requests, plain)
     assert spec.same(got, plain)
     assert stats.prefix_hit_tokens > 0 and 0 < stats.spec_accepted_tokens < stats.spec_drafted_tokens
 
 
-def test_control_rejected_drafts_left_in_the_state_are_caught(qwen35_dir, oracle_drafter):
+def test_control_rejected_drafts_left_in_the_state_are_caught(hybrid_dir, oracle_drafter):
     requests = {"p": (spec.copy_prompt(1, VOCAB), spec.GREEDY)}
-    plain = spec.run(spec.make_engine(qwen35_dir), requests)
+    plain = spec.run(spec.make_engine(hybrid_dir), requests)
     oracle_drafter.truth[tuple(requests["p"][0])] = plain["p"][0]
-    engine = spec.make_engine(qwen35_dir, "oracle")
+    engine = spec.make_engine(hybrid_dir, "oracle")
     engine.runner.settle = lambda chunks, num_computed: None  # the control: no state rollback
     assert not spec.same(spec.run(engine, requests), plain)
 
 
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16"])
-def test_restart_from_the_disk_tier_is_bit_identical(qwen35_dir, tmp_path, kv_dtype):
+def test_restart_from_the_disk_tier_is_bit_identical(hybrid_dir, tmp_path, kv_dtype):
     """A restarted engine serves a hybrid's transcript from disk: each block file carries the
     block's K/V and its state snapshot, so the hit resumes and its logits equal a cold run's.
     Control: the same restart with the snapshots zeroed on load is caught."""
     first = tokens(22, 21, VOCAB)
     disk = CacheConfig(num_blocks=96, block_size=BS, disk_dir=str(tmp_path), dtype=kv_dtype)
-    config = lambda: EngineConfig(model=qwen35_dir, cache=disk)  # noqa: E731
+    config = lambda: EngineConfig(model=hybrid_dir, cache=disk)  # noqa: E731
     before = Engine(config())
     before.record_logits = True
     _, outs = run(before, {"t1": first})
     before.close()  # writes back what the RAM cache holds
     second = first + outs["t1"].token_ids + tokens(6, 22, VOCAB)
-    cold = run(make_engine(qwen35_dir, prefix_cache=False, kv_dtype=kv_dtype), {"t2": second})[0]["t2"]
+    cold = run(make_engine(hybrid_dir, prefix_cache=False, kv_dtype=kv_dtype), {"t2": second})[0]["t2"]
     for zeroed in (False, True):
         after = Engine(config())
         after.record_logits = True
