@@ -8,6 +8,7 @@ Sections (each timed, each an error string instead of its result if it raised):
   and whole-model rows on random SmolLM2- and Gemma-3-shaped models (transformers, random);
 - exactness: the same row-invariance and model-split checks the interpreter tests run
   (tests/hal/cuda_interp.py), here on the device;
+- moe: the tiny Qwen3-MoE and MXFP4 gpt-oss of tests/hal/cuda_interp_moe.py (moe_checks);
 - sync: a decode step's forward under torch.cuda.set_sync_debug_mode("error"), and the host
   reads counted by agentkv.witness.host_sync.HostReads;
 - bench: prefill (512 tokens) and greedy decode (64 tokens) tokens/s of a SmolLM2-135M-shaped
@@ -109,6 +110,22 @@ def section_sync(work: Path) -> dict:
     return {"sync_debug_error": error, "hidden_host_reads": reads.hidden}
 
 
+def section_moe(work: Path) -> dict:
+    """The tiny Qwen3-MoE GGUF (Q8_0 and F16 experts) and the tiny MXFP4 gpt-oss (sinks, a
+    window, biased experts) of tests/hal/cuda_interp_moe.py on the device: logits against the
+    reference, split- and batch-exact, the decode step's host reads."""
+    from agentkv.hal.registry import lookup
+    from tests.hal.cuda_interp_moe import gpt_oss, moe_checks, tiny_moe
+
+    cuda, ref = lookup("cuda"), lookup("reference")
+    out = {}
+    for name, build in (("qwen3moe", tiny_moe), ("gpt-oss", gpt_oss)):
+        folder = work / name
+        folder.mkdir(exist_ok=True)
+        out[name] = _run(lambda build=build, folder=folder: moe_checks(build(folder), cuda, ref, control=False))
+    return out
+
+
 def _bench_agentkv(folder: Path, backend: str, prompt: list[int], steps: int) -> dict:
     from agentkv.formats.resolve import open_model
     from agentkv.hal.registry import lookup
@@ -179,9 +196,11 @@ def main() -> int:
     work = args.out / "models"
     work.mkdir(parents=True, exist_ok=True)
     report = {"env": _run(section_env)}
-    for name, fn in (("witness", section_witness), ("exactness", section_exactness), ("sync", section_sync)):
+    sections = (("witness", section_witness), ("exactness", section_exactness), ("sync", section_sync))
+    for name, fn in (*sections, ("moe", section_moe)):
         report[name] = _run(lambda fn=fn: fn(work))
         print(name, json.dumps(report[name], default=str)[:2000], flush=True)
+        (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))  # kept if cut short
     if not args.skip_bench:
         report["bench"] = _run(lambda: section_bench(work))
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))

@@ -20,4 +20,4 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "no nvidia-smi" >"$OUT/nvidia-smi.txt"
 export PYTHONUNBUFFERED=1
-timeout 290 python3 tools/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/log.txt"
+timeout ${CHECK_TIMEOUT:-290} python3 tools/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/log.txt"

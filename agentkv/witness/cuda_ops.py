@@ -30,6 +30,9 @@ from agentkv.witness.ops import (
 MODELS = ("smollm2", "gemma3-270m")  # the whole-model witness rows of the cuda backend
 # the inherited torch ops (witnessed with the torch backend) and attention shapes too slow to interpret
 _NOT_INTERPRETED = ("rope", "gated_act", "layer_norm", "moe_ffn")
+# DeepSeek-V3's router (sigmoid, correction bias, groups) on the grouped launch: ~1 s interpreted;
+# the H200 run of tools/gpu_check.py caught the cuda dispatch dropping the bias (cosine 0.35)
+_INTERPRETED_MOE = ("moe_ffn/sigmoid_groups_bias",)
 _LARGE_SHAPES = ("[7,576]x[1536,576]", "[33,1536]x[576,1536]")  # ~1 s each interpreted; the small ones stay
 
 
@@ -38,7 +41,7 @@ def interpreter_cases():
     cases = [
         c
         for c in op_cases()
-        if not c[0].startswith(_NOT_INTERPRETED)
+        if (not c[0].startswith(_NOT_INTERPRETED) or c[0] in _INTERPRETED_MOE)
         and c[1] not in _LARGE_SHAPES
         and (c[0].startswith(("attention_inputs", "attention_sinks")) or not c[0].startswith("attention"))
         and "600]" not in c[1]  # a 600-key sinks case: the 270/300-key cases below cross the range already

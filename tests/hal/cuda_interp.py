@@ -118,10 +118,44 @@ def attention_invariance(be, rng) -> list[str]:
     return broken
 
 
+def dot_row_by_row() -> None:
+    """Make the interpreter's `tl.dot` give each row of a tile the bits it would have alone.
+
+    The interpreter runs a dot as one `np.matmul` over the tile. With OpenBLAS's Haswell or
+    Zen kernels (every AVX2 CPU, and Zen 5 since OpenBLAS 0.3.31), a row's bits then depend
+    on where it sits in the tile. A GPU's dot never does that: the H200 run of
+    tools/gpu_check.py on 2026-12-04 found every split and batch equal. So each row here is
+    its own `[1, K] @ [K, N]` product, one shape for every row. The invariance control
+    (tiles sized by the row count) still fails under this dot."""
+    from triton.runtime import interpreter as ti
+
+    original = ti.InterpreterBuilder.create_dot
+    if getattr(original, "row_by_row", False):
+        return
+
+    def create_dot(self, a, b, d, *args):
+        rows = a.data.shape[-2]
+        parts = [
+            original(
+                self,
+                ti.TensorHandle(a.data[..., i : i + 1, :], a.dtype.scalar),
+                b,
+                ti.TensorHandle(d.data[..., i : i + 1, :], d.dtype.scalar),
+                *args,
+            ).data
+            for i in range(rows)
+        ]
+        return ti.TensorHandle(np.concatenate(parts, axis=-2), d.dtype.scalar)
+
+    create_dot.row_by_row = True
+    ti.InterpreterBuilder.create_dot = create_dot
+
+
 def main(folder: Path) -> None:
     from tests.hal.cuda_interp_model import fence_control, model_checks
     from tests.hal.cuda_interp_moe import GPT_OSS_PROMPT, gpt_oss, moe_checks, tiny_moe
 
+    dot_row_by_row()
     be, ref = interpreter_backend(), lookup("reference")
     result, timings = {"identity": list(be.identity)}, {}
     for name, fn in [

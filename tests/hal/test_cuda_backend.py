@@ -65,6 +65,7 @@ def test_interpreted_kernels_are_witnessed_against_the_reference(interpreted):
         assert f"matmul/{fmt}" in ops, fmt
     assert {"attention_sinks/window=8", "attention_sinks/window=128"} <= {r["op"] for r in rows}
     assert {"attention/ranges/kv=f32", "attention/ranges/kv=f16"} <= {r["op"] for r in rows}
+    assert "moe_ffn/sigmoid_groups_bias" in {r["op"] for r in rows}  # the router's correction bias reaches the launch
     assert interpreted["identity"][:3] == ["cuda", "cpu", "triton-interpreter"]
 
 

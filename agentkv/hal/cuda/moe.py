@@ -20,7 +20,7 @@ import torch
 from agentkv.hal.base import Layout, Tensor, Weight
 from agentkv.hal.blocks import Experts, MoEFFN, MoEFFNSpec
 from agentkv.hal.cuda import launch
-from agentkv.hal.portable.moe import add_shared, rank_weighted, route
+from agentkv.hal.portable.moe import add_shared, rank_weighted, route, score_bias
 
 
 def stack(ws: tuple[Weight, ...], name: str) -> Weight:
@@ -49,7 +49,7 @@ def stacked_experts(backend, experts: Experts) -> tuple[Weight, Weight, Weight]:
 
 def moe_ffn(backend, x: Tensor, weights: MoEFFN, spec: MoEFFNSpec) -> Tensor:
     """`Backend.moe_ffn` with grouped launches: see the module docstring. x `[n, d]` -> `[n, d]`."""
-    chosen, probs = route(backend.matmul(x, weights.router).raw, spec)
+    chosen, probs = route(backend.matmul(x, weights.router).raw, spec, score_bias(weights))
 
     def act(gate_rows, up_rows):
         return backend.glu([Tensor(gate_rows), Tensor(up_rows)], spec.act).raw
