@@ -17,7 +17,7 @@ from agentkv.bench.common import log, table
 from agentkv.bench.gptoss_model import GptOssShape, synthetic_gptoss
 from agentkv.bench.isolate import failed, why
 from agentkv.bench.quant import SPEED_TARGET
-from agentkv.bench.synthetic_arms import measured_payload, publish
+from agentkv.bench.synthetic_arms import measured_payload, model_line, publish
 
 SPEEDS = ("prefill_tok_s", "decode_tok_s")
 
@@ -52,14 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def markdown(payload: dict) -> list[str]:
-    bw, g = payload["bandwidth"], payload["gguf"]
-    lines = [
-        f"model: synthetic gpt-oss {payload['shape']}, GGUF {payload['file_mib'] / 1024:.2f} GiB; decode reads "
-        f"{g['decode_bytes_per_token'] / 2**20:.0f} MiB per token -> ceiling {payload['decode_ceiling_tok_s']:.1f} "
-        f"tok/s at {bw['best_gbs']:.1f} GB/s; load average before {payload['load_average_before'][0]:.1f}, after "
-        f"{payload['load_average_after'][0]:.1f}; {payload['threads']} threads per engine; one run each",
-        "",
-    ]
+    lines = [model_line(payload, "gpt-oss"), ""]
     rows = []
     for arm, r in payload["results"].items():
         if failed(r):

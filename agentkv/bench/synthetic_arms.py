@@ -207,3 +207,14 @@ def publish(payload: dict, md: list[str], title: str, speeds: tuple[str, ...], o
     if png:
         md.append(f"\n![{name}]({png.name})")
     print_paths({**write_outputs(out, name, payload, md), **({"png": png} if png else {})})
+
+
+def model_line(payload: dict, model: str) -> str:
+    """The Markdown's first line: the model, the file, the decode ceiling, the load around the run."""
+    bw, g = payload["bandwidth"], payload["gguf"]
+    return (
+        f"model: synthetic {model} {payload['shape']}, GGUF {payload['file_mib'] / 1024:.2f} GiB; decode reads "
+        f"{g['decode_bytes_per_token'] / 2**20:.0f} MiB per token -> ceiling {payload['decode_ceiling_tok_s']:.1f} "
+        f"tok/s at {bw['best_gbs']:.1f} GB/s; load average before {payload['load_average_before'][0]:.1f}, after "
+        f"{payload['load_average_after'][0]:.1f}; {payload['threads']} threads per engine; one run each"
+    )

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from agentkv.formats.source import HParams, ModelSource
-from agentkv.hal.base import AttnMeta, KVSpec, RopeSpec, RopeStyle, Tensor, Weight
+from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor, Weight
 from agentkv.hal.blocks import (
     AttentionSpec,
     AttentionWeights,
@@ -38,6 +38,7 @@ from agentkv.hal.mamba import Mamba2Spec, Mamba2Weights, mamba2
 from agentkv.hal.recurrent import StateStore
 from agentkv.models.base import LoadOptions, Model, attention_weights
 from agentkv.models.config import SourceKeys
+from agentkv.models.hybrid_memory import HybridMemory
 from agentkv.models.moe import MoEModel
 
 MAMBA_TYPES = ("linear_attention", "mamba")  # HF layer_types / the older layers_block_type
@@ -160,7 +161,7 @@ class Mixer(NamedTuple):
     attention: AttentionWeights | None = None
 
 
-class GraniteHybridModel(MoEModel):
+class GraniteHybridModel(HybridMemory, MoEModel):
     """Granite-4.0-H. Inherits only MoEModel's expert loading and its log line."""
 
     config_type = GraniteHybridConfig
@@ -246,19 +247,9 @@ class GraniteHybridModel(MoEModel):
         return parts[0], parts[1]
 
     # -- memory ---------------------------------------------------------------------------------
-    def kv_spec(self, num_blocks: int, block_size: int) -> KVSpec:
-        """Paged K/V for the attention layers only."""
-        hp = self.hparams
-        num_attention = self.config.recurrent_layers.count(False)
-        return KVSpec(num_attention, num_blocks, block_size, hp.num_kv_heads, hp.head_dim, self.backend.kv_dtype)
-
     @property
-    def state_bytes(self) -> int:
-        """Bytes of one state snapshot (every Mamba layer's conv and SSM state)."""
-        return self.config.mamba.state_bytes * self.config.recurrent_layers.count(True)
-
-    def allocate_states(self, num_slots: int, block_size: int) -> StateStore:
-        return StateStore([self.config.mamba] * self.config.recurrent_layers.count(True), num_slots, block_size)
+    def recurrent_spec(self):
+        return self.config.mamba
 
     # -- the step ---------------------------------------------------------------------------------
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray, states=None) -> Tensor:

@@ -20,11 +20,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from agentkv.formats.source import HParams, ModelSource
-from agentkv.hal.base import AttnMeta, KVSpec, RopeSpec, RopeStyle, Tensor, Weight
+from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor, Weight
 from agentkv.hal.blocks import AttentionSpec, DenseFFN, DenseFFNSpec, MoEFFN, MoEFFNSpec, Projection, SharedExpert
 from agentkv.hal.recurrent import DeltaNetSpec, DeltaNetWeights, StateStore, delta_net, gate_heads, sigmoid_gate
 from agentkv.models.base import LoadOptions, Model
 from agentkv.models.config import SourceKeys
+from agentkv.models.hybrid_memory import HybridMemory
 from agentkv.models.moe import MoEModel
 
 
@@ -128,7 +129,7 @@ class Mixer(NamedTuple):
     norms: tuple[Weight, Weight] | None = None
 
 
-class HybridModel(MoEModel):
+class HybridModel(HybridMemory, MoEModel):
     """Qwen3-Next / Qwen3.5 text. Inherits only MoEModel's expert loading and its log line."""
 
     config_type = HybridConfig
@@ -197,20 +198,9 @@ class HybridModel(MoEModel):
         return MoEFFN(norm, w("ffn_gate_inp.weight"), self._experts(i), shared)
 
     # -- memory ---------------------------------------------------------------------------------
-    def kv_spec(self, num_blocks: int, block_size: int) -> KVSpec:
-        """Paged K/V for the full-attention layers only."""
-        hp = self.hparams
-        num_attention = self.config.recurrent_layers.count(False)
-        return KVSpec(num_attention, num_blocks, block_size, hp.num_kv_heads, hp.head_dim, self.backend.kv_dtype)
-
     @property
-    def state_bytes(self) -> int:
-        """Bytes of one state snapshot (every recurrent layer's conv and recurrent state)."""
-        return self.config.delta.state_bytes * self.config.recurrent_layers.count(True)
-
-    def allocate_states(self, num_slots: int, block_size: int) -> StateStore:
-        specs = [self.config.delta] * self.config.recurrent_layers.count(True)
-        return StateStore(specs, num_slots, block_size)
+    def recurrent_spec(self):
+        return self.config.delta
 
     # -- the step ---------------------------------------------------------------------------------
     def forward(self, token_ids: np.ndarray, meta: AttnMeta, kv, logit_rows: np.ndarray, states=None) -> Tensor:
