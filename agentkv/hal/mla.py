@@ -126,7 +126,7 @@ def output(be: Backend, out: Tensor, w: MLAWeights, spec: MLASpec) -> Tensor:
         [spec.kv_rank, width - spec.kv_rank] * h if width > spec.kv_rank else [spec.kv_rank] * h,
     )
     step = 2 if width > spec.kv_rank else 1
-    values = [be.matmul(heads[step * i], w.uv[i]) for i in range(h)]  # [n, v_dim] each
+    values = per_head(be, [heads[step * i] for i in range(h)], w.uv)  # [n, v_dim] each
     return be.matmul(concat(be, values), w.o)
 
 
@@ -148,10 +148,19 @@ def absorbed_query(
     q_rope = be.reshape(concat(be, parts[1::2]), (n, h, spec.rope_dim))
     q_rope = be.reshape(be.rope(q_rope, meta.positions, spec.rope), (n, h * spec.rope_dim))
     q_rope = be.split(q_rope, [spec.rope_dim] * h)
+    q_latent = per_head(be, parts[0::2], w.uk)  # [n, kv_rank] each
     joined = []
     for i in range(h):
-        joined += [be.matmul(parts[2 * i], w.uk[i]), q_rope[i]]
+        joined += [q_latent[i], q_rope[i]]
     return be.reshape(concat(be, joined), (n, h, spec.latent_dim))
+
+
+def per_head(be: Backend, xs: list[Tensor], ws: tuple[Weight, ...]) -> list[Tensor]:
+    """`xs[i] @ ws[i]` for every head: the backend's own grouped call where it has one (`cpu`:
+    one kernel call, each product with one matmul's bits), else one matmul per head."""
+    grouped = getattr(be, "head_matmuls", None)
+    out = grouped(xs, ws) if grouped is not None else None
+    return out if out is not None else [be.matmul(x, w) for x, w in zip(xs, ws)]
 
 
 def kv_b_heads(kv_b: np.ndarray, spec: MLASpec) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -100,6 +100,15 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             out = out + bias.raw
         return Tensor(out)
 
+    def head_matmuls(self, xs: list[Tensor], ws) -> list[Tensor] | None:
+        """`xs[i] @ ws[i]` in one kernel call (grouped.cpp), each with one matmul's bits; None
+        (one matmul per head) unless every weight is f32 rows of one shape with k % 32 == 0."""
+        first = ws[0]
+        if first.shape[1] % 32 or any(w.layout is not Layout.ROW_MAJOR_F32 or w.shape != first.shape for w in ws):
+            return None
+        outs = self._kernels.head_matmuls([x.raw.contiguous() for x in xs], [w.raw for w in ws])
+        return [Tensor(o) for o in outs]
+
     def lora_add(self, x: Tensor, y: Tensor, row_slots: np.ndarray, pieces) -> Tensor:
         """lora.cpp: a fixed per-row order (32-lane shrink, ascending-rank expand). The kernel's
         argument lists are kept per pieces tuple (a decode step reuses its predecessor's)."""

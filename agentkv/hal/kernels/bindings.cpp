@@ -339,5 +339,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("unit_offset") = false);
     agentkv::ops::bind_layer(m);
     agentkv::ops::bind_moe(m);
+    agentkv::ops::bind_grouped(m);
     agentkv::ops::bind_lora(m);
 }

@@ -37,6 +37,7 @@ SOURCES = (
     "pool.cpp",
     "layer.cpp",
     "moe.cpp",
+    "grouped.cpp",
     "lora.cpp",
 )
 HEADERS = (
@@ -48,6 +49,7 @@ HEADERS = (
     "attention_impl.h",
     "fused.h",
     "pool.h",
+    "grouped.h",
     "ops.h",
     "simd512.h",
     "formats512.h",

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "fused.h"
+#include "grouped.h"
 #include "ops.h"
 #include "pool.h"
 #include "qmatmul.h"
@@ -100,27 +101,6 @@ ExpertBank bank(std::vector<at::Tensor> w, std::vector<at::Tensor> bias, int64_t
     if (qtype != 0)
         for (const at::Tensor& t : w) blocks.push_back(t.data_ptr<uint8_t>());
     return ExpertBank{std::move(w), qtype, rows, k, rb, std::move(blocks), std::move(bias)};
-}
-
-// A decode matmul's columns are worth a pool chunk from this many weight bytes (as qmatmul.cpp).
-constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
-
-// Columns [0, n) of every problem in `jobs` (each m <= 4, n columns, its own qtype), as one
-// parallel loop over all their columns; chunks are multiples of 4 columns and n is a multiple
-// of 32, so a chunk boundary never splits a register group.
-void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes) {
-    const int64_t total = n * static_cast<int64_t>(jobs.size());
-    const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / std::max<int64_t>(1, row_bytes));
-    parallel_chunks(
-        total, grain,
-        [&](int64_t b, int64_t e) {
-            while (b < e) {
-                const int64_t j = b / n, c0 = b % n, c1 = std::min(n, c0 + (e - b));
-                avx512::decode_range(jobs[j], qtypes[j], c0, c1);
-                b += c1 - c0;
-            }
-        },
-        4, 4);
 }
 
 // An expert some slot chose: its id, its first slot index in Groups::slots, its row count,

@@ -33,6 +33,8 @@ void check_indices_once(int site, std::initializer_list<at::Tensor> indices, std
 void bind_layer(pybind11::module_& m);
 // Registers the MoEExperts class (moe.cpp).
 void bind_moe(pybind11::module_& m);
+// Registers head_matmuls (grouped.cpp).
+void bind_grouped(pybind11::module_& m);
 // Registers lora_add (lora.cpp).
 void bind_lora(pybind11::module_& m);
 

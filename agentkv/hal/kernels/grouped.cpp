@@ -1,0 +1,92 @@
+// Several independent matmuls as one call from Python, with the bits of separate calls.
+//
+// head_matmuls: out[i] = xs[i] @ ws[i].T for f32 weights of one shape (MLA's per-head W_UK and
+// W_UV, hal/mla.py). On the AVX-512 build, for the rows qmatmul_raw decodes (m <= 48), every
+// problem's columns are one parallel loop (decode_all), each column computed by
+// avx512::decode_range exactly as qmatmul_raw computes it: threads split columns only, so the
+// bits are those of one matmul_f32 call per head, without a Python crossing and a pool
+// dispatch per head. Otherwise each problem is its own qmatmul_raw call, as before.
+#include "grouped.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "ops.h"
+#include "pool.h"
+#include "qmatmul.h"
+
+namespace agentkv {
+
+namespace {
+// A decode matmul's columns are worth a pool chunk from this many weight bytes (as qmatmul.cpp).
+constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
+constexpr int64_t DECODE_ROWS = 48;  // qmatmul.cpp's DECODE_MAX_ROWS_AVX512
+}  // namespace
+
+// Chunks are multiples of 4 columns, so a chunk boundary never splits a register group.
+void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes) {
+    const int64_t total = n * static_cast<int64_t>(jobs.size());
+    const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / std::max<int64_t>(1, row_bytes));
+    parallel_chunks(
+        total, grain,
+        [&](int64_t b, int64_t e) {
+            while (b < e) {
+                const int64_t j = b / n, c0 = b % n, c1 = std::min(n, c0 + (e - b));
+                avx512::decode_range(jobs[j], qtypes[j], c0, c1);
+                b += c1 - c0;
+            }
+        },
+        4, 4);
+}
+
+namespace ops {
+namespace {
+
+void check_2d_f32(const at::Tensor& t, const char* name, size_t i) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 2 && t.is_contiguous(),
+                "head_matmuls: ", name, "[", i, "] must be a contiguous 2-D CPU float32 tensor, got ", t.scalar_type(),
+                " ", t.sizes());
+}
+
+std::vector<at::Tensor> head_matmuls(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& ws) {
+    const int isa = fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
+    TORCH_CHECK(!xs.empty() && xs.size() == ws.size(), "head_matmuls: ", xs.size(), " inputs for ", ws.size(),
+                " weights");
+    check_2d_f32(xs[0], "xs", 0);
+    check_2d_f32(ws[0], "ws", 0);
+    const int64_t m = xs[0].size(0), n = ws[0].size(0), k = ws[0].size(1);
+    TORCH_CHECK(k % 32 == 0, "head_matmuls: k=", k, " must be a multiple of 32");
+    for (size_t i = 0; i < xs.size(); ++i) {
+        check_2d_f32(xs[i], "xs", i);
+        check_2d_f32(ws[i], "ws", i);
+        TORCH_CHECK(xs[i].size(0) == m && xs[i].size(1) == k && ws[i].size(0) == n && ws[i].size(1) == k,
+                    "head_matmuls: xs[", i, "] ", xs[i].sizes(), " and ws[", i, "] ", ws[i].sizes(),
+                    " must be [m=", m, ", k=", k, "] and [n=", n, ", k]");
+    }
+    std::vector<at::Tensor> outs;
+    std::vector<Problem> jobs;
+    for (size_t i = 0; i < xs.size(); ++i) {
+        outs.push_back(at::empty({m, n}, xs[i].options()));
+        jobs.push_back({xs[i].data_ptr<float>(), reinterpret_cast<const uint8_t*>(ws[i].data_ptr<float>()),
+                        outs.back().data_ptr<float>(), m, n, k, k * 4});
+    }
+    if (m == 0 || n == 0) return outs;
+    if (isa == ISA_AVX512 && m <= DECODE_ROWS) {
+        decode_all(jobs, std::vector<int>(jobs.size(), 0), n, k * 4);
+        return outs;
+    }
+    for (const Problem& p : jobs) qmatmul_raw(p.x, p.w, p.out, p.m, p.n, p.k, p.row_bytes, 0);
+    return outs;
+}
+
+}  // namespace
+
+void bind_grouped(pybind11::module_& m) {
+    m.def("head_matmuls", &head_matmuls, pybind11::call_guard<pybind11::gil_scoped_release>(),
+          "[xs[i] [m, k] @ ws[i] [n, k].T] for f32 weights of one shape, k a multiple of 32: the bits of one "
+          "matmul_f32 call each",
+          pybind11::arg("xs"), pybind11::arg("ws"));
+}
+
+}  // namespace ops
+}  // namespace agentkv

@@ -1,0 +1,16 @@
+// Several independent decode-sized matmuls as one parallel loop (grouped.cpp): the MoE's
+// active experts (moe.cpp) and MLA's per-head W_UK / W_UV products (head_matmuls).
+#pragma once
+
+#include <vector>
+
+#include "qmatmul_impl.h"
+
+namespace agentkv {
+
+// Columns [0, n) of every problem in `jobs` (each m <= DECODE_ROWS, n columns, its own qtype)
+// as one parallel loop over all their columns, each column computed by avx512::decode_range
+// exactly as qmatmul_raw computes it for that problem (AVX-512 build only).
+void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes);
+
+}  // namespace agentkv

@@ -1,0 +1,64 @@
+"""The grouped per-head matmuls (kernels/grouped.cpp, MLA's W_UK / W_UV): each product has the
+bits of its own matmul_f32 call, at decode and prefill row counts, on every ISA this CPU runs
+(each ISA in a fresh process: the first kernel call fixes it), and bad input is refused
+naming the value."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from agentkv.hal.base import BackendUnavailable
+from agentkv.hal.kernels import load
+from tests.hal.subproc import run_python
+
+try:
+    K = load()
+except BackendUnavailable as e:
+    pytest.skip(f"the cpu backend cannot run here: {e}", allow_module_level=True)
+
+ISAS = ["avx2"] + (["avx512"] if K.isa_supported("avx512") else [])
+
+CHECK = """
+import json, torch
+from agentkv.hal.kernels import load
+K = load()
+K.set_isa(ISA)
+g = torch.Generator().manual_seed(0)
+out = {}
+for m in (1, 3, 9, 48, 60):  # 60: past the decode rows, one matmul call per head
+    for n, k in ((512, 128), (128, 512)):
+        xs = [torch.randn(m, k, generator=g) for _ in range(16)]
+        ws = [torch.randn(n, k, generator=g) for _ in range(16)]
+        got = K.head_matmuls(xs, ws)
+        want = [K.matmul_f32(x, w) for x, w in zip(xs, ws)]
+        out[f"{m}x{k}->{n}"] = all(torch.equal(a, b) for a, b in zip(got, want))
+# the control: the same products through torch's own matmul differ in some bit
+xs, ws = [torch.randn(3, 128, generator=g) for _ in range(16)], [torch.randn(512, 128, generator=g) for _ in range(16)]
+out["control_torch_differs"] = not all(torch.equal(a, x @ w.T) for a, x, w in zip(K.head_matmuls(xs, ws), xs, ws))
+out["isa"] = K.isa()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_every_head_has_the_bits_of_its_own_matmul(isa):
+    r = run_python(f"ISA = {isa!r}\n" + CHECK)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out.pop("isa") == isa
+    assert out.pop("control_torch_differs") is True
+    assert all(out.values()), out
+
+
+def test_bad_input_is_refused_naming_the_value():
+    x, w = torch.zeros(2, 128), torch.zeros(64, 128)
+    with pytest.raises(RuntimeError, match="2 inputs for 1 weights"):
+        K.head_matmuls([x, x], [w])
+    with pytest.raises(RuntimeError, match="k=100 must be a multiple of 32"):
+        K.head_matmuls([torch.zeros(2, 100)], [torch.zeros(64, 100)])
+    with pytest.raises(RuntimeError, match=r"xs\[1\] \[2, 64\] and ws\[1\] \[64, 128\] must be"):
+        K.head_matmuls([x, torch.zeros(2, 64)], [w, w])
+    with pytest.raises(RuntimeError, match=r"ws\[0\] must be a contiguous 2-D CPU float32 tensor, got Double"):
+        K.head_matmuls([x], [w.double()])
