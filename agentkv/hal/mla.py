@@ -120,13 +120,7 @@ def latent_row(be: Backend, x: Tensor, w: MLAWeights, spec: MLASpec, meta: AttnM
 def output(be: Backend, out: Tensor, w: MLAWeights, spec: MLASpec) -> Tensor:
     """The attention's latent outputs `[n, h, width >= kv_rank]` through each head's W_UV
     (columns past kv_rank dropped), joined, through o -> `[n, d]`."""
-    n, h, width = out.shape
-    heads = be.split(
-        be.reshape(out, (n, h * width)),
-        [spec.kv_rank, width - spec.kv_rank] * h if width > spec.kv_rank else [spec.kv_rank] * h,
-    )
-    step = 2 if width > spec.kv_rank else 1
-    values = per_head(be, [heads[step * i] for i in range(h)], w.uv)  # [n, v_dim] each
+    values = per_head(be, heads_apart(out.raw, 0, spec.kv_rank), w.uv)  # [n, v_dim] each
     return be.matmul(concat(be, values), w.o)
 
 
@@ -144,15 +138,33 @@ def absorbed_query(
         q = be.matmul(x, w.q)
     else:
         q = be.matmul(q_resid if q_resid is not None else q_residual(be, x, w, spec), w.q_b)
-    parts = be.split(q, [spec.nope_dim, spec.rope_dim] * h)
-    q_rope = be.reshape(concat(be, parts[1::2]), (n, h, spec.rope_dim))
-    q_rope = be.reshape(be.rope(q_rope, meta.positions, spec.rope), (n, h * spec.rope_dim))
-    q_rope = be.split(q_rope, [spec.rope_dim] * h)
-    q_latent = per_head(be, parts[0::2], w.uk)  # [n, kv_rank] each
-    joined = []
-    for i in range(h):
-        joined += [q_latent[i], q_rope[i]]
-    return be.reshape(concat(be, joined), (n, h, spec.latent_dim))
+    q3 = be.reshape(q, (n, h, spec.nope_dim + spec.rope_dim)).raw
+    q_rope = be.rope(Tensor(_contiguous(q3[:, :, spec.nope_dim :])), meta.positions, spec.rope)  # [n, h, rope]
+    q_latent = per_head(be, heads_apart(q3, 0, spec.nope_dim), w.uk)  # [n, kv_rank] each
+    return join_heads(q_latent, q_rope.raw)
+
+
+def heads_apart(raw: Any, lo: int, hi: int) -> list[Tensor]:
+    """Columns `lo:hi` of each head of `[n, h, width]` as h contiguous `[n, hi - lo]` tensors,
+    in one copy (numpy or torch; no arithmetic)."""
+    if isinstance(raw, np.ndarray):
+        return [Tensor(a) for a in np.ascontiguousarray(raw[:, :, lo:hi].transpose(1, 0, 2))]
+    return [Tensor(a) for a in raw[:, :, lo:hi].transpose(0, 1).contiguous().unbind(0)]
+
+
+def join_heads(latent: list[Tensor], rope: Any) -> Tensor:
+    """`[n, h, kv_rank + rope]`: each head's latent query `[n, kv_rank]`, then its rope part
+    from `rope` `[n, h, rope_dim]` (copies, no arithmetic)."""
+    raws = [t.raw for t in latent]
+    if isinstance(rope, np.ndarray):
+        return Tensor(np.concatenate([np.stack(raws, axis=1), rope], axis=-1))
+    import torch
+
+    return Tensor(torch.cat([torch.stack(raws, dim=1), rope], dim=-1))
+
+
+def _contiguous(raw: Any) -> Any:
+    return np.ascontiguousarray(raw) if isinstance(raw, np.ndarray) else raw.contiguous()
 
 
 def per_head(be: Backend, xs: list[Tensor], ws: tuple[Weight, ...]) -> list[Tensor]:
