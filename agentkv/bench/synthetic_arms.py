@@ -118,11 +118,13 @@ def llama_server_arm(spec: dict, binary: Path, work: Path, timeout_s: float) -> 
 
 def kv_bytes_per_token(log_path: Path) -> float | None:
     """llama-server's KV cache bytes per token (cell), from its `llama_kv_cache: size = ...`
-    log line (summed when it logs more than one cache), or None when it logged none."""
+    log lines of its latest start (the log is appended run after run; summed where one start
+    logs more than one cache, as gpt-oss's windowed and full layers), or None without one."""
     try:
         text = log_path.read_text(errors="replace")
     except OSError:
         return None
+    text = text[text.rfind("llama_context: n_ctx") :]  # the latest start's context
     found = [(float(mib), int(cells)) for mib, cells in _KV_LINE.findall(text)]
     if not found:
         return None
