@@ -51,7 +51,7 @@ class CompiledExperts:
 
     def _build_experts(self, experts: Experts, spec, biased: BiasedMoEFFN | None):
         banks = (experts.gate, experts.up, experts.down)
-        if biased is None and spec.act not in GLU_KINDS or not all(_uniform(bank) for bank in banks):
+        if (biased is None and spec.act not in GLU_KINDS) or not all(_uniform(bank) for bank in banks):
             return None
         qtypes = [_qtype(bank[0]) for bank in banks]
         f, d = experts.gate[0].shape

@@ -20,7 +20,6 @@ namespace agentkv {
 namespace {
 // A decode matmul's columns are worth a pool chunk from this many weight bytes (as qmatmul.cpp).
 constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
-constexpr int64_t DECODE_ROWS = 48;  // qmatmul.cpp's DECODE_MAX_ROWS_AVX512
 }  // namespace
 
 // Chunks are multiples of 4 columns, so a chunk boundary never splits a register group.
@@ -71,7 +70,7 @@ std::vector<at::Tensor> head_matmuls(const std::vector<at::Tensor>& xs, const st
                         outs.back().data_ptr<float>(), m, n, k, k * 4});
     }
     if (m == 0 || n == 0) return outs;
-    if (isa == ISA_AVX512 && m <= DECODE_ROWS) {
+    if (isa == ISA_AVX512 && m <= avx512::DECODE_MAX_ROWS) {
         decode_all(jobs, std::vector<int>(jobs.size(), 0), n, k * 4);
         return outs;
     }

@@ -8,9 +8,9 @@
 
 namespace agentkv {
 
-// Columns [0, n) of every problem in `jobs` (each m <= DECODE_ROWS, n columns, its own qtype)
-// as one parallel loop over all their columns, each column computed by avx512::decode_range
-// exactly as qmatmul_raw computes it for that problem (AVX-512 build only).
+// Columns [0, n) of every problem in `jobs` (each m <= avx512::DECODE_MAX_ROWS, n columns,
+// its own qtype) as one parallel loop over all their columns, each column computed by
+// avx512::decode_range exactly as qmatmul_raw computes it for that problem (AVX-512 only).
 void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes);
 
 }  // namespace agentkv

@@ -40,7 +40,7 @@ namespace {
 // decoding each weight block in registers once per row group of 8 beats decoding a panel
 // into scratch and sweeping it (AVX-512: about even at 64 rows, the decode path 25-30%
 // faster at 32; AVX2: faster at every m to 48, its panel path being weaker).
-constexpr int64_t DECODE_MAX_ROWS_AVX2 = 32, DECODE_MAX_ROWS_AVX512 = 48;
+constexpr int64_t DECODE_MAX_ROWS_AVX2 = 32;
 constexpr int GROUP_ROWS = 8;      // rows one decode_cols call holds in registers
 constexpr int64_t COL_BLOCK = 24;  // columns a row group sweeps before the next group (L1)
 constexpr int PANEL = 24;  // columns decoded per scratch panel (a multiple of TILE_C)
@@ -301,7 +301,7 @@ static void prefill_path(const Problem& p) {
 // The AVX-512 build's driver: the same split (columns for decode, panels for prefill),
 // threads deciding only which columns a kernel call owns.
 static void run_avx512(const Problem& p, int qtype) {
-    if (p.m <= DECODE_MAX_ROWS_AVX512) {
+    if (p.m <= avx512::DECODE_MAX_ROWS) {
         decode_columns(p, [&](int64_t b, int64_t e) { avx512::decode_range(p, qtype, b, e); });
         return;
     }

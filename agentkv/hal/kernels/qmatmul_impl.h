@@ -23,9 +23,11 @@ struct Problem {
 // follow it, so rows stay batch-invariant; the bits differ from the AVX2 build's, which is
 // why one process uses one ISA for everything (see active_isa in qmatmul.cpp).
 namespace avx512 {
+// The most rows qmatmul_raw sends to decode_range on this build (more: prefill panels).
+constexpr int64_t DECODE_MAX_ROWS = 48;
 bool cpu_supports();
 // Columns [c0, c1) of out for all m rows, each weight block decoded in registers once per
-// group of <= 8 rows (the driver sends small m here, see DECODE_MAX_ROWS in qmatmul.cpp).
+// group of <= 8 rows (the driver sends m <= DECODE_MAX_ROWS here).
 void decode_range(const Problem& p, int qtype, int64_t c0, int64_t c1);
 // Columns per prefill panel for this k (a multiple of the register tile's width).
 int64_t panel_cols(int64_t k);
