@@ -50,7 +50,6 @@ constexpr int TILE_R = 4, TILE_C = 3;
 // only, so this never changes bits.
 constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
 // Software prefetch distance along each weight row (the rows of a decode GEMV stream from DRAM).
-constexpr int64_t PREFETCH_BYTES = 8192;
 
 // Decodes 32-weight unit u of weight row `row` (unit index over the whole row).
 template <class F>
@@ -60,8 +59,8 @@ static inline void decode_unit(const uint8_t* row, int64_t u, __m256 wv[4]) {
 }
 
 // decode_cols for a TABLED format (formats_avx2.h): the same fma sequence per output, each
-// block's scalars converted beforehand, SPAN blocks per column at a time, and each span's
-// bytes prefetched once (not once per block: several small blocks share a cache line).
+// block's scalars converted beforehand, SPAN blocks per column at a time (NextRows
+// prefetches by line, so small blocks sharing a cache line cost one prefetch).
 template <class F, int M, int G>
 static void decode_cols_tabled(const Problem& p, int64_t c0) {
     constexpr int64_t SPAN = 64;
@@ -75,13 +74,13 @@ static void decode_cols_tabled(const Problem& p, int64_t c0) {
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
     const int64_t blocks = p.k / F::QK;
     alignas(32) float s[G][2 * SPAN];
+    const NextRows next(rows[0], G * p.row_bytes, blocks);
     for (int64_t b0 = 0; b0 < blocks; b0 += SPAN) {
         const int64_t nb = blocks - b0 < SPAN ? blocks - b0 : SPAN;
-        for (int g = 0; g < G; ++g) {
-            prefetch_block(rows[g] + b0 * F::BYTES + PREFETCH_BYTES, static_cast<int>(nb * F::BYTES));
+        for (int g = 0; g < G; ++g)
             for (int64_t j = 0; j < nb; ++j) F::scalars(rows[g] + (b0 + j) * F::BYTES, s[g] + 2 * j);
-        }
         for (int64_t j = 0; j < nb; ++j) {
+            next.at(b0 + j);
             const float* xk = p.x + (b0 + j) * F::QK;
 #pragma GCC unroll 8
             for (int g = 0; g < G; ++g) {
@@ -113,12 +112,11 @@ static void decode_cols_prepared(const Problem& p, int64_t c0) {
     const uint8_t* rows[G];
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    const NextRows next(rows[0], G * p.row_bytes, p.k / F::QK);
     for (int64_t sb = 0; sb < p.k / F::QK; ++sb) {
         typename F::Ctx ctx[G];
-        for (int g = 0; g < G; ++g) {
-            prefetch_block(rows[g] + sb * F::BYTES + PREFETCH_BYTES, F::BYTES);
-            F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
-        }
+        next.at(sb);
+        for (int g = 0; g < G; ++g) F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
 #pragma GCC unroll 8
@@ -156,10 +154,10 @@ static void decode_cols(const Problem& p, int64_t c0) {
     const uint8_t* rows[G];
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
-    const int64_t units = p.k / 32;
-    for (int64_t sb = 0; sb < units / (F::QK / 32); ++sb) {
-#pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) prefetch_block(rows[g] + sb * F::BYTES + PREFETCH_BYTES, F::BYTES);
+    const int64_t blocks = p.k / F::QK;
+    const NextRows next(rows[0], G * p.row_bytes, blocks);
+    for (int64_t sb = 0; sb < blocks; ++sb) {
+        next.at(sb);
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
 #pragma GCC unroll 8

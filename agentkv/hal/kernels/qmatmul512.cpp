@@ -46,7 +46,6 @@ constexpr int TILE_R = 6, TILE_C = 4;  // prefill_t switches on TILE_R
 constexpr int64_t PANEL_BYTES = 192 * 1024;  // decoded f32 panel kept in L2
 constexpr int64_t MAX_PANEL = 96;
 constexpr int64_t LONG_K = 1024, K_BLOCK = 512;  // k blocking for rows longer than LONG_K
-constexpr int64_t PREFETCH_BYTES = 8192;
 constexpr int GROUP_ROWS = 8;      // rows one decode_cols call holds in registers
 constexpr int64_t COL_BLOCK = 24;  // columns a row group sweeps before the next group (L1)
 
@@ -296,14 +295,14 @@ static void decode_cols_tabled(const Problem& p, int64_t c0) {
     start_cols<M, G>(p, c0, acc, rows);
     const int64_t blocks = p.k / F::QK;
     alignas(64) float s[G][2 * SPAN];
+    const NextRows next(rows[0], G * p.row_bytes, blocks);
     for (int64_t b0 = 0; b0 < blocks; b0 += SPAN) {
         const int64_t nb = blocks - b0 < SPAN ? blocks - b0 : SPAN;
-        for (int g = 0; g < G; ++g) {
-            prefetch_block(rows[g] + b0 * F::BYTES + PREFETCH_BYTES, static_cast<int>(nb * F::BYTES));
+        for (int g = 0; g < G; ++g)
             for (int64_t j = 0; j < nb; ++j) F::scalars(rows[g] + (b0 + j) * F::BYTES, s[g] + 2 * j);
-        }
         for (int64_t j = 0; j < nb; ++j) {
             const int64_t sb = b0 + j;
+            next.at(sb);
             const float* xk = p.x + sb * F::QK;
 #pragma GCC unroll 8
             for (int g = 0; g < G; ++g) {
@@ -332,12 +331,11 @@ static void decode_cols(const Problem& p, int64_t c0) {
     start_cols<M, G>(p, c0, acc, rows);
     constexpr int SUBS = F::QK / 32;
     const int64_t blocks = p.k / F::QK;
+    const NextRows next(rows[0], G * p.row_bytes, blocks);
     for (int64_t sb = 0; sb < blocks; ++sb) {
         typename F::Ctx ctx[G];
-        for (int g = 0; g < G; ++g) {
-            prefetch_block(rows[g] + sb * F::BYTES + PREFETCH_BYTES, F::BYTES);
-            F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
-        }
+        next.at(sb);
+        for (int g = 0; g < G; ++g) F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
         for (int u = 0; u < SUBS / F::UNIT; ++u) {
             const float* xk = p.x + sb * F::QK + u * 32 * F::UNIT;
 #pragma GCC unroll 8

@@ -44,7 +44,6 @@ namespace {
 constexpr int GROUP_ROWS = 8;      // rows one call of cols<> holds in registers
 constexpr int64_t COL_BLOCK = 24;  // columns the row groups of a row chunk take turns on (L1)
 constexpr int64_t ROW_CHUNK = 64;  // rows whose quantized activations stay in L2 while columns pass
-constexpr int64_t PREFETCH_BYTES = 8192;
 
 // One pair of 32-weight blocks, ready for the dot products: u8 codes in k order, the scale of
 // each lane's block (or 16-weight group) and, for formats with a min, the min per lane.
@@ -230,15 +229,14 @@ static void cols(const Problem& p, const QuantRows& x, int64_t c0) {
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
     const int64_t units = (p.k + F::UNIT_K - 1) / F::UNIT_K;
     const int64_t unit_bytes = F::BYTES * (F::UNIT_K / F::QK);
+    const NextRows next(rows[0], G * p.row_bytes, units);
     for (int64_t u = 0; u < units; ++u) {
         // the second block of a 32-weight unit; the first again for an odd last block
         const bool single = F::QK == 32 && (u + 1) * F::UNIT_K > p.k;
         typename F::Ctx ctx[G];
+        next.at(u);
 #pragma GCC unroll 4
-        for (int g = 0; g < G; ++g) {
-            prefetch_block(rows[g] + u * unit_bytes + PREFETCH_BYTES, static_cast<int>(unit_bytes));
-            F::prepare(rows[g] + u * unit_bytes, nullptr, ctx[g]);
-        }
+        for (int g = 0; g < G; ++g) F::prepare(rows[g] + u * unit_bytes, nullptr, ctx[g]);
 #pragma GCC unroll 4
         for (int pi = 0; pi < F::PAIRS; ++pi) {
             const int64_t lane = (u * F::UNIT_K + 64 * pi) / 4;  // into the per-lane arrays

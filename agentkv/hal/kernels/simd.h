@@ -73,12 +73,21 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
 }
 
-// Prefetches every 64-byte line of [p, p + bytes): a decode GEMV streams its weight rows from
-// DRAM, and K-quant rows are only a few super-blocks long, too short for the hardware
-// prefetcher to ramp up on.
-static inline void prefetch_block(const uint8_t* p, int bytes) {
-    for (int off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
-}
+// The next column group's weight rows, prefetched a slice per block step while this group is
+// decoded: a thread's columns are consecutive rows, so one group ahead is `group_bytes` on
+// from this group's first row, and each of this group's `blocks` steps takes its share of
+// that span's lines. One linear stream ahead keeps DRAM busier than a prefetch per row.
+struct NextRows {
+    const uint8_t* base;
+    int64_t step;
+    NextRows(const uint8_t* first_row, int64_t group_bytes, int64_t blocks)
+        : base(first_row + group_bytes), step((group_bytes + blocks - 1) / blocks) {}
+    inline void at(int64_t sb) const {
+        const uintptr_t end = reinterpret_cast<uintptr_t>(base + (sb + 1) * step);
+        for (uintptr_t a = reinterpret_cast<uintptr_t>(base + sb * step) & ~uintptr_t(63); a < end; a += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+    }
+};
 
 // Lane mask with the first `count` lanes set (0 <= count <= 8), for masked loads of tails.
 static inline __m256i lane_mask(int count) {
