@@ -18,17 +18,28 @@ constexpr int MXFP4 = 39;
 
 // 2^(e - 128) from its f32 bits, as ggml_e8m0_to_fp32_half: e = 0, 1 are the subnormals
 // 2^-128, 2^-127; e = 255 is 2^127 (gguf-py does not treat it as NaN either).
-static inline float e8m0_half(uint8_t e) {
-    const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
+static constexpr float e8m0_half(uint8_t e) {
+    return __builtin_bit_cast(float, e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
 }
+
+// e8m0_half of every byte, built at compile time (one private copy per ISA build): a decoder
+// reads a block's scale as one indexed load (for AVX-512, straight into the table's broadcast
+// multiply) instead of converting it.
+struct E8M0Halves {
+    float v[256];
+};
+static constexpr E8M0Halves make_e8m0_halves() {
+    E8M0Halves t{};
+    for (int e = 0; e < 256; ++e)
+        t.v[e] = e8m0_half(static_cast<uint8_t>(e));
+    return t;
+}
+static constexpr E8M0Halves E8M0_HALF = make_e8m0_halves();
 
 struct FmtMXFP4 {
     static constexpr int QK = 32, BYTES = 17;
     static inline void decode(const uint8_t* b, int, __m256 out[4]) {
-        const __m256 d = _mm256_set1_ps(e8m0_half(b[0]));
+        const __m256 d = _mm256_set1_ps(E8M0_HALF.v[b[0]]);
         const __m128i kv = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
         const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1));
         const __m128i m4 = _mm_set1_epi8(0x0F);
