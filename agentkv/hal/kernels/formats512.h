@@ -22,6 +22,18 @@ static inline __m512 u8x16(const uint8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// 16 halves per vcvtph2ps: the values of quant.h's FmtF16 in the same lanes, without joining
+// four 8-lane conversions.
+struct WF16 {
+    static constexpr int QK = 32, BYTES = 64, UNIT = 1;
+    using Ctx = NoCtx;
+    static inline void prepare(const uint8_t*, Ctx&) {}
+    static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
+        for (int i = 0; i < 2; ++i)
+            out[i] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 * i)));
+    }
+};
+
 struct WBF16 {
     static constexpr int QK = 32, BYTES = 64, UNIT = 1;
     using Ctx = NoCtx;

@@ -467,7 +467,7 @@ static void dispatch(int qtype, Fn&& fn) {
         case Q4_K: fn(W4_K{}); break;
         case Q5_K: fn(Wide<FmtQ5_K>{}); break;
         case Q6_K: fn(W6_K{}); break;
-        case F16: fn(Wide<FmtF16>{}); break;
+        case F16: fn(formats512::WF16{}); break;
         case BF16: fn(formats512::WBF16{}); break;
         case I4G32: fn(formats512::WI4G32{}); break;
         case I8G32: fn(formats512::WI8G32{}); break;
