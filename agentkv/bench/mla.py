@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("layers", "d", "heads", "kv_rank", "ffn", "dense_ffn", "experts", "top_k", "vocab"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--decode-len", type=int, default=32)
+    parser.add_argument("--decode-len", type=int, default=128)
     parser.add_argument("--long-len", type=int, default=8192, help="prompt tokens before the long decode (0: none)")
     parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
     parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
