@@ -39,6 +39,7 @@ SOURCES = (
     "moe.cpp",
     "grouped.cpp",
     "lora.cpp",
+    "fp16_table.cpp",
 )
 HEADERS = (
     "simd.h",
@@ -57,6 +58,7 @@ HEADERS = (
     "mxfp4.h",
     "mxfp4_512.h",
     "formats_avx2.h",
+    "fp16_table.h",
 )
 # -ffp-contract=off: no compiler-chosen fusion, so every path runs the same arithmetic.
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17")

@@ -33,6 +33,7 @@ bool cpu_supports() {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #define AGENTKV_ISA isa_avx512
+#include "fp16_table.h"
 #include "quant.h"
 #include "simd512.h"
 #include "formats512.h"
@@ -114,58 +115,29 @@ static inline void lookup_nibbles(const uint8_t* qs, const __m512 lut, __m512 ou
     out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), lut);
 }
 
-// W4_0, W4_1 and W5_0 are also TABLED: the decode path first converts a span of each
-// column's block scalars to f32 (`block_scalars`, into a stack array), then `lookup` builds each
-// block's table from that array (broadcasts straight from memory), instead of converting and
-// shuffling the fp16 scalars in registers per block. The prefill path's `decode` yields the
-// same values.
+// W4_0 and W4_1 build a block's table from its scales read through FP16_F32 (fp16_table.h):
+// two loads on the load ports instead of a conversion and shuffles on the vector ports that
+// one-row decode is bound by. One path for decode and prefill alike.
 struct W4_0 {
     static constexpr int QK = 32, BYTES = 18, UNIT = 1;
-    static constexpr bool TABLED = true;
     struct Ctx {
         __m512 lut;  // d * (j - 8)
     };
-    static inline void scalars(const uint8_t* b, float* s) { s[0] = fp16_to_f32(b); }
-    static inline __m512 table(const float* s) {
-        return _mm512_mul_ps(_mm512_set1_ps(s[0]), _mm512_sub_ps(iota16(), _mm512_set1_ps(8.0f)));
-    }
     static inline void prepare(const uint8_t* b, Ctx& ctx) {
-        float s[2];
-        scalars(b, s);
-        ctx.lut = table(s);
+        ctx.lut = _mm512_mul_ps(_mm512_set1_ps(fp16_at(b)), _mm512_sub_ps(iota16(), _mm512_set1_ps(8.0f)));
     }
-    static inline void lookup(const uint8_t* b, const float* s, __m512 out[2]) { lookup_nibbles(b + 2, table(s), out); }
     static inline void decode(const uint8_t* b, int, const Ctx& ctx, __m512 out[2]) { lookup_nibbles(b + 2, ctx.lut, out); }
 };
 
 struct W4_1 {
     static constexpr int QK = 32, BYTES = 20, UNIT = 1;
-    static constexpr bool TABLED = true;
     struct Ctx {
         __m512 lut;  // fma(d, j, m)
     };
-    static inline void scalars(const uint8_t* b, float* s) {
-        _mm_storel_pi(reinterpret_cast<__m64*>(s), fp16x2_to_f32(b));
-    }
-    static inline __m512 table(const float* s) {
-        return _mm512_fmadd_ps(_mm512_set1_ps(s[0]), iota16(), _mm512_set1_ps(s[1]));
-    }
     static inline void prepare(const uint8_t* b, Ctx& ctx) {
-        alignas(8) float s[2];
-        scalars(b, s);
-        ctx.lut = table(s);
+        ctx.lut = _mm512_fmadd_ps(_mm512_set1_ps(fp16_at(b)), iota16(), _mm512_set1_ps(fp16_at(b + 2)));
     }
-    static inline void lookup(const uint8_t* b, const float* s, __m512 out[2]) { lookup_nibbles(b + 4, table(s), out); }
     static inline void decode(const uint8_t* b, int, const Ctx& ctx, __m512 out[2]) { lookup_nibbles(b + 4, ctx.lut, out); }
-};
-
-template <class F, class = void>
-struct is_tabled {
-    static constexpr bool value = false;
-};
-template <class F>
-struct is_tabled<F, decltype(void(F::TABLED))> {
-    static constexpr bool value = F::TABLED;
 };
 
 struct W4_K {
@@ -220,36 +192,22 @@ struct W6_K {
     }
 };
 
-// Weight i's fifth bit is bit i of the little-endian u32 qh: straight into a lane mask.
+// Q5_0's 32 codes' values d * (q - 16) as two 16-entry tables (codes 0-15: d * (j - 16);
+// 16-31: d * j), each the one rounding of the exact product gguf-py's d * (q - 16) rounds;
+// weight i's fifth bit (bit i of the little-endian u32 qh, loaded into a lane mask) picks
+// the table as bit 4 of a vpermt2ps index.
 struct W5_0 {
     static constexpr int QK = 32, BYTES = 22, UNIT = 1;
-    static constexpr bool TABLED = true;
-    using Ctx = NoCtx;
-    static inline void prepare(const uint8_t*, Ctx&) {}
-    static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
-        const float ds = fp16_to_f32(b);
-        const __m512 d = _mm512_set1_ps(ds), d16 = _mm512_set1_ps(-16.0f * ds);
-        uint32_t qh;
-        std::memcpy(&qh, b + 2, 4);
-        const __m512i a = _mm512_cvtepu8_epi32(load16(b + 6));
-        const __m512i sixteen = _mm512_set1_epi32(16);
-        const __m512i lo = _mm512_and_si512(a, _mm512_set1_epi32(0x0F)), hi = _mm512_srli_epi32(a, 4);
-        // q = the nibble, plus 16 where the fifth bit is set. fma(d, q, -16 d) rounds the exact
-        // d * (q - 16) once (-16 d is exact), so it equals gguf-py's d * (q - 16) bit for bit.
-        const __m512i q0 = _mm512_mask_add_epi32(lo, static_cast<__mmask16>(qh), lo, sixteen);
-        const __m512i q1 = _mm512_mask_add_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, sixteen);
-        out[0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q0), d16);
-        out[1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q1), d16);
+    struct Ctx {
+        __m512 low, high;
+    };
+    static inline void prepare(const uint8_t* b, Ctx& ctx) {
+        const __m512 d = _mm512_set1_ps(fp16_at(b));
+        ctx.low = _mm512_mul_ps(d, _mm512_sub_ps(iota16(), _mm512_set1_ps(16.0f)));
+        ctx.high = _mm512_mul_ps(d, iota16());
     }
-    static inline void scalars(const uint8_t* b, float* s) { s[0] = fp16_to_f32(b); }
-    // The 32 codes' values d * (q - 16) as two 16-entry tables (codes 0-15: d * (j - 16);
-    // 16-31: d * j), each the one rounding of the same exact product that decode's fma rounds;
-    // the fifth bit picks the table (bit 4 of a vpermt2ps index).
-    static inline void lookup(const uint8_t* b, const float* s, __m512 out[2]) {
-        const __m512 d = _mm512_set1_ps(s[0]);
-        const __m512 low = _mm512_mul_ps(d, _mm512_sub_ps(iota16(), _mm512_set1_ps(16.0f)));
-        const __m512 high = _mm512_mul_ps(d, iota16());
-        uint16_t qh0, qh1;  // the fifth bits of weights 0-15 and 16-31, each loaded into a mask
+    static inline void decode(const uint8_t* b, int, const Ctx& ctx, __m512 out[2]) {
+        uint16_t qh0, qh1;  // the fifth bits of weights 0-15 and 16-31
         std::memcpy(&qh0, b + 2, 2);
         std::memcpy(&qh1, b + 4, 2);
         const __m512i a = _mm512_cvtepu8_epi32(load16(b + 6)), sixteen = _mm512_set1_epi32(16);
@@ -257,8 +215,8 @@ struct W5_0 {
             _mm512_mask_or_epi32(_mm512_and_si512(a, _mm512_set1_epi32(0x0F)), static_cast<__mmask16>(qh0), a, sixteen);
         const __m512i hi = _mm512_srli_epi32(a, 4);
         const __m512i i1 = _mm512_mask_or_epi32(hi, static_cast<__mmask16>(qh1), hi, sixteen);
-        out[0] = _mm512_permutex2var_ps(low, i0, high);
-        out[1] = _mm512_permutex2var_ps(low, i1, high);
+        out[0] = _mm512_permutex2var_ps(ctx.low, i0, ctx.high);
+        out[1] = _mm512_permutex2var_ps(ctx.low, i1, ctx.high);
     }
 };
 
@@ -285,73 +243,8 @@ static inline void start_cols(const Problem& p, int64_t c0, __m512 (&acc)[M][G],
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
 }
 
-// The fp16 words 0 and 1 of `nb` consecutive blocks of BYTES bytes (d, and m where the
-// format has one) as f32 pairs s[2j], s[2j + 1]: STEP blocks at a time through two masked
-// loads, one word permute and one conversion, the rest one block at a time by F::scalars.
-// The same values as F::scalars (the conversion is exact); s needs 16 floats of slack past
-// 2 nb. On Zen 4 the one-block-at-a-time pass was a fifth of a Q4_1 one-row matmul.
-template <class F>
-static inline void block_scalars(const uint8_t* first, int64_t nb, float* s) {
-    constexpr int W = F::BYTES / 2;   // words per block
-    constexpr int STEP = 62 / W + 1;  // blocks whose words 0 and 1 lie in the first 64 words
-    static_assert(F::BYTES % 2 == 0 && STEP <= 8, "block_scalars: whole words, at most 8 blocks a step");
-    constexpr int WORDS = W * (STEP - 1) + 2;  // words read: up to the last block's word 1
-    alignas(64) static constexpr int16_t IDX[32] = {
-        0, 1, W, W + 1, 2 * W, 2 * W + 1, 3 * W, 3 * W + 1, 4 * W, 4 * W + 1, 5 * W, 5 * W + 1,
-        STEP > 6 ? 6 * W : 0, STEP > 6 ? 6 * W + 1 : 0, STEP > 7 ? 7 * W : 0, STEP > 7 ? 7 * W + 1 : 0};
-    const __m512i idx = _mm512_load_si512(IDX);
-    const __mmask32 lo_mask = WORDS >= 32 ? ~__mmask32(0) : (__mmask32(1) << WORDS) - 1;
-    const __mmask32 hi_mask = WORDS <= 32 ? 0 : WORDS >= 64 ? ~__mmask32(0) : (__mmask32(1) << (WORDS - 32)) - 1;
-    int64_t j = 0;
-    for (; j + STEP <= nb; j += STEP) {
-        const uint8_t* b = first + j * F::BYTES;
-        const __m512i lo = _mm512_maskz_loadu_epi16(lo_mask, b), hi = _mm512_maskz_loadu_epi16(hi_mask, b + 64);
-        const __m512i words = _mm512_permutex2var_epi16(lo, idx, hi);
-        _mm512_storeu_ps(s + 2 * j, _mm512_cvtph_ps(_mm512_castsi512_si256(words)));
-    }
-    for (; j < nb; ++j) F::scalars(first + j * F::BYTES, s + 2 * j);
-}
-
-// decode_cols for a TABLED format: the same fma sequence per output, with each block's
-// scalars converted beforehand, SPAN blocks per column at a time.
-template <class F, int M, int G>
-static void decode_cols_tabled(const Problem& p, int64_t c0) {
-    constexpr int64_t SPAN = 64;
-    __m512 acc[M][G];
-    const uint8_t* rows[G];
-    start_cols<M, G>(p, c0, acc, rows);
-    const int64_t blocks = p.k / F::QK;
-    alignas(64) float s[G][2 * SPAN + 16];
-    const NextRows next(rows[0], G * p.row_bytes, blocks);
-    for (int64_t b0 = 0; b0 < blocks; b0 += SPAN) {
-        const int64_t nb = blocks - b0 < SPAN ? blocks - b0 : SPAN;
-        for (int g = 0; g < G; ++g) block_scalars<F>(rows[g] + b0 * F::BYTES, nb, s[g]);
-        for (int64_t j = 0; j < nb; ++j) {
-            const int64_t sb = b0 + j;
-            next.at(sb);
-            const float* xk = p.x + sb * F::QK;
-#pragma GCC unroll 8
-            for (int g = 0; g < G; ++g) {
-                __m512 wv[2];
-                F::lookup(rows[g] + sb * F::BYTES, s[g] + 2 * j, wv);
-#pragma GCC unroll 8
-                for (int r = 0; r < M; ++r)
-#pragma GCC unroll 2
-                    for (int i = 0; i < 2; ++i)
-                        acc[r][g] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + r * p.k + 16 * i), wv[i], acc[r][g]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < M; ++r) store_sums<G>(acc[r], p.out + r * p.n + c0);
-}
-
 template <class F, int M, int G>
 static void decode_cols(const Problem& p, int64_t c0) {
-    if constexpr (is_tabled<F>::value) {
-        decode_cols_tabled<F, M, G>(p, c0);
-        return;
-    }
     __m512 acc[M][G];
     const uint8_t* rows[G];
     start_cols<M, G>(p, c0, acc, rows);
