@@ -3,13 +3,15 @@
 // the prefill path both use, but it may be rounded differently from gguf-py's (the oracle
 // tests bound the difference) — the AVX-512 build's tables do the same.
 //
-// A TABLED format splits a block's decode in two: `scalars` converts the block's fp16 scale
-// (and min) to f32 into a small array, ahead of the block's use, SPAN blocks at a time; then
-// `lookup` decodes the weights with the scalars broadcast straight from that array (a load,
+// A TABLED format (Q8_0) splits a block's decode in two: `scalars` converts the block's fp16
+// scale to f32 into a small array, ahead of the block's use, SPAN blocks at a time; then
+// `lookup` decodes the weights with the scale broadcast straight from that array (a load,
 // not a shuffle). `decode` = both, for the prefill panel: the same values, bit for bit.
+// Q4_0 and Q4_1 read their scales through fp16_table.h instead, with no pass ahead.
 // Include only from qmatmul.cpp, after quant.h.
 #pragma once
 
+#include "fp16_table.h"
 #include "quant.h"
 
 namespace agentkv {
@@ -17,21 +19,13 @@ inline namespace AGENTKV_ISA {
 namespace formats_avx2 {
 
 // Q4_1: fma(d, q, m), rounded once (gguf-py: d * q, then + m). The AVX-512 table's values.
+// Its scales come through FP16_F32 (fp16_table.h): two broadcast loads, no conversion.
 struct MQ4_1 {
     static constexpr int QK = 32, BYTES = 20;
-    static constexpr bool TABLED = true;
-    static inline void scalars(const uint8_t* b, float* s) {
-        _mm_storel_pi(reinterpret_cast<__m64*>(s), fp16x2_to_f32(b));
-    }
-    static inline void lookup(const uint8_t* b, const float* s, __m256 out[4]) {
-        const __m256 d = _mm256_broadcast_ss(s), m = _mm256_broadcast_ss(s + 1);
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m256 d = _mm256_set1_ps(fp16_at(b)), m = _mm256_set1_ps(fp16_at(b + 2));
         nibbles32(b + 4, out);
         for (int i = 0; i < 4; ++i) out[i] = _mm256_fmadd_ps(d, out[i], m);
-    }
-    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
-        alignas(8) float s[2];
-        scalars(b, s);
-        lookup(b, s, out);
     }
 };
 
@@ -39,20 +33,10 @@ struct MQ4_1 {
 // is gguf-py's (q - 8) * d bit for bit, in one instruction instead of a sub and a mul.
 struct MQ4_0 {
     static constexpr int QK = 32, BYTES = 18;
-    static constexpr bool TABLED = true;
-    static inline void scalars(const uint8_t* b, float* s) {
-        s[0] = fp16_to_f32(b);
-        s[1] = -8.0f * s[0];
-    }
-    static inline void lookup(const uint8_t* b, const float* s, __m256 out[4]) {
-        const __m256 d = _mm256_broadcast_ss(s), m = _mm256_broadcast_ss(s + 1);
+    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
+        const __m256 d = _mm256_set1_ps(fp16_at(b)), m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
         nibbles32(b + 2, out);
         for (int i = 0; i < 4; ++i) out[i] = _mm256_fmadd_ps(d, out[i], m);
-    }
-    static inline void decode(const uint8_t* b, int, __m256 out[4]) {
-        float s[2];
-        scalars(b, s);
-        lookup(b, s, out);
     }
 };
 
