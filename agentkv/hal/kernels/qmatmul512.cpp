@@ -143,24 +143,22 @@ struct W4_1 {
 struct W4_K {
     static constexpr int QK = 256, BYTES = 144, UNIT = 2;
     struct Ctx {
-        float d[8], dm[8];
+        alignas(64) float v[16];  // d * scale_j at j, dmin * min_j at 8 + j
     };
+    // The 16 products in one multiply: the scalar loop's values (each one IEEE product).
     static inline void prepare(const uint8_t* b, Ctx& ctx) {
-        const float d = fp16_to_f32(b), dmin = fp16_to_f32(b + 2);
-        for (int j = 0; j < 8; ++j) {
-            int sc, mn;
-            scale_min_k4(b + 4, j, sc, mn);
-            ctx.d[j] = d * static_cast<float>(sc);
-            ctx.dm[j] = dmin * static_cast<float>(mn);
-        }
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scale_min_k4_bytes(b + 4)));
+        const __m512 dd = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(fp16_to_f32(b)),
+                                               _mm512_set1_ps(fp16_to_f32(b + 2)));
+        _mm512_store_ps(ctx.v, _mm512_mul_ps(dd, v));
     }
     // Sub-blocks 2c and 2c+1 together: the low and high nibbles of the same 32 bytes, each
     // through its sub-block's table fmsub(d, j, dm).
     static inline void decode(const uint8_t* b, int c, const Ctx& ctx, __m512 out[4]) {
         const uint8_t* q = b + 16 + 32 * c;
-        const __m512 lut0 = _mm512_fmsub_ps(_mm512_set1_ps(ctx.d[2 * c]), iota16(), _mm512_set1_ps(ctx.dm[2 * c]));
+        const __m512 lut0 = _mm512_fmsub_ps(_mm512_set1_ps(ctx.v[2 * c]), iota16(), _mm512_set1_ps(ctx.v[8 + 2 * c]));
         const __m512 lut1 =
-            _mm512_fmsub_ps(_mm512_set1_ps(ctx.d[2 * c + 1]), iota16(), _mm512_set1_ps(ctx.dm[2 * c + 1]));
+            _mm512_fmsub_ps(_mm512_set1_ps(ctx.v[2 * c + 1]), iota16(), _mm512_set1_ps(ctx.v[9 + 2 * c]));
         for (int i = 0; i < 2; ++i) {
             const __m512i v = _mm512_cvtepu8_epi32(load16(q + 16 * i));
             out[i] = _mm512_permutexvar_ps(v, lut0);
@@ -172,12 +170,11 @@ struct W4_K {
 struct W6_K {
     static constexpr int QK = 256, BYTES = 210, UNIT = 1;
     struct Ctx {
-        float d[16];
+        alignas(64) float d[16];  // d * scale_j
     };
     static inline void prepare(const uint8_t* b, Ctx& ctx) {
-        const float d = fp16_to_f32(b + 208);
-        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-        for (int j = 0; j < 16; ++j) ctx.d[j] = d * static_cast<float>(sc[j]);
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 192)));
+        _mm512_store_ps(ctx.d, _mm512_mul_ps(_mm512_set1_ps(fp16_to_f32(b + 208)), sc));
     }
     static inline void decode(const uint8_t* b, int sub, const Ctx& ctx, __m512 out[2]) {
         const int h = sub >> 2, t = sub & 3;

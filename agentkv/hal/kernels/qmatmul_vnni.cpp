@@ -162,18 +162,9 @@ struct Q4_K {
     struct Ctx {
         __m512 d, m;  // lanes 0..7: d * scale_j, -(dmin * min_j)
     };
-    // The 12 packed bytes -> 8 scales and 8 mins (scale_min_k4's layout): sub-blocks 0..3 keep
-    // 6 bits of bytes 0..3 / 4..7; 4..7 take a nibble of bytes 8..11 and the top 2 bits of 0..7.
+    // The 12 packed bytes -> 8 scales and 8 mins (quant.h's scale_min_k4_bytes).
     static inline void prepare(const uint8_t* b, const uint8_t*, Ctx& ctx) {
-        uint32_t u[3];
-        std::memcpy(u, b + 4, 12);
-        const uint32_t low6 = 0x3f3f3f3fu, nib = 0x0f0f0f0fu, top2 = 0x03030303u;
-        const uint32_t sc_lo = u[0] & low6, mn_lo = u[1] & low6;
-        const uint32_t sc_hi = (u[2] & nib) | (((u[0] >> 6) & top2) << 4);
-        const uint32_t mn_hi = ((u[2] >> 4) & nib) | (((u[1] >> 6) & top2) << 4);
-        const __m128i bytes = _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi),
-                                             static_cast<int>(mn_lo), static_cast<int>(mn_hi));
-        const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));  // 8 scales, then 8 mins
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scale_min_k4_bytes(b + 4)));  // scales, mins
         const __m512 dd = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(fp16_to_f32(b)),
                                                _mm512_set1_ps(fp16_to_f32(b + 2)));
         const __m512 prod = _mm512_mul_ps(dd, v);

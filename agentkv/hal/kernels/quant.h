@@ -130,6 +130,20 @@ static inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& mn) {
     }
 }
 
+// All eight of a Q4_K/Q5_K block's scales and mins at once (scale_min_k4's values): bytes 0..7
+// the scales, 8..15 the mins. Sub-blocks 0..3 keep 6 bits of bytes 0..3 / 4..7; 4..7 take a
+// nibble of bytes 8..11 and the top 2 bits of 0..7 (four lanes per 32-bit word).
+static inline __m128i scale_min_k4_bytes(const uint8_t* s) {
+    uint32_t u[3];
+    std::memcpy(u, s, 12);
+    const uint32_t low6 = 0x3f3f3f3fu, nib = 0x0f0f0f0fu, top2 = 0x03030303u;
+    const uint32_t sc_lo = u[0] & low6, mn_lo = u[1] & low6;
+    const uint32_t sc_hi = (u[2] & nib) | (((u[0] >> 6) & top2) << 4);
+    const uint32_t mn_hi = ((u[2] >> 4) & nib) | (((u[1] >> 6) & top2) << 4);
+    return _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), static_cast<int>(mn_lo),
+                          static_cast<int>(mn_hi));
+}
+
 // Layout: d f16, dmin f16, scales[12], qs[128]; sub-blocks 2c and 2c+1 are the low and high
 // nibbles of qs[32c .. 32c+32).
 struct FmtQ4_K {
