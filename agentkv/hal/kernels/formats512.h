@@ -1,6 +1,6 @@
 // AVX-512 decoders of the 16-bit float and agentkv group-32 formats (quant.h has the AVX2
-// ones and the layouts). Include only from qmatmul512.cpp, under its target pragma, after
-// quant.h. Each yields the same values as its AVX2 decoder, in the 2 x 16 lanes and the
+// ones and the layouts), and the K-quant scale products both AVX-512 builds share. Include
+// only from qmatmul512.cpp and qmatmul_vnni.cpp, under their target pragma, after quant.h. Each yields the same values as its AVX2 decoder, in the 2 x 16 lanes and the
 // prepare/decode shape of qmatmul512.cpp's decoders; F16 and F8G32 reuse the AVX2 code.
 #pragma once
 
@@ -11,6 +11,15 @@ inline namespace AGENTKV_ISA {
 namespace formats512 {
 
 struct NoCtx {};
+
+// A Q4_K/Q5_K block's sixteen scale products: lanes 0..7 d * scale_j, 8..15 dmin * min_j
+// (each one IEEE product, the scalar loop's values).
+static inline __m512 k4_scale_products(const uint8_t* b) {
+    const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scale_min_k4_bytes(b + 4)));
+    const __m512 dd = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(fp16_to_f32(b)),
+                                           _mm512_set1_ps(fp16_to_f32(b + 2)));
+    return _mm512_mul_ps(dd, v);
+}
 
 static inline __m512 bcast_f32(const uint8_t* p) {
     float v;

@@ -73,7 +73,8 @@ struct MQ4_K {
     static inline void prepare(const uint8_t* b, Ctx& ctx) {
         const __m128i bytes = scale_min_k4_bytes(b + 4);
         _mm256_store_ps(ctx.d, _mm256_mul_ps(_mm256_set1_ps(fp16_to_f32(b)), u8x8_to_ps(bytes)));
-        _mm256_store_ps(ctx.dm, _mm256_mul_ps(_mm256_set1_ps(fp16_to_f32(b + 2)), u8x8_to_ps(_mm_unpackhi_epi64(bytes, bytes))));
+        const __m256 mins = u8x8_to_ps(_mm_unpackhi_epi64(bytes, bytes));
+        _mm256_store_ps(ctx.dm, _mm256_mul_ps(_mm256_set1_ps(fp16_to_f32(b + 2)), mins));
     }
     static inline void decode(const uint8_t* b, int sub, const Ctx& ctx, __m256 out[4]) {
         __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * (sub >> 1)));

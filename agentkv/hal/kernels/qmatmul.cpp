@@ -49,7 +49,6 @@ constexpr int TILE_R = 4, TILE_C = 3;
 // work to the pool costs more than the microsecond or two of work. Threads split columns
 // only, so this never changes bits.
 constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
-// Software prefetch distance along each weight row (the rows of a decode GEMV stream from DRAM).
 
 // Decodes 32-weight unit u of weight row `row` (unit index over the whole row).
 template <class F>

@@ -145,13 +145,7 @@ struct W4_K {
     struct Ctx {
         alignas(64) float v[16];  // d * scale_j at j, dmin * min_j at 8 + j
     };
-    // The 16 products in one multiply: the scalar loop's values (each one IEEE product).
-    static inline void prepare(const uint8_t* b, Ctx& ctx) {
-        const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scale_min_k4_bytes(b + 4)));
-        const __m512 dd = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(fp16_to_f32(b)),
-                                               _mm512_set1_ps(fp16_to_f32(b + 2)));
-        _mm512_store_ps(ctx.v, _mm512_mul_ps(dd, v));
-    }
+    static inline void prepare(const uint8_t* b, Ctx& ctx) { _mm512_store_ps(ctx.v, formats512::k4_scale_products(b)); }
     // Sub-blocks 2c and 2c+1 together: the low and high nibbles of the same 32 bytes, each
     // through its sub-block's table fmsub(d, j, dm).
     static inline void decode(const uint8_t* b, int c, const Ctx& ctx, __m512 out[4]) {

@@ -36,6 +36,7 @@ bool cpu_supports() { return avx512::cpu_supports() && __builtin_cpu_supports("a
 #define AGENTKV_ISA isa_vnni
 #include "quant.h"
 #include "simd512.h"
+#include "formats512.h"
 
 namespace agentkv {
 namespace vnni {
@@ -162,12 +163,9 @@ struct Q4_K {
     struct Ctx {
         __m512 d, m;  // lanes 0..7: d * scale_j, -(dmin * min_j)
     };
-    // The 12 packed bytes -> 8 scales and 8 mins (quant.h's scale_min_k4_bytes).
+    // The 12 packed bytes -> 8 scale and 8 min products (formats512.h's k4_scale_products).
     static inline void prepare(const uint8_t* b, const uint8_t*, Ctx& ctx) {
-        const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scale_min_k4_bytes(b + 4)));  // scales, mins
-        const __m512 dd = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(fp16_to_f32(b)),
-                                               _mm512_set1_ps(fp16_to_f32(b + 2)));
-        const __m512 prod = _mm512_mul_ps(dd, v);
+        const __m512 prod = formats512::k4_scale_products(b);
         ctx.d = prod;
         ctx.m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_shuffle_f32x4(prod, prod, 0x4E));  // mins to lanes 0..7
     }
