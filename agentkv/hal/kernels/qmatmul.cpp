@@ -61,7 +61,7 @@ static inline void decode_unit(const uint8_t* row, int64_t u, __m256 wv[4]) {
 // block's scalars converted beforehand, SPAN blocks per column at a time (NextRows
 // prefetches by line, so small blocks sharing a cache line cost one prefetch).
 template <class F, int M, int G>
-static void decode_cols_tabled(const Problem& p, int64_t c0) {
+static void decode_cols_tabled(const Problem& p, int64_t c0, int64_t stride) {
     constexpr int64_t SPAN = 64;
     __m256 acc[M][G];
 #pragma GCC unroll 8
@@ -70,16 +70,20 @@ static void decode_cols_tabled(const Problem& p, int64_t c0) {
         for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
     const uint8_t* rows[G];
 #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
     const int64_t blocks = p.k / F::QK;
     alignas(32) float s[G][2 * SPAN];
     const NextRows next(rows[0], G * p.row_bytes, blocks);
+    const NextInStreams<G> ahead(rows, p.row_bytes, blocks, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
     for (int64_t b0 = 0; b0 < blocks; b0 += SPAN) {
         const int64_t nb = blocks - b0 < SPAN ? blocks - b0 : SPAN;
         for (int g = 0; g < G; ++g)
             for (int64_t j = 0; j < nb; ++j) F::scalars(rows[g] + (b0 + j) * F::BYTES, s[g] + 2 * j);
         for (int64_t j = 0; j < nb; ++j) {
-            next.at(b0 + j);
+            if (stride == 1)
+                next.at(b0 + j);
+            else
+                ahead.at(b0 + j);
             const float* xk = p.x + (b0 + j) * F::QK;
 #pragma GCC unroll 8
             for (int g = 0; g < G; ++g) {
@@ -96,13 +100,13 @@ static void decode_cols_tabled(const Problem& p, int64_t c0) {
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
 #pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum8(acc[r][g]);
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g * stride] = hsum8(acc[r][g]);
 }
 
 // decode_cols for a PREPARED format (formats_avx2.h): each block's shared scales worked
 // out once per column block, then its sub-blocks decoded with them; the same fma sequence.
 template <class F, int M, int G>
-static void decode_cols_prepared(const Problem& p, int64_t c0) {
+static void decode_cols_prepared(const Problem& p, int64_t c0, int64_t stride) {
     __m256 acc[M][G];
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
@@ -110,11 +114,15 @@ static void decode_cols_prepared(const Problem& p, int64_t c0) {
         for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
     const uint8_t* rows[G];
 #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
     const NextRows next(rows[0], G * p.row_bytes, p.k / F::QK);
+    const NextInStreams<G> ahead(rows, p.row_bytes, p.k / F::QK, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
     for (int64_t sb = 0; sb < p.k / F::QK; ++sb) {
         typename F::Ctx ctx[G];
-        next.at(sb);
+        if (stride == 1)
+            next.at(sb);
+        else
+            ahead.at(sb);
         for (int g = 0; g < G; ++g) F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
@@ -133,16 +141,16 @@ static void decode_cols_prepared(const Problem& p, int64_t c0) {
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
 #pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum8(acc[r][g]);
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g * stride] = hsum8(acc[r][g]);
 }
 
 template <class F, int M, int G>
-static void decode_cols(const Problem& p, int64_t c0) {
+static void decode_cols(const Problem& p, int64_t c0, int64_t stride) {
     if constexpr (formats_avx2::is_tabled<F>::value) {
-        decode_cols_tabled<F, M, G>(p, c0);
+        decode_cols_tabled<F, M, G>(p, c0, stride);
         return;
     } else if constexpr (formats_avx2::is_prepared<F>::value) {
-        decode_cols_prepared<F, M, G>(p, c0);
+        decode_cols_prepared<F, M, G>(p, c0, stride);
         return;
     }
     __m256 acc[M][G];
@@ -152,11 +160,15 @@ static void decode_cols(const Problem& p, int64_t c0) {
         for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
     const uint8_t* rows[G];
 #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
     const int64_t blocks = p.k / F::QK;
     const NextRows next(rows[0], G * p.row_bytes, blocks);
+    const NextInStreams<G> ahead(rows, p.row_bytes, blocks, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
     for (int64_t sb = 0; sb < blocks; ++sb) {
-        next.at(sb);
+        if (stride == 1)
+            next.at(sb);
+        else
+            ahead.at(sb);
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
 #pragma GCC unroll 8
@@ -175,7 +187,7 @@ static void decode_cols(const Problem& p, int64_t c0) {
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
 #pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = hsum8(acc[r][g]);
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g * stride] = hsum8(acc[r][g]);
 }
 
 // This thread's prefill panel buffer (a chunk of columns is one call; the buffer outlives it).

@@ -224,27 +224,44 @@ struct WF32 {
 
 // ---------------------------------------------------------------- decode (small m)
 
-// A decode_cols call's start: zeroed accumulators and the weight rows of columns c0 .. c0+G.
+// A decode_cols call's start: zeroed accumulators and the weight rows of columns c0 + g * stride.
 template <int M, int G>
-static inline void start_cols(const Problem& p, int64_t c0, __m512 (&acc)[M][G], const uint8_t* (&rows)[G]) {
+static inline void start_cols(const Problem& p, int64_t c0, int64_t stride, __m512 (&acc)[M][G],
+                              const uint8_t* (&rows)[G]) {
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
-    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
+}
+
+// Row r's G sums into columns c0 + g * stride (adjacent columns: one 4-lane store).
+template <int G>
+static inline void store_cols(const __m512* acc, float* out, int64_t stride) {
+    if (stride == 1) {
+        store_sums<G>(acc, out);
+        return;
+    }
+    alignas(16) float sums[4];
+    store_sums<G>(acc, sums);
+    for (int g = 0; g < G; ++g) out[g * stride] = sums[g];
 }
 
 template <class F, int M, int G>
-static void decode_cols(const Problem& p, int64_t c0) {
+static void decode_cols(const Problem& p, int64_t c0, int64_t stride) {
     __m512 acc[M][G];
     const uint8_t* rows[G];
-    start_cols<M, G>(p, c0, acc, rows);
+    start_cols<M, G>(p, c0, stride, acc, rows);
     constexpr int SUBS = F::QK / 32;
     const int64_t blocks = p.k / F::QK;
     const NextRows next(rows[0], G * p.row_bytes, blocks);
+    const NextInStreams<G> ahead(rows, p.row_bytes, blocks, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
     for (int64_t sb = 0; sb < blocks; ++sb) {
         typename F::Ctx ctx[G];
-        next.at(sb);
+        if (stride == 1)
+            next.at(sb);
+        else
+            ahead.at(sb);
         for (int g = 0; g < G; ++g) F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
         for (int u = 0; u < SUBS / F::UNIT; ++u) {
             const float* xk = p.x + sb * F::QK + u * 32 * F::UNIT;
@@ -261,7 +278,7 @@ static void decode_cols(const Problem& p, int64_t c0) {
         }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < M; ++r) store_sums<G>(acc[r], p.out + r * p.n + c0);
+    for (int r = 0; r < M; ++r) store_cols<G>(acc[r], p.out + r * p.n + c0, stride);
 }
 
 #include "row_groups.h"

@@ -6,17 +6,22 @@
 // AVX-512 build compiles no std:: code under its target pragma). No include guard: it is
 // meant to be included once per build.
 //
-// All m rows over columns [c0, c1): rows in balanced groups of <= GROUP_ROWS (9 -> 5 + 4),
-// every group sweeping the same COL_BLOCK columns in turn, so a block's weights are read from
-// DRAM once and re-decoded from L1 for the next group. An output's fma sequence is
-// decode_cols' whatever its group, its block or its G, so a row's bits never depend on m.
+// All m rows over columns [c0, c1). One row group (m <= GROUP_ROWS, decode proper) sweeps the
+// range as G long streams: call i takes columns c0 + i + g * S (S = (c1 - c0) / G), so each
+// weight row it reads follows on from its stream's previous one, and the prefetchers see G
+// sequential streams for the chunk's length instead of G adjacent rows that end every call
+// (on a Zen 4: 33.7 against 30.3 GB/s reading 5,760-byte rows on two threads). More rows go
+// in balanced groups of <= GROUP_ROWS (9 -> 5 + 4), every group sweeping the same COL_BLOCK
+// columns in turn, so a block's weights are read from DRAM once and re-decoded from L1 for
+// the next group. An output's fma sequence is decode_cols' whatever its group, its block,
+// its G or its stream, so a row's bits never depend on m.
 
-// One row group over columns [c0, c1): G columns at a time, then single-column tails.
+// One row group over columns [c0, c1): G streams, then single-column tails.
 template <class F, int M, int G>
 static void decode_cols_range(const Problem& p, int64_t c0, int64_t c1) {
-    int64_t c = c0;
-    for (; c + G <= c1; c += G) decode_cols<F, M, G>(p, c);
-    for (; c < c1; ++c) decode_cols<F, M, 1>(p, c);
+    const int64_t streams = (c1 - c0) / G;
+    for (int64_t i = 0; i < streams; ++i) decode_cols<F, M, G>(p, c0 + i, streams);
+    for (int64_t c = c0 + G * streams; c < c1; ++c) decode_cols<F, M, 1>(p, c, 1);
 }
 
 // One row group (m <= GROUP_ROWS): the build's own M -> G choice (defined after this header).
@@ -26,6 +31,10 @@ static void decode_group(const Problem& p, int64_t c0, int64_t c1);
 template <class F>
 static void decode_rows(const Problem& p, int64_t c0, int64_t c1) {
     const int64_t groups = (p.m + GROUP_ROWS - 1) / GROUP_ROWS;
+    if (groups == 1) {
+        decode_group<F>(p, c0, c1);
+        return;
+    }
     for (int64_t cb = c0; cb < c1; cb += COL_BLOCK) {
         const int64_t ce = cb + COL_BLOCK < c1 ? cb + COL_BLOCK : c1;
         int64_t r0 = 0;

@@ -89,6 +89,27 @@ struct NextRows {
     }
 };
 
+// decode_cols' prefetch in stream order (row_groups.h): the row `rows_ahead` on in each of G
+// streams, each spread over the blocks of the row being read as NextRows spreads its group.
+// Callers look 1 + STREAM_AHEAD_BYTES / row_bytes rows ahead: short rows (a 640-wide Q8_0
+// row is 680 bytes) would otherwise prefetch what the hardware already has on the way.
+constexpr int64_t STREAM_AHEAD_BYTES = 4096;
+template <int G>
+struct NextInStreams {
+    const uint8_t* const* rows;
+    int64_t ahead, step;
+    NextInStreams(const uint8_t* const* stream_rows, int64_t row_bytes, int64_t blocks, int64_t rows_ahead)
+        : rows(stream_rows), ahead(rows_ahead * row_bytes), step((row_bytes + blocks - 1) / blocks) {}
+    inline void at(int64_t sb) const {
+        for (int g = 0; g < G; ++g) {
+            const uint8_t* base = rows[g] + ahead;
+            const uintptr_t end = reinterpret_cast<uintptr_t>(base + (sb + 1) * step);
+            for (uintptr_t a = reinterpret_cast<uintptr_t>(base + sb * step) & ~uintptr_t(63); a < end; a += 64)
+                _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+        }
+    }
+};
+
 // Lane mask with the first `count` lanes set (0 <= count <= 8), for masked loads of tails.
 static inline __m256i lane_mask(int count) {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
