@@ -206,8 +206,9 @@ struct Q6_K {
 
 // ---------------------------------------------------------------- the row x column kernel
 
+// Columns c0 + g * stride (row_groups.h's streams; 1: adjacent).
 template <class F, int M, int G>
-static void cols(const Problem& p, const QuantRows& x, int64_t c0) {
+static void cols(const Problem& p, const QuantRows& x, int64_t c0, int64_t stride) {
     __m512 acc[M][G];
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
@@ -215,15 +216,19 @@ static void cols(const Problem& p, const QuantRows& x, int64_t c0) {
         for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
     const uint8_t* rows[G];
 #pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g) * p.row_bytes;
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
     const int64_t units = (p.k + F::UNIT_K - 1) / F::UNIT_K;
     const int64_t unit_bytes = F::BYTES * (F::UNIT_K / F::QK);
     const NextRows next(rows[0], G * p.row_bytes, units);
+    const NextInStreams<G> ahead(rows, p.row_bytes, units, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
     for (int64_t u = 0; u < units; ++u) {
         // the second block of a 32-weight unit; the first again for an odd last block
         const bool single = F::QK == 32 && (u + 1) * F::UNIT_K > p.k;
         typename F::Ctx ctx[G];
-        next.at(u);
+        if (stride == 1)
+            next.at(u);
+        else
+            ahead.at(u);
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) F::prepare(rows[g] + u * unit_bytes, nullptr, ctx[g]);
 #pragma GCC unroll 4
@@ -251,15 +256,16 @@ static void cols(const Problem& p, const QuantRows& x, int64_t c0) {
     for (int r = 0; r < M; ++r) {
         alignas(16) float lanes[4];
         _mm_store_ps(lanes, reduce4(acc[r][0], G > 1 ? acc[r][1] : z, G > 2 ? acc[r][2] : z, G > 3 ? acc[r][3] : z));
-        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g] = lanes[g];
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g * stride] = lanes[g];
     }
 }
 
+// G long streams, then single-column tails, as row_groups.h's decode_cols_range.
 template <class F, int M, int G>
 static void cols_range(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
-    int64_t c = c0;
-    for (; c + G <= c1; c += G) cols<F, M, G>(p, x, c);
-    for (; c < c1; ++c) cols<F, M, 1>(p, x, c);
+    const int64_t streams = (c1 - c0) / G;
+    for (int64_t i = 0; i < streams; ++i) cols<F, M, G>(p, x, c0 + i, streams);
+    for (int64_t c = c0 + G * streams; c < c1; ++c) cols<F, M, 1>(p, x, c, 1);
 }
 
 // One group of <= GROUP_ROWS rows: M x G accumulators and G decoded pairs fit 32 registers.
@@ -278,9 +284,14 @@ static void group(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) 
 }
 
 // Rows in chunks of ROW_CHUNK (their activations stay in L2), each chunk's rows in balanced
-// groups of <= GROUP_ROWS taking turns on COL_BLOCK columns (those weights stay in L1).
+// groups of <= GROUP_ROWS taking turns on COL_BLOCK columns (those weights stay in L1); one
+// group (a decode) streams its whole range.
 template <class F>
 static void rows_range(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
+    if (p.m <= GROUP_ROWS) {
+        group<F>(p, x, c0, c1);
+        return;
+    }
     for (int64_t r0 = 0; r0 < p.m; r0 += ROW_CHUNK) {
         const int64_t chunk = p.m - r0 < ROW_CHUNK ? p.m - r0 : ROW_CHUNK;
         const int64_t groups = (chunk + GROUP_ROWS - 1) / GROUP_ROWS;
