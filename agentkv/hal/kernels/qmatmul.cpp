@@ -58,7 +58,7 @@ static inline void decode_unit(const uint8_t* row, int64_t u, __m256 wv[4]) {
 }
 
 // decode_cols for a TABLED format (formats_avx2.h): the same fma sequence per output, each
-// block's scalars converted beforehand, SPAN blocks per column at a time (NextRows
+// block's scalars converted beforehand, SPAN blocks per column at a time (NextInStreams
 // prefetches by line, so small blocks sharing a cache line cost one prefetch).
 template <class F, int M, int G>
 static void decode_cols_tabled(const Problem& p, int64_t c0, int64_t stride) {
@@ -73,17 +73,13 @@ static void decode_cols_tabled(const Problem& p, int64_t c0, int64_t stride) {
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
     const int64_t blocks = p.k / F::QK;
     alignas(32) float s[G][2 * SPAN];
-    const NextRows next(rows[0], G * p.row_bytes, blocks);
-    const NextInStreams<G> ahead(rows, p.row_bytes, blocks, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
+    const NextInStreams<G> ahead(rows, p.row_bytes, blocks);
     for (int64_t b0 = 0; b0 < blocks; b0 += SPAN) {
         const int64_t nb = blocks - b0 < SPAN ? blocks - b0 : SPAN;
         for (int g = 0; g < G; ++g)
             for (int64_t j = 0; j < nb; ++j) F::scalars(rows[g] + (b0 + j) * F::BYTES, s[g] + 2 * j);
         for (int64_t j = 0; j < nb; ++j) {
-            if (stride == 1)
-                next.at(b0 + j);
-            else
-                ahead.at(b0 + j);
+            ahead.at(b0 + j);
             const float* xk = p.x + (b0 + j) * F::QK;
 #pragma GCC unroll 8
             for (int g = 0; g < G; ++g) {
@@ -115,14 +111,10 @@ static void decode_cols_prepared(const Problem& p, int64_t c0, int64_t stride) {
     const uint8_t* rows[G];
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
-    const NextRows next(rows[0], G * p.row_bytes, p.k / F::QK);
-    const NextInStreams<G> ahead(rows, p.row_bytes, p.k / F::QK, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
+    const NextInStreams<G> ahead(rows, p.row_bytes, p.k / F::QK);
     for (int64_t sb = 0; sb < p.k / F::QK; ++sb) {
         typename F::Ctx ctx[G];
-        if (stride == 1)
-            next.at(sb);
-        else
-            ahead.at(sb);
+        ahead.at(sb);
         for (int g = 0; g < G; ++g) F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
@@ -162,13 +154,9 @@ static void decode_cols(const Problem& p, int64_t c0, int64_t stride) {
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
     const int64_t blocks = p.k / F::QK;
-    const NextRows next(rows[0], G * p.row_bytes, blocks);
-    const NextInStreams<G> ahead(rows, p.row_bytes, blocks, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
+    const NextInStreams<G> ahead(rows, p.row_bytes, blocks);
     for (int64_t sb = 0; sb < blocks; ++sb) {
-        if (stride == 1)
-            next.at(sb);
-        else
-            ahead.at(sb);
+        ahead.at(sb);
         for (int sub = 0; sub < F::QK / 32; ++sub) {
             const float* xk = p.x + sb * F::QK + sub * 32;
 #pragma GCC unroll 8

@@ -254,14 +254,10 @@ static void decode_cols(const Problem& p, int64_t c0, int64_t stride) {
     start_cols<M, G>(p, c0, stride, acc, rows);
     constexpr int SUBS = F::QK / 32;
     const int64_t blocks = p.k / F::QK;
-    const NextRows next(rows[0], G * p.row_bytes, blocks);
-    const NextInStreams<G> ahead(rows, p.row_bytes, blocks, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
+    const NextInStreams<G> ahead(rows, p.row_bytes, blocks);
     for (int64_t sb = 0; sb < blocks; ++sb) {
         typename F::Ctx ctx[G];
-        if (stride == 1)
-            next.at(sb);
-        else
-            ahead.at(sb);
+        ahead.at(sb);
         for (int g = 0; g < G; ++g) F::prepare(rows[g] + sb * F::BYTES, ctx[g]);
         for (int u = 0; u < SUBS / F::UNIT; ++u) {
             const float* xk = p.x + sb * F::QK + u * 32 * F::UNIT;

@@ -219,16 +219,12 @@ static void cols(const Problem& p, const QuantRows& x, int64_t c0, int64_t strid
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
     const int64_t units = (p.k + F::UNIT_K - 1) / F::UNIT_K;
     const int64_t unit_bytes = F::BYTES * (F::UNIT_K / F::QK);
-    const NextRows next(rows[0], G * p.row_bytes, units);
-    const NextInStreams<G> ahead(rows, p.row_bytes, units, 1 + STREAM_AHEAD_BYTES / p.row_bytes);
+    const NextInStreams<G> ahead(rows, p.row_bytes, units);
     for (int64_t u = 0; u < units; ++u) {
         // the second block of a 32-weight unit; the first again for an odd last block
         const bool single = F::QK == 32 && (u + 1) * F::UNIT_K > p.k;
         typename F::Ctx ctx[G];
-        if (stride == 1)
-            next.at(u);
-        else
-            ahead.at(u);
+        ahead.at(u);
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) F::prepare(rows[g] + u * unit_bytes, nullptr, ctx[g]);
 #pragma GCC unroll 4

@@ -73,33 +73,20 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
 }
 
-// The next column group's weight rows, prefetched a slice per block step while this group is
-// decoded: a thread's columns are consecutive rows, so one group ahead is `group_bytes` on
-// from this group's first row, and each of this group's `blocks` steps takes its share of
-// that span's lines. One linear stream ahead keeps DRAM busier than a prefetch per row.
-struct NextRows {
-    const uint8_t* base;
-    int64_t step;
-    NextRows(const uint8_t* first_row, int64_t group_bytes, int64_t blocks)
-        : base(first_row + group_bytes), step((group_bytes + blocks - 1) / blocks) {}
-    inline void at(int64_t sb) const {
-        const uintptr_t end = reinterpret_cast<uintptr_t>(base + (sb + 1) * step);
-        for (uintptr_t a = reinterpret_cast<uintptr_t>(base + sb * step) & ~uintptr_t(63); a < end; a += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
-    }
-};
-
-// decode_cols' prefetch in stream order (row_groups.h): the row `rows_ahead` on in each of G
-// streams, each spread over the blocks of the row being read as NextRows spreads its group.
-// Callers look 1 + STREAM_AHEAD_BYTES / row_bytes rows ahead: short rows (a 640-wide Q8_0
-// row is 680 bytes) would otherwise prefetch what the hardware already has on the way.
+// decode_cols' prefetch (row_groups.h): a call reads G weight rows, one per stream, and the
+// next call the row after each; this fetches the row ahead_rows on in each stream, spread
+// over the blocks of the rows being read (a slice per block step, by line), ahead_rows =
+// 1 + STREAM_AHEAD_BYTES / row_bytes so short rows (a 640-wide Q8_0 row is 680 bytes) do not
+// prefetch what the hardware already has on the way.
 constexpr int64_t STREAM_AHEAD_BYTES = 4096;
 template <int G>
 struct NextInStreams {
     const uint8_t* const* rows;
     int64_t ahead, step;
-    NextInStreams(const uint8_t* const* stream_rows, int64_t row_bytes, int64_t blocks, int64_t rows_ahead)
-        : rows(stream_rows), ahead(rows_ahead * row_bytes), step((row_bytes + blocks - 1) / blocks) {}
+    NextInStreams(const uint8_t* const* stream_rows, int64_t row_bytes, int64_t blocks)
+        : rows(stream_rows),
+          ahead((1 + STREAM_AHEAD_BYTES / row_bytes) * row_bytes),
+          step((row_bytes + blocks - 1) / blocks) {}
     inline void at(int64_t sb) const {
         for (int g = 0; g < G; ++g) {
             const uint8_t* base = rows[g] + ahead;
