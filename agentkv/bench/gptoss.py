@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--decode-len", type=int, default=128)
+    parser.add_argument(
+        "--int8", action="store_true", help="also run agentkv with int8 matmul activations (arm agentkv-int8; AVX-512 VNNI)"
+    )
     parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
     parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
     parser.add_argument("--arm-timeout", type=float, default=1800.0, metavar="S")
@@ -76,4 +79,10 @@ def markdown(payload: dict) -> list[str]:
             f"- agentkv ÷ llama-server: prefill ×{vs['prefill_tok_s']:.2f}, decode ×{vs['decode_tok_s']:.2f} "
             f"(target {SPEED_TARGET}×: {payload['speed_verdict']})",
         ]
+    int8 = payload["ratios"].get("int8_vs_llama_server")
+    if int8:
+        lines.append(
+            f"- agentkv-int8 (int8 matmul activations, as llama.cpp's MXFP4 × Q8_0 dot products) ÷ llama-server: "
+            f"prefill ×{int8['prefill_tok_s']:.2f}, decode ×{int8['decode_tok_s']:.2f}"
+        )
     return lines

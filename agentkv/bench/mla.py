@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--decode-len", type=int, default=128)
     parser.add_argument("--long-len", type=int, default=8192, help="prompt tokens before the long decode (0: none)")
+    parser.add_argument(
+        "--int8", action="store_true", help="also run agentkv with int8 matmul activations (arm agentkv-int8; AVX-512 VNNI)"
+    )
     parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
     parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
     parser.add_argument("--arm-timeout", type=float, default=3600.0, metavar="S")

@@ -5,7 +5,8 @@ Each arm reports: load time; a first 512-token prefill of another prompt (it pag
 weights in: reported, not in the ratios); the timed prefill and single-stream decode after it;
 RSS; KV bytes per token; and, when `spec["long_len"]` is set, a decode after a prompt of that
 many tokens (`long_prefill_tok_s`, `long_decode_tok_s`). `spec`: model, prompt_len, decode_len,
-vocab, long_len (0: none)."""
+vocab, long_len (0: none), activation_dtype (agentkv's matmul input: f32, or int8 for the
+`agentkv-int8` arm that `--int8` adds)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def agentkv_arm(spec: dict) -> dict:
     before = memory_mib()
     started = time.perf_counter()
     max_len = max(spec["prompt_len"], spec.get("long_len", 0)) + spec["decode_len"] + 32
-    args = SimpleNamespace(model=spec["model"], backend="cpu", weights="resident")
+    args = SimpleNamespace(
+        model=spec["model"], backend="cpu", weights="resident", activation_dtype=spec.get("activation_dtype", "f32")
+    )
     engine = build_engine(args, prefix_cache=False, num_blocks=-(-max_len // 16) + 2, max_model_len=max_len)
     load_s = time.perf_counter() - started
     vocab, n = engine.vocab_size, spec["prompt_len"]
@@ -62,6 +65,7 @@ def agentkv_arm(spec: dict) -> dict:
         "rss_mib": memory_mib()["rss"] - before["rss"],
         "kv_bytes_per_token": engine.model.kv_spec(1, 16).bytes_per_token,
         "kv_dtype": engine.backend.kv_dtype,
+        "activation_dtype": engine.backend.activation_dtype,
         "kernels": engine.backend.identity.isa,
     }
     if spec.get("long_len"):
@@ -131,14 +135,18 @@ def kv_bytes_per_token(log_path: Path) -> float | None:
     return sum(mib * 2**20 / cells for mib, cells in found if cells)
 
 
-def run_both(spec: dict, out: Path, server_binary: str | None, timeout_s: float) -> dict:
-    """agentkv's arm in its own process, then llama-server's (a failure of either is its
-    result, `{"error": ...}`): arm name -> result."""
+def run_both(spec: dict, out: Path, server_binary: str | None, timeout_s: float, int8: bool = False) -> dict:
+    """agentkv's arm in its own process (and with `int8` its int8-activation arm,
+    `agentkv-int8`, in another), then llama-server's (a failure of any is its result,
+    `{"error": ...}`): arm name -> result."""
     from agentkv.bench.isolate import run_isolated
     from agentkv.bench.llama_server import default_server_binary
 
-    log("agentkv ...")
-    results = {"agentkv": run_isolated(f"{__name__}:agentkv_arm", spec, out / "runs", "agentkv", timeout_s)}
+    results = {}
+    for arm, dtype in (("agentkv", "f32"), ("agentkv-int8", "int8"))[: 1 + int8]:
+        log(f"{arm} ...")
+        arm_spec = spec | {"activation_dtype": dtype}
+        results[arm] = run_isolated(f"{__name__}:agentkv_arm", arm_spec, out / "runs", arm, timeout_s)
     log("llama-server ...")
     binary = Path(server_binary) if server_binary else default_server_binary()
     try:
@@ -148,11 +156,11 @@ def run_both(spec: dict, out: Path, server_binary: str | None, timeout_s: float)
     return results
 
 
-def speed_ratios(results: dict, keys: tuple[str, ...]) -> dict[str, float]:
-    """agentkv ÷ llama-server for each of `keys` both arms measured ({} unless both ran)."""
+def speed_ratios(results: dict, keys: tuple[str, ...], arm: str = "agentkv") -> dict[str, float]:
+    """`arm` ÷ llama-server for each of `keys` both arms measured ({} unless both ran)."""
     from agentkv.bench.isolate import failed
 
-    ours, theirs = results.get("agentkv", {}), results.get("llama-server", {})
+    ours, theirs = results.get(arm, {}), results.get("llama-server", {})
     if failed(ours) or failed(theirs) or not ours or not theirs:
         return {}
     return {k: ours[k] / theirs[k] for k in keys if ours.get(k) and theirs.get(k)}
@@ -175,10 +183,13 @@ def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str,
     spec = {"model": str(path), "prompt_len": args.prompt_len, "decode_len": args.decode_len, "vocab": shape.vocab}
     spec["long_len"] = getattr(args, "long_len", 0)
     load_before = os.getloadavg()
-    results = run_both(spec, Path(args.out), args.llama_server, args.arm_timeout)
+    results = run_both(spec, Path(args.out), args.llama_server, args.arm_timeout, getattr(args, "int8", False))
     facts = decode_bytes(path, shape.top_k)
     file_mib = path.stat().st_size / 2**20
     vs = speed_ratios(results, speeds)
+    ratios = {"vs_llama_server": vs}
+    if "agentkv-int8" in results:
+        ratios["int8_vs_llama_server"] = speed_ratios(results, speeds, "agentkv-int8")
     return envelope(
         benchmark,
         model=str(path),
@@ -192,7 +203,7 @@ def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str,
         load_average_before=load_before,
         load_average_after=os.getloadavg(),
         results=results,
-        ratios={"vs_llama_server": vs},
+        ratios=ratios,
         targets={"speed_vs_llama_server": SPEED_TARGET, "rss_over_file": 1.1},
         speed_verdict=verdict(vs) if vs else "not measured",
     )

@@ -3,6 +3,7 @@ oracle of the same rounding, its batch and thread invariance, and the qtypes it 
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,20 @@ from tests.hal.test_kernels import LEGACY, QTYPES, K, gguf_dequant, random_quant
 if not K.int8_supported():
     pytest.skip("this CPU has no AVX-512 VNNI: no int8-activation kernels", allow_module_level=True)
 
-INT8 = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+INT8 = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "MXFP4"]
+MXFP4 = int(gguf.GGMLQuantizationType.MXFP4)
+BLOCK_32 = LEGACY | {"MXFP4"}  # 32-weight blocks (an odd k / 32 tests the unpaired last block)
+
+
+def weights(name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """Random blocks of `name` [n, k], its gguf type, and gguf-py's values of them (f64)."""
+    if name == "MXFP4":
+        from tests.hal.test_mxfp4_kernels import random_blocks
+
+        raw = random_blocks(n, k, seed, scales=(112, 136))
+        return raw, MXFP4, gguf.quants.dequantize(raw, MXFP4).astype(np.float64)
+    raw = random_quant(name, n, k, seed)
+    return raw, QTYPES[name], gguf_dequant(raw, name).astype(np.float64)
 
 
 def quantized_activations(x: np.ndarray) -> np.ndarray:
@@ -35,25 +49,26 @@ def check_matches(ours: torch.Tensor, ref: np.ndarray):
 @pytest.mark.parametrize("name", INT8)
 @pytest.mark.parametrize("m", [1, 3, 8, 13, 70])
 def test_int8_matches_the_oracle_of_its_rounding(name, m):
-    """Legacy formats at k = 544 (17 blocks: an odd last block), K-quants at 512."""
-    n, k = 45, 544 if name in LEGACY else 512
-    w = random_quant(name, n, k, seed=2)
+    """32-weight formats at k = 544 (17 blocks: an odd last block), K-quants at 512."""
+    n, k = 45, 544 if name in BLOCK_32 else 512
+    w, qtype, values = weights(name, n, k, seed=2)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
     x[0, :32] = 0.0  # an all-zero block (d = 0)
-    ref = quantized_activations(x.numpy()) @ gguf_dequant(w, name).astype(np.float64).T
-    check_matches(K.qmatmul(x, torch.from_numpy(w), QTYPES[name], n, k, int8=True), ref)
+    ref = quantized_activations(x.numpy()) @ values.T
+    check_matches(K.qmatmul(x, torch.from_numpy(w), qtype, n, k, int8=True), ref)
 
 
 @pytest.mark.parametrize("name", INT8)
 def test_int8_rows_are_batch_and_thread_invariant(name, threads):
-    n, k = 61, 256 if name in LEGACY else 512
-    w = torch.from_numpy(random_quant(name, n, k, seed=4))
+    n, k = 61, 256 if name in BLOCK_32 else 512
+    raw, qtype, _ = weights(name, n, k, seed=4)
+    w = torch.from_numpy(raw)
     x = torch.randn(150, k, generator=torch.Generator().manual_seed(5))
-    full = K.qmatmul(x, w, QTYPES[name], n, k, int8=True)
+    full = K.qmatmul(x, w, qtype, n, k, int8=True)
     for lo, hi in [(0, 1), (9, 10), (0, 2), (5, 8), (3, 12), (20, 27), (1, 64), (70, 150), (63, 66)]:
-        assert torch.equal(K.qmatmul(x[lo:hi].contiguous(), w, QTYPES[name], n, k, int8=True), full[lo:hi]), (lo, hi)
+        assert torch.equal(K.qmatmul(x[lo:hi].contiguous(), w, qtype, n, k, int8=True), full[lo:hi]), (lo, hi)
     perm = torch.randperm(150, generator=torch.Generator().manual_seed(6))
-    assert torch.equal(K.qmatmul(x[perm].contiguous(), w, QTYPES[name], n, k, int8=True), full[perm])
+    assert torch.equal(K.qmatmul(x[perm].contiguous(), w, qtype, n, k, int8=True), full[perm])
 
 
 def test_int8_is_its_own_arithmetic_and_the_comparisons_can_fail():

@@ -25,6 +25,10 @@ D, F, E = 256, 256, 8
 
 
 def expert_weight(be, name: str, qtype: str, rows: int, cols: int, seed: int):
+    if qtype == "MXFP4":
+        from tests.hal.test_mxfp4_kernels import MXFP4, random_blocks
+
+        return be.upload_weight(name, random_blocks(rows, cols, seed, scales=(112, 128)), MXFP4, (rows, cols))
     if qtype == "F32":
         data = (0.1 * np.random.default_rng(seed).standard_normal((rows, cols))).astype(np.float32)
         return be.upload_weight(name, data, 0, (rows, cols))
@@ -66,6 +70,26 @@ def test_bits_equal_the_per_expert_path(qtypes, spec):
         want = CPU.read(grouped_moe(CPU, xs, weights, spec))
         assert np.array_equal(got, want), f"{qtypes} rows {rows}: max diff {np.abs(got - want).max()}"
     assert CPU._compiled_experts(weights.experts, spec) is not None  # the compiled path ran
+
+
+@pytest.mark.skipif("int8" not in CPU.activation_dtypes(), reason="this CPU has no AVX-512 VNNI: no int8 kernels")
+@pytest.mark.parametrize("qtypes", [("MXFP4",) * 3, ("Q4_K", "Q4_K", "Q6_K"), ("Q5_1",) * 3], ids="-".join)
+def test_int8_mode_bits_equal_the_per_expert_path(qtypes):
+    """In the backend's int8 mode the compiled experts take the int8 kernels exactly as
+    `backend.matmul` does on the composed path, at 23 rows and on the decode loop (1 and 3
+    rows); the control: int8 outputs are not f32 mode's, save for Q5_1 (no int8 kernel), whose
+    experts keep f32 activations in both."""
+    int8 = lookup("cpu", activation_dtype="int8")
+    weights, spec = layer(int8, qtypes, shared=True), MoEFFNSpec(E, 2, True)
+    x = np.random.default_rng(7).standard_normal((23, D)).astype(np.float32)
+    for rows in (slice(0, 23), slice(4, 5), slice(0, 3)):
+        xs = int8.upload(x[rows])
+        got = int8.read(ffn_op(weights, int8, xs, spec))
+        assert np.array_equal(got, int8.read(grouped_moe(int8, xs, weights, spec))), rows
+        f32 = CPU.read(ffn_op(weights, CPU, CPU.upload(x[rows]), spec))
+        assert np.array_equal(got, f32) == (qtypes[0] == "Q5_1"), rows
+        assert np.abs(got - f32).max() <= 0.05 * np.abs(f32).max()  # int8 rounding, not a wrong expert
+    assert int8._compiled_experts(weights.experts, spec) is not None
 
 
 @pytest.mark.parametrize("qtypes", QTYPE_MIXES[:3], ids=lambda q: "-".join(q))

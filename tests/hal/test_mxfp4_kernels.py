@@ -47,7 +47,8 @@ def every_code_at_every_scale() -> np.ndarray:
 
 
 def test_mxfp4_is_served_by_the_kernels():
-    assert MXFP4 in SUPPORTED_QTYPES and not K.int8_qtype_supported(MXFP4)  # no VNNI path (f32 activations)
+    # an int8-activation kernel too (qmatmul_vnni.cpp; tests/hal/test_int8_matmul.py)
+    assert MXFP4 in SUPPORTED_QTYPES and K.int8_qtype_supported(MXFP4)
 
 
 def test_dequantize_every_code_and_scale_equals_gguf_py():

@@ -6,13 +6,14 @@ rows, and the control (a sink whose weight depends on the row count) is caught. 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from agentkv.hal.base import Tensor
 from agentkv.hal.cpu import CpuBackend
 from agentkv.hal.registry import register
-from tests.models.gpt_oss_tiny import VOCAB, harmony_tokenizer, tiny_gpt_oss
-from tests.runtime.test_exactness import VARIANT_FAMILIES, check_contract
+from tests.models.gpt_oss_tiny import VOCAB, harmony_tokenizer, tiny_gpt_oss, tiny_gpt_oss_mxfp4
+from tests.runtime.test_exactness import VARIANT_FAMILIES, check_contract, make_engine, run, tokens
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,18 @@ def gpt_oss_dir(tmp_path_factory):
 def test_exact_reuse_tiny_gpt_oss(gpt_oss_dir, kv_dtype):
     # 45 tokens: splits at 1, 16, 17, 44 and one random, on both sides of the window's edge
     assert check_contract(gpt_oss_dir, "cpu", 256, 45, seed=1, kv_dtype=kv_dtype, light=kv_dtype == "f16") == []
+
+
+@pytest.mark.skipif("int8" not in CpuBackend().activation_dtypes(), reason="no AVX-512 VNNI: no int8 kernels")
+def test_exact_reuse_tiny_gpt_oss_mxfp4_int8(tmp_path):
+    """MXFP4 experts in the int8-activation mode (qmatmul_vnni.cpp's MXFP4, moe.cpp's int8
+    decode loop) keep the contract; the control: that mode's logits are not the f32 mode's."""
+    tiny_gpt_oss_mxfp4(tmp_path, vocab_size=VOCAB, seed=3)
+    harmony_tokenizer(tmp_path)
+    prompt = {"p": tokens(20, 2, 256)}
+    f32, int8 = (run(make_engine(str(tmp_path), "cpu", activation_dtype=a), prompt)[0]["p"] for a in ("f32", "int8"))
+    assert not all(np.array_equal(a, b) for a, b in zip(f32, int8))
+    assert check_contract(str(tmp_path), "cpu", 256, 45, seed=1, activation_dtype="int8", light=True) == []
 
 
 class RowCountSinkBackend(CpuBackend):

@@ -64,7 +64,8 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
     def activation_dtypes(self) -> tuple[str, ...]:
         """int8 where the CPU has AVX-512 VNNI (qmatmul_vnni.cpp): those kernels round each
         row's activations to int8 per 32-wide block for the GGUF formats that have one (Q4_0,
-        Q4_1, Q5_0, Q8_0, Q4_K, Q6_K); other weights keep f32 activations."""
+        Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4), MoE experts included; other weights keep f32
+        activations."""
         return ("f32", "int8") if self._kernels.int8_supported() else ("f32",)
 
     @property

@@ -5,7 +5,8 @@ backend, so the same bits, without the per-expert Python and pybind crossings.
 
 gpt-oss's biased experts (hal/biased_moe.py) take the same call with their biases and the
 clamped SwiGLU (act 2, fused.cpp's exp rather than torch's: the compiled path is this
-backend's only path for them wherever the kernel takes the experts)."""
+backend's only path for them wherever the kernel takes the experts). In the backend's int8
+mode the experts' matmuls take the int8 kernels, as `self.matmul` does on the composed path."""
 
 from __future__ import annotations
 
@@ -44,9 +45,9 @@ class CompiledExperts:
         backend lives), or None where the kernel does not run these experts."""
         memo = self.__dict__.setdefault("_moe_experts", {})
         entry = memo.get(id(experts))
-        if entry is not None and entry[0] is experts and entry[1] == spec:
+        if entry is not None and entry[0] is experts and entry[1] == (spec, self.int8):
             return entry[2]
-        memo[id(experts)] = (experts, spec, self._build_experts(experts, spec, biased))
+        memo[id(experts)] = (experts, (spec, self.int8), self._build_experts(experts, spec, biased))
         return memo[id(experts)][2]
 
     def _build_experts(self, experts: Experts, spec, biased: BiasedMoEFFN | None):
@@ -57,10 +58,18 @@ class CompiledExperts:
         f, d = experts.gate[0].shape
         lists = [[w.raw for w in bank] for bank in banks]
         if biased is None:
-            return self._kernels.moe_experts(*lists, qtypes=qtypes, d=d, f=f, act=GLU_KINDS[spec.act])
+            return self._kernels.moe_experts(*lists, qtypes=qtypes, d=d, f=f, act=GLU_KINDS[spec.act], int8=self.int8)
         biases = [[b.raw.reshape(-1).float().contiguous() for b in bank] for bank in _bias_banks(biased)]
         return self._kernels.moe_experts(
-            *lists, qtypes=qtypes, d=d, f=f, act=CLAMPED_SWIGLU, biases=biases, alpha=spec.alpha, limit=spec.limit
+            *lists,
+            qtypes=qtypes,
+            d=d,
+            f=f,
+            act=CLAMPED_SWIGLU,
+            biases=biases,
+            alpha=spec.alpha,
+            limit=spec.limit,
+            int8=self.int8,
         )
 
 

@@ -14,6 +14,7 @@
 #include "ops.h"
 #include "pool.h"
 #include "qmatmul.h"
+#include "qmatmul_vnni.h"
 
 namespace agentkv {
 
@@ -23,7 +24,17 @@ constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
 }  // namespace
 
 // Chunks are multiples of 4 columns, so a chunk boundary never splits a register group.
-void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes) {
+// int8: each job whose qtype has an int8 kernel has its rows rounded once, before the loop, as
+// qmatmul_raw's run_int8 rounds them; its columns then take vnni::columns.
+void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes,
+                bool int8) {
+    std::vector<vnni::RowBuffers> buffers(int8 ? jobs.size() : 0);
+    std::vector<vnni::QuantRows> rounded(buffers.size());
+    for (size_t j = 0; j < buffers.size(); ++j) {
+        if (!vnni::qtype_supported(qtypes[j])) continue;
+        rounded[j] = buffers[j].size_for(jobs[j].m, jobs[j].k);
+        vnni::quantize_rows(jobs[j].x, 0, jobs[j].m, jobs[j].k, vnni::offset_of(qtypes[j]), rounded[j]);
+    }
     const int64_t total = n * static_cast<int64_t>(jobs.size());
     const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / std::max<int64_t>(1, row_bytes));
     parallel_chunks(
@@ -31,7 +42,10 @@ void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes
         [&](int64_t b, int64_t e) {
             while (b < e) {
                 const int64_t j = b / n, c0 = b % n, c1 = std::min(n, c0 + (e - b));
-                avx512::decode_range(jobs[j], qtypes[j], c0, c1);
+                if (rounded.empty() || rounded[j].q == nullptr)
+                    avx512::decode_range(jobs[j], qtypes[j], c0, c1);
+                else
+                    vnni::columns(jobs[j], rounded[j], qtypes[j], c0, c1);
                 b += c1 - c0;
             }
         },

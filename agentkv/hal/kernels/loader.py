@@ -94,7 +94,7 @@ def load() -> ModuleType:
                        cos, sin f32 [num_pos, rope_dim/2], positions, slots int64 [n],
                        k_cache, v_cache f32 [num_slots, kvh, hd] (written), h, kvh, rope_dim,
                        interleaved, eps, unit_offset) -> q f32 [n, h, hd]
-      moe_experts(gate, up, down: per-expert weights, qtypes [3], d, f, act) -> MoEExperts, whose
+      moe_experts(gate, up, down: per-expert weights, qtypes [3], d, f, act, ..., int8) -> MoEExperts, whose
         run(x f32 [n, d], chosen int64 [n, k], probs f32 [n, k]) -> f32 [n, d] (moe.cpp)
       lora_add(x f32 [n, k], y f32 [n, m] (updated in place), row_slot int32 [n], a [f32 [r, k]],
                bt [f32 [r, out]], slot [int], scale [float], col [int]) (lora.cpp)

@@ -17,6 +17,8 @@
 // Every matmul is the row-invariant driver of qmatmul.cpp (threads over output columns), the
 // activation is fused.cpp's glu, and the weighted sum is elementwise in rank order, so a
 // token's bits depend only on its own row, never on which tokens share its batch or chunk.
+// With the backend's int8 activations every expert matmul takes qmatmul_raw's int8 path (each
+// row rounded on its own), as the composed path's backend.matmul does.
 // The experts stay in the file's quant blocks: each is a view into the 3-D GGUF tensor.
 //
 // Decode (every active expert has <= 4 rows, quantized experts, the AVX-512 build): the gate
@@ -54,15 +56,15 @@ struct ExpertBank {
             for (int64_t i = 0; i < rows; ++i) out[r * rows + i] = out[r * rows + i] + b[i];
     }
 
-    // out[c, rows] = x[c, k] @ w[e].T
-    void apply(int64_t e, const float* x, int64_t c, float* out) const {
+    // out[c, rows] = x[c, k] @ w[e].T (int8: qmatmul_raw's int8-activation path)
+    void apply(int64_t e, const float* x, int64_t c, float* out, bool int8) const {
         if (qtype == 0) {
             const at::Tensor xs = at::from_blob(const_cast<float*>(x), {c, k}, at::TensorOptions().dtype(at::kFloat));
             const at::Tensor y = ops::matmul_f32(xs, w[e]);
             std::memcpy(out, y.data_ptr<float>(), sizeof(float) * c * rows);
             return;
         }
-        qmatmul_raw(x, w[e].data_ptr<uint8_t>(), out, c, rows, k, row_bytes, static_cast<int>(qtype));
+        qmatmul_raw(x, w[e].data_ptr<uint8_t>(), out, c, rows, k, row_bytes, static_cast<int>(qtype), int8);
     }
 };
 
@@ -135,6 +137,7 @@ struct MoEExperts {
     ExpertBank gate, up, down;
     int64_t act = 0;
     float alpha = 0.0f, limit = 0.0f;  // CLAMPED_SWIGLU's gain and clamp
+    bool int8 = false;                 // the backend's int8 activations (qmatmul.h)
 
     // h [c, f] from g and u [c, f] (each with its bias added), written over g; gu is scratch
     void activate(float* g, const float* u, float* gu, int64_t c) const {
@@ -159,12 +162,12 @@ struct MoEExperts {
         float* g = buf.data();
         float* u = g + c * f;
         float* gu = u + c * f;  // [c, 2f]: gate | up per row, as glu reads them
-        gate.apply(e, xr, c, g);
-        up.apply(e, xr, c, u);
+        gate.apply(e, xr, c, g, int8);
+        up.apply(e, xr, c, u, int8);
         gate.add_bias(e, g, c);
         up.add_bias(e, u, c);
         activate(g, u, gu, c);  // h [c, f] over g's storage
-        down.apply(e, g, c, y);
+        down.apply(e, g, c, y, int8);
         down.add_bias(e, y, c);
     }
 
@@ -218,7 +221,7 @@ struct MoEExperts {
             qtypes.push_back(static_cast<int>(gate.qtype));
             qtypes.push_back(static_cast<int>(up.qtype));
         }
-        decode_all(jobs, qtypes, f, std::max(gate.row_bytes, up.row_bytes));
+        decode_all(jobs, qtypes, f, std::max(gate.row_bytes, up.row_bytes), int8);
         for (const Active& a : active) {
             gate.add_bias(a.e, g.data() + a.row0 * f, a.c);
             up.add_bias(a.e, u.data() + a.row0 * f, a.c);
@@ -230,7 +233,7 @@ struct MoEExperts {
             jobs.push_back({g.data() + a.row0 * f, down.blocks[a.e], y + a.row0 * d, a.c, d, f, down.row_bytes});
             qtypes.push_back(static_cast<int>(down.qtype));
         }
-        decode_all(jobs, qtypes, d, down.row_bytes);
+        decode_all(jobs, qtypes, d, down.row_bytes, int8);
         for (const Active& a : active) down.add_bias(a.e, y + a.row0 * d, a.c);
     }
 
@@ -264,7 +267,7 @@ struct MoEExperts {
 
 MoEExperts moe_experts(std::vector<at::Tensor> gate, std::vector<at::Tensor> up, std::vector<at::Tensor> down,
                        std::vector<int64_t> qtypes, int64_t d, int64_t f, int64_t act,
-                       std::vector<std::vector<at::Tensor>> biases, double alpha, double limit) {
+                       std::vector<std::vector<at::Tensor>> biases, double alpha, double limit, bool int8) {
     TORCH_CHECK(qtypes.size() == 3, "qtypes must be [gate, up, down], got ", qtypes.size(), " entries");
     TORCH_CHECK(gate.size() == up.size() && gate.size() == down.size(), "experts: ", gate.size(), " gate, ",
                 up.size(), " up and ", down.size(), " down weights");
@@ -274,13 +277,15 @@ MoEExperts moe_experts(std::vector<at::Tensor> gate, std::vector<at::Tensor> up,
     TORCH_CHECK(biases.empty() || biases.size() == 3, "biases must be [] or [gate, up, down], got ", biases.size(),
                 " lists");
     TORCH_CHECK(d > 0 && f > 0, "d=", d, " and f=", f, " must be > 0");
+    TORCH_CHECK(!int8 || int8_supported(), "int8 activations need AVX-512 VNNI, which this CPU lacks");
     biases.resize(3);
     return MoEExperts{bank(std::move(gate), std::move(biases[0]), qtypes[0], f, d, "gate"),
                       bank(std::move(up), std::move(biases[1]), qtypes[1], f, d, "up"),
                       bank(std::move(down), std::move(biases[2]), qtypes[2], d, f, "down"),
                       act,
                       static_cast<float>(alpha),
-                      static_cast<float>(limit)};
+                      static_cast<float>(limit),
+                      int8};
 }
 
 }  // namespace
@@ -294,10 +299,10 @@ void bind_moe(pybind11::module_& m) {
     m.def("moe_experts", &moe_experts,
           "one layer's routed experts: per-expert gate/up [f, d] and down [d, f] weights, qtypes [gate, up, down] "
           "(0 f32), d, f, act (0 silu, 1 gelu_tanh, 2 gpt-oss's clamped swiglu with alpha and limit), "
-          "biases [] or per-expert f32 [gate, up, down] lists",
+          "biases [] or per-expert f32 [gate, up, down] lists, int8 activations (qmatmul's int8 path)",
           py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("qtypes"), py::arg("d"), py::arg("f"),
           py::arg("act"), py::arg("biases") = std::vector<std::vector<at::Tensor>>{}, py::arg("alpha") = 0.0,
-          py::arg("limit") = 0.0);
+          py::arg("limit") = 0.0, py::arg("int8") = false);
 }
 
 }  // namespace ops

@@ -440,15 +440,8 @@ bool int8_qtype_supported(int qtype) { return vnni::qtype_supported(qtype); }
 // The int8-activation path: rows quantized once (split over threads by rows, each row's codes
 // its own), then threads split columns as the decode path does.
 static void run_int8(const Problem& p, int qtype) {
-    const int64_t ld_q = (p.k + 63) / 64 * 64, ld_lane = ld_q / 4;
-    thread_local std::vector<int8_t> codes;
-    thread_local std::vector<int32_t> init;
-    thread_local std::vector<float> dx, xs;
-    codes.resize(p.m * ld_q);
-    init.resize(p.m * ld_lane);
-    dx.resize(p.m * ld_lane);
-    xs.resize(p.m * ld_lane);
-    const vnni::QuantRows rows{codes.data(), init.data(), dx.data(), xs.data(), ld_q, ld_lane};
+    thread_local vnni::RowBuffers buffers;
+    const vnni::QuantRows rows = buffers.size_for(p.m, p.k);
     const int off = vnni::offset_of(qtype);
     parallel_chunks(p.m, std::max<int64_t>(1, 32768 / p.k),
                     [&](int64_t b, int64_t e) { vnni::quantize_rows(p.x, b, e, p.k, off, rows); });

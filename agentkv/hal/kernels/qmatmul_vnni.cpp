@@ -37,6 +37,7 @@ bool cpu_supports() { return avx512::cpu_supports() && __builtin_cpu_supports("a
 #include "quant.h"
 #include "simd512.h"
 #include "formats512.h"
+#include "mxfp4.h"
 
 namespace agentkv {
 namespace vnni {
@@ -145,6 +146,22 @@ struct Q5_0 {
         const __mmask64 fifth = static_cast<__mmask64>(ha) | (static_cast<__mmask64>(hb) << 32);
         const __m512i low = nibble_codes(load16(a + 6), load16(b + 6));
         return {_mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16)), scales(a, b), _mm512_setzero_ps()};
+    }
+};
+
+// MXFP4 (gpt-oss's experts): the doubled E2M1 value of each code plus 12, as u8 (one vpshufb
+// per pair; init folds the -12 back out), Q4_0's nibble order, and a's and b's E8M0 scale
+// (E8M0_HALF, mxfp4.h: the halved power of two that matches the doubled values).
+struct MXFP4 {
+    static constexpr int QK = 32, BYTES = 17, UNIT_K = 64, PAIRS = 1, OFF = 12;
+    static constexpr bool MIN = false;
+    struct Ctx {};
+    static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
+    static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
+        const __m512i kv = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+        const __m512 d = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(E8M0_HALF.v[a[0]]),
+                                              _mm512_set1_ps(E8M0_HALF.v[b[0]]));
+        return {_mm512_shuffle_epi8(kv, nibble_codes(load16(a + 1), load16(b + 1))), d, _mm512_setzero_ps()};
     }
 };
 
@@ -313,6 +330,7 @@ static bool dispatch(int qtype, Fn&& fn) {
         case 6: fn(Q5_0{}); return true;
         case 12: fn(Q4_K{}); return true;
         case 14: fn(Q6_K{}); return true;
+        case agentkv::MXFP4: fn(MXFP4{}); return true;  // the qtype (mxfp4.h), then the format
         default: return false;
     }
 }

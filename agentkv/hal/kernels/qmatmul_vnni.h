@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "qmatmul_impl.h"
 
@@ -25,8 +26,24 @@ struct QuantRows {
     }
 };
 
+// The buffers a QuantRows points into, sized for m rows of k (reused across calls).
+struct RowBuffers {
+    std::vector<int8_t> q;
+    std::vector<int32_t> init;
+    std::vector<float> dx, xs;
+
+    QuantRows size_for(int64_t m, int64_t k) {
+        const int64_t ld_q = (k + 63) / 64 * 64, ld_lane = ld_q / 4;
+        q.resize(m * ld_q);
+        init.resize(m * ld_lane);
+        dx.resize(m * ld_lane);
+        xs.resize(m * ld_lane);
+        return {q.data(), init.data(), dx.data(), xs.data(), ld_q, ld_lane};
+    }
+};
+
 bool cpu_supports();             // AVX-512 F/BW/VL/DQ and VNNI
-bool qtype_supported(int qtype);  // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K
+bool qtype_supported(int qtype);  // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4
 int offset_of(int qtype);         // the format's code offset (OFF above); -1 if unsupported
 // Rows [r0, r1) of x [*, k] into out (which holds all rows).
 void quantize_rows(const float* x, int64_t r0, int64_t r1, int64_t k, int off, const QuantRows& out);
