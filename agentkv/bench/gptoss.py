@@ -1,6 +1,8 @@
 """`agentkv bench gptoss`: a synthetic GGUF with gpt-oss-20b's shapes (bench/gptoss_model.py,
 MXFP4 experts, random weights, ~12 GiB, written once into the cache folder) on agentkv and on
-llama.cpp's own `llama-server`, same file, THREADS threads each, one run each: load time,
+llama.cpp's own `llama-server`, same file, THREADS threads each, the arms taking turns for
+--rounds rounds (default 3: this machine's memory bandwidth drifts by a third from minute to
+minute, and decode is bandwidth-bound on both engines; figures are each arm's medians): load time,
 resident memory against the file size (target <= 1.1x), a 512-token prefill and single-stream
 decode, and decode against the bandwidth ceiling of the bytes one token reads (dense tensors,
 one embedding row, the top-4 experts of each layer). Target >= 1.5x llama.cpp on prefill and
@@ -17,7 +19,7 @@ from agentkv.bench.common import log, table
 from agentkv.bench.gptoss_model import GptOssShape, synthetic_gptoss
 from agentkv.bench.isolate import failed, why
 from agentkv.bench.quant import SPEED_TARGET
-from agentkv.bench.synthetic_arms import measured_payload, model_line, publish
+from agentkv.bench.synthetic_arms import add_arm_arguments, measured_payload, model_line, publish, round_ratio_lines
 
 SPEEDS = ("prefill_tok_s", "decode_tok_s")
 
@@ -28,9 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--decode-len", type=int, default=128)
-    parser.add_argument(
-        "--int8", action="store_true", help="also run agentkv with int8 matmul activations (arm agentkv-int8; AVX-512 VNNI)"
-    )
+    add_arm_arguments(parser, rounds=3)
     parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
     parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
     parser.add_argument("--arm-timeout", type=float, default=1800.0, metavar="S")
@@ -79,6 +79,7 @@ def markdown(payload: dict) -> list[str]:
             f"- agentkv ÷ llama-server: prefill ×{vs['prefill_tok_s']:.2f}, decode ×{vs['decode_tok_s']:.2f} "
             f"(target {SPEED_TARGET}×: {payload['speed_verdict']})",
         ]
+    lines += round_ratio_lines(payload, SPEEDS)
     int8 = payload["ratios"].get("int8_vs_llama_server")
     if int8:
         lines.append(

@@ -135,25 +135,64 @@ def kv_bytes_per_token(log_path: Path) -> float | None:
     return sum(mib * 2**20 / cells for mib, cells in found if cells)
 
 
-def run_both(spec: dict, out: Path, server_binary: str | None, timeout_s: float, int8: bool = False) -> dict:
+def add_arm_arguments(parser, rounds: int) -> None:
+    """--int8 (an agentkv-int8 arm) and --rounds (default `rounds`), shared by the benchmarks."""
+    parser.add_argument(
+        "--int8", action="store_true", help="also run agentkv with int8 matmul activations (arm agentkv-int8; VNNI)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=rounds,
+        help="times every arm runs, the arms taking turns; figures are each arm's medians (default %(default)s)",
+    )
+
+
+def run_both(
+    spec: dict, out: Path, server_binary: str | None, timeout_s: float, int8: bool = False, rounds: int = 1
+) -> dict:
     """agentkv's arm in its own process (and with `int8` its int8-activation arm,
-    `agentkv-int8`, in another), then llama-server's (a failure of any is its result,
-    `{"error": ...}`): arm name -> result."""
+    `agentkv-int8`, in another), then llama-server's, `rounds` times over (the arms take turns,
+    so a drift of the machine's memory bandwidth meets every arm): arm name -> its result, the
+    median of each figure over the rounds with the rounds themselves under "rounds" (a failure
+    of any round is the arm's result, `{"error": ...}`)."""
     from agentkv.bench.isolate import run_isolated
     from agentkv.bench.llama_server import default_server_binary
 
-    results = {}
-    for arm, dtype in (("agentkv", "f32"), ("agentkv-int8", "int8"))[: 1 + int8]:
-        log(f"{arm} ...")
-        arm_spec = spec | {"activation_dtype": dtype}
-        results[arm] = run_isolated(f"{__name__}:agentkv_arm", arm_spec, out / "runs", arm, timeout_s)
-    log("llama-server ...")
+    arms = (("agentkv", "f32"), ("agentkv-int8", "int8"))[: 1 + int8]
     binary = Path(server_binary) if server_binary else default_server_binary()
-    try:
-        results["llama-server"] = llama_server_arm(spec, binary, out / "runs" / "llama-server", timeout_s)
-    except (OSError, RuntimeError, ValueError, KeyError) as exc:
-        results["llama-server"] = {"error": f"llama-server {binary}: {exc}"}
-    return results
+    runs: dict[str, list[dict]] = {arm: [] for arm, _ in arms} | {"llama-server": []}
+    for r in range(rounds):
+        for arm, dtype in arms:
+            log(f"{arm} (round {r + 1} of {rounds}) ...")
+            arm_spec = spec | {"activation_dtype": dtype}
+            runs[arm].append(run_isolated(f"{__name__}:agentkv_arm", arm_spec, out / "runs", arm, timeout_s))
+        log(f"llama-server (round {r + 1} of {rounds}) ...")
+        try:
+            runs["llama-server"].append(llama_server_arm(spec, binary, out / "runs" / "llama-server", timeout_s))
+        except (OSError, RuntimeError, ValueError, KeyError) as exc:
+            runs["llama-server"].append({"error": f"llama-server {binary}: {exc}"})
+    return {arm: medians(results) for arm, results in runs.items()}
+
+
+def medians(results: list[dict]) -> dict:
+    """One arm's rounds as one result: the first failure if any failed; else each numeric
+    figure's median (the others from the first round), with the rounds under "rounds"."""
+    import statistics
+
+    from agentkv.bench.isolate import failed
+
+    broken = [r for r in results if failed(r)]
+    if broken:
+        return broken[0]
+    if len(results) == 1:
+        return results[0]
+    out = dict(results[0])
+    for key, value in results[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in results if isinstance(r.get(key), (int, float))]
+            out[key] = statistics.median(values)
+    return out | {"rounds": results}
 
 
 def speed_ratios(results: dict, keys: tuple[str, ...], arm: str = "agentkv") -> dict[str, float]:
@@ -183,13 +222,18 @@ def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str,
     spec = {"model": str(path), "prompt_len": args.prompt_len, "decode_len": args.decode_len, "vocab": shape.vocab}
     spec["long_len"] = getattr(args, "long_len", 0)
     load_before = os.getloadavg()
-    results = run_both(spec, Path(args.out), args.llama_server, args.arm_timeout, getattr(args, "int8", False))
+    rounds = getattr(args, "rounds", 1)
+    results = run_both(spec, Path(args.out), args.llama_server, args.arm_timeout, getattr(args, "int8", False), rounds)
     facts = decode_bytes(path, shape.top_k)
     file_mib = path.stat().st_size / 2**20
     vs = speed_ratios(results, speeds)
     ratios = {"vs_llama_server": vs}
     if "agentkv-int8" in results:
         ratios["int8_vs_llama_server"] = speed_ratios(results, speeds, "agentkv-int8")
+    if rounds > 1:  # each round's own ratios: how far the medians' ratio is from any one round's
+        for arm in (a for a in results if a != "llama-server"):
+            turns = zip(results[arm].get("rounds", []), results["llama-server"].get("rounds", []))
+            ratios[f"{arm}_by_round"] = [speed_ratios({arm: a, "llama-server": b}, speeds, arm) for a, b in turns]
     return envelope(
         benchmark,
         model=str(path),
@@ -197,6 +241,7 @@ def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str,
         file_mib=file_mib,
         gguf=facts,
         threads=peers.THREADS,
+        rounds=rounds,
         bandwidth=bw,
         decode_ceiling_tok_s=bw["best_gbs"] * 1e9 / facts["decode_bytes_per_token"],
         rss_over_file={a: r["rss_mib"] / file_mib for a, r in results.items() if not failed(r)},
@@ -229,5 +274,24 @@ def model_line(payload: dict, model: str) -> str:
         f"model: synthetic {model} {payload['shape']}, GGUF {payload['file_mib'] / 1024:.2f} GiB; decode reads "
         f"{g['decode_bytes_per_token'] / 2**20:.0f} MiB per token -> ceiling {payload['decode_ceiling_tok_s']:.1f} "
         f"tok/s at {bw['best_gbs']:.1f} GB/s; load average before {payload['load_average_before'][0]:.1f}, after "
-        f"{payload['load_average_after'][0]:.1f}; {payload['threads']} threads per engine; one run each"
+        f"{payload['load_average_after'][0]:.1f}; {payload['threads']} threads per engine; {rounds_line(payload)}"
     )
+
+
+def rounds_line(payload: dict) -> str:
+    rounds = payload.get("rounds", 1)
+    if rounds == 1:
+        return "one run each"
+    return f"{rounds} rounds, the arms taking turns; each figure is an arm's median over the rounds"
+
+
+def round_ratio_lines(payload: dict, keys: tuple[str, ...]) -> list[str]:
+    """A line per agentkv arm with its ratios to llama-server round by round (none for one round)."""
+    lines = []
+    for name, by_round in payload["ratios"].items():
+        if not name.endswith("_by_round") or not by_round:
+            continue
+        arm = name.removesuffix("_by_round")
+        cells = [", ".join(f"×{r[k]:.2f}" for r in by_round if k in r) for k in keys]
+        lines.append(f"- {arm} ÷ llama-server round by round: " + "; ".join(f"{k} {c}" for k, c in zip(keys, cells)))
+    return lines
