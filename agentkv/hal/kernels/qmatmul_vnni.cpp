@@ -57,13 +57,15 @@ struct Pair {
 static inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 static inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// The 16 packed bytes of block a and of block b -> 64 codes in k order: a's low nibbles
-// (its weights 0..15), a's high nibbles (16..31), then b's.
-static inline __m512i nibble_codes(__m128i qa, __m128i qb) {
-    const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(qa), qb, 1);
-    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(ab), _mm256_srli_epi16(ab, 4), 1);
-    // 128-bit lanes [a, b, a >> 4, b >> 4] -> [a, a >> 4, b, b >> 4]
-    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, 0xD8), _mm512_set1_epi8(0x0F));
+// The 16 packed bytes at a and at b -> 64 codes in k order: a's low nibbles (its weights
+// 0..15), a's high nibbles (16..31), then b's. The 128-bit lanes [a, a, b, b] come straight
+// from two broadcast loads (the second merged into lanes 2, 3), so the only shuffle left is
+// the caller's table lookup; lanes 1 and 3 are shifted to their high nibbles.
+static inline __m512i nibble_codes(const uint8_t* a, const uint8_t* b) {
+    const __m512i aa = _mm512_broadcast_i32x4(load16(a));
+    const __m512i ab = _mm512_mask_broadcast_i32x4(aa, static_cast<__mmask16>(0xFF00), load16(b));
+    const __m512i hi = _mm512_mask_srli_epi16(ab, static_cast<__mmask32>(0xFF00FF00u), ab, 4);
+    return _mm512_and_si512(hi, _mm512_set1_epi8(0x0F));
 }
 
 // f16 values -> f32 lanes: v holds up to 8 halves; lane i of the result is half idx[i].
@@ -117,7 +119,7 @@ struct Q4_0 {
     struct Ctx {};
     static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
     static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
-        return {nibble_codes(load16(a + 2), load16(b + 2)), scales(a, b), _mm512_setzero_ps()};
+        return {nibble_codes(a + 2, b + 2), scales(a, b), _mm512_setzero_ps()};
     }
 };
 
@@ -128,7 +130,7 @@ struct Q4_1 {
     static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
     static inline Pair decode(const uint8_t* a, const uint8_t* b, int, const Ctx&) {
         const uint64_t dm = pair_at(a) | (pair_at(b) << 32);  // d_a, m_a, d_b, m_b
-        return {nibble_codes(load16(a + 4), load16(b + 4)), f16_lanes(dm, split_index(0, 2)),
+        return {nibble_codes(a + 4, b + 4), f16_lanes(dm, split_index(0, 2)),
                 f16_lanes(dm, split_index(1, 3))};
     }
 };
@@ -144,7 +146,7 @@ struct Q5_0 {
         std::memcpy(&ha, a + 2, 4);
         std::memcpy(&hb, b + 2, 4);
         const __mmask64 fifth = static_cast<__mmask64>(ha) | (static_cast<__mmask64>(hb) << 32);
-        const __m512i low = nibble_codes(load16(a + 6), load16(b + 6));
+        const __m512i low = nibble_codes(a + 6, b + 6);
         return {_mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16)), scales(a, b), _mm512_setzero_ps()};
     }
 };
@@ -161,7 +163,7 @@ struct MXFP4 {
         const __m512i kv = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
         const __m512 d = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), _mm512_set1_ps(E8M0_HALF.v[a[0]]),
                                               _mm512_set1_ps(E8M0_HALF.v[b[0]]));
-        return {_mm512_shuffle_epi8(kv, nibble_codes(load16(a + 1), load16(b + 1))), d, _mm512_setzero_ps()};
+        return {_mm512_shuffle_epi8(kv, nibble_codes(a + 1, b + 1)), d, _mm512_setzero_ps()};
     }
 };
 
