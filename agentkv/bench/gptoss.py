@@ -19,7 +19,7 @@ from agentkv.bench.common import log, table
 from agentkv.bench.gptoss_model import GptOssShape, synthetic_gptoss
 from agentkv.bench.isolate import failed, why
 from agentkv.bench.quant import SPEED_TARGET
-from agentkv.bench.synthetic_arms import add_arm_arguments, measured_payload, model_line, publish, round_ratio_lines
+from agentkv.bench.synthetic_arms import add_arm_arguments, arm_ratio_lines, measured_payload, model_line, publish
 
 SPEEDS = ("prefill_tok_s", "decode_tok_s")
 
@@ -79,11 +79,4 @@ def markdown(payload: dict) -> list[str]:
             f"- agentkv ÷ llama-server: prefill ×{vs['prefill_tok_s']:.2f}, decode ×{vs['decode_tok_s']:.2f} "
             f"(target {SPEED_TARGET}×: {payload['speed_verdict']})",
         ]
-    lines += round_ratio_lines(payload, SPEEDS)
-    int8 = payload["ratios"].get("int8_vs_llama_server")
-    if int8:
-        lines.append(
-            f"- agentkv-int8 (int8 matmul activations, as llama.cpp's MXFP4 × Q8_0 dot products) ÷ llama-server: "
-            f"prefill ×{int8['prefill_tok_s']:.2f}, decode ×{int8['decode_tok_s']:.2f}"
-        )
-    return lines
+    return lines + arm_ratio_lines(payload, SPEEDS)

@@ -17,7 +17,7 @@ from agentkv.bench.common import log, table
 from agentkv.bench.isolate import failed, why
 from agentkv.bench.mla_model import V2LiteShape, synthetic_v2lite
 from agentkv.bench.quant import SPEED_TARGET
-from agentkv.bench.synthetic_arms import add_arm_arguments, measured_payload, model_line, publish
+from agentkv.bench.synthetic_arms import add_arm_arguments, arm_ratio_lines, measured_payload, model_line, publish
 
 SPEEDS = ("prefill_tok_s", "decode_tok_s", "long_decode_tok_s")
 
@@ -77,4 +77,4 @@ def markdown(payload: dict) -> list[str]:
     if vs:
         ratio = ", ".join(f"{k.replace('_tok_s', '')} ×{v:.2f}" for k, v in vs.items())
         lines += ["", f"- agentkv ÷ llama-server: {ratio} (target {SPEED_TARGET}×: {payload['speed_verdict']})"]
-    return lines
+    return lines + arm_ratio_lines(payload, SPEEDS)

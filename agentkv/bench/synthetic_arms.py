@@ -222,8 +222,8 @@ def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str,
     spec = {"model": str(path), "prompt_len": args.prompt_len, "decode_len": args.decode_len, "vocab": shape.vocab}
     spec["long_len"] = getattr(args, "long_len", 0)
     load_before = os.getloadavg()
-    rounds = getattr(args, "rounds", 1)
-    results = run_both(spec, Path(args.out), args.llama_server, args.arm_timeout, getattr(args, "int8", False), rounds)
+    rounds = args.rounds
+    results = run_both(spec, Path(args.out), args.llama_server, args.arm_timeout, args.int8, rounds)
     facts = decode_bytes(path, shape.top_k)
     file_mib = path.stat().st_size / 2**20
     vs = speed_ratios(results, speeds)
@@ -285,9 +285,14 @@ def rounds_line(payload: dict) -> str:
     return f"{rounds} rounds, the arms taking turns; each figure is an arm's median over the rounds"
 
 
-def round_ratio_lines(payload: dict, keys: tuple[str, ...]) -> list[str]:
-    """A line per agentkv arm with its ratios to llama-server round by round (none for one round)."""
+def arm_ratio_lines(payload: dict, keys: tuple[str, ...]) -> list[str]:
+    """The int8 arm's ratios to llama-server (with --int8), then a line per agentkv arm with its
+    ratios round by round (none for one round)."""
     lines = []
+    int8 = payload["ratios"].get("int8_vs_llama_server")
+    if int8:
+        ratio = ", ".join(f"{k.replace('_tok_s', '')} ×{v:.2f}" for k, v in int8.items())
+        lines.append(f"- agentkv-int8 (int8 matmul activations) ÷ llama-server: {ratio}")
     for name, by_round in payload["ratios"].items():
         if not name.endswith("_by_round") or not by_round:
             continue

@@ -25,15 +25,24 @@ constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
 
 // Chunks are multiples of 4 columns, so a chunk boundary never splits a register group.
 // int8: each job whose qtype has an int8 kernel has its rows rounded once, before the loop, as
-// qmatmul_raw's run_int8 rounds them; its columns then take vnni::columns.
+// qmatmul_raw's run_int8 rounds them (a job reading the previous job's rows with the same code
+// offset, as an expert's up after its gate, reuses that rounding); its columns then take
+// vnni::columns. A job with no rounding (q null) takes avx512::decode_range.
 void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes,
                 bool int8) {
     std::vector<vnni::RowBuffers> buffers(int8 ? jobs.size() : 0);
-    std::vector<vnni::QuantRows> rounded(buffers.size());
+    std::vector<vnni::QuantRows> rounded(jobs.size());
     for (size_t j = 0; j < buffers.size(); ++j) {
         if (!vnni::qtype_supported(qtypes[j])) continue;
-        rounded[j] = buffers[j].size_for(jobs[j].m, jobs[j].k);
-        vnni::quantize_rows(jobs[j].x, 0, jobs[j].m, jobs[j].k, vnni::offset_of(qtypes[j]), rounded[j]);
+        const Problem& p = jobs[j];
+        const int off = vnni::offset_of(qtypes[j]);
+        if (j > 0 && rounded[j - 1].q != nullptr && jobs[j - 1].x == p.x && jobs[j - 1].m == p.m &&
+            jobs[j - 1].k == p.k && vnni::offset_of(qtypes[j - 1]) == off) {
+            rounded[j] = rounded[j - 1];
+            continue;
+        }
+        rounded[j] = buffers[j].size_for(p.m, p.k);
+        vnni::quantize_rows(p.x, 0, p.m, p.k, off, rounded[j]);
     }
     const int64_t total = n * static_cast<int64_t>(jobs.size());
     const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / std::max<int64_t>(1, row_bytes));
@@ -42,7 +51,7 @@ void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes
         [&](int64_t b, int64_t e) {
             while (b < e) {
                 const int64_t j = b / n, c0 = b % n, c1 = std::min(n, c0 + (e - b));
-                if (rounded.empty() || rounded[j].q == nullptr)
+                if (rounded[j].q == nullptr)
                     avx512::decode_range(jobs[j], qtypes[j], c0, c1);
                 else
                     vnni::columns(jobs[j], rounded[j], qtypes[j], c0, c1);
