@@ -11,7 +11,7 @@ reference, instead of by walking the tree.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NewType
 
 BlockId = NewType("BlockId", int)
@@ -33,6 +33,9 @@ class BlockPool:
         self._cache_refs = [0] * num_blocks  # of a block's references, those the cache holds
         self._free: list[int] = list(range(num_blocks))  # already a valid heap
         self.num_cached_only = 0  # used blocks whose every reference is the cache's
+        # Called with each block that goes back to the free list (a hybrid's state slot goes
+        # with it: hal/recurrent.py StateStore.release).
+        self.on_free: Callable[[BlockId], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -86,6 +89,8 @@ class BlockPool:
             if refs[block] == 0:
                 heapq.heappush(self._free, block)
                 num_returned += 1
+                if self.on_free is not None:
+                    self.on_free(block)
                 self.num_cached_only -= was
             else:
                 self.num_cached_only += (refs[block] == cache_refs[block]) - was

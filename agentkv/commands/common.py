@@ -22,6 +22,7 @@ OFFLINE_KNOBS = (
     "kv_disk_size",
     "kv_write_through",
     "kv_cache_dtype",
+    "snapshot_every",
     "max_num_seqs",
     "max_num_batched_tokens",
     "chunk_size",

@@ -85,6 +85,11 @@ FLAGS: dict[str, Flag] = {
             "K/V element type: f16 halves KV memory and attention bandwidth (cache hits stay exact)",
             choices=KV_DTYPES,
         ),
+        Flag(
+            "snapshot_every",
+            "hybrid models: keep the recurrent state at every N-th KV block end, where hits resume "
+            "(default: the fewest blocks that keep snapshots under 64 KiB a token)",
+        ),
         Flag("max_num_seqs", "sequences running at once"),
         Flag("max_num_batched_tokens", "tokens computed per step, decodes and prefills together"),
         Flag("chunk_size", "longest prefill chunk of one sequence (default: the step's token budget)"),

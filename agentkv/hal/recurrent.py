@@ -6,22 +6,32 @@ fixed shapes, so the state after position p has the same bits whether p was reac
 prefill, in chunks cut anywhere, in a batch or after a resume from a snapshot. Every backend
 runs this numpy code on host copies of its tensors (the op's only fences).
 
-State slots are indexed by KV block id. Slot b holds, per recurrent layer, the state after the
-last position of block b its owner computed:
+State slots are keyed by KV block id and allocated when written. Slot b holds, per recurrent
+layer, the state after the last position of block b its owner computed:
 
     bs = 4     positions:  0 1 2 3 | 4 5 6 7 | 8 9
     blocks:                  b0    |   b1    | b2 (partial, its owner's live state)
     slot b0 = state after 3 (a snapshot), slot b1 = after 7, slot b2 = after 9
 
 A full block is never written again (a request writes only past its cached_len, into blocks
-it owns alone), so its slot is the snapshot at its end, held and freed with the block by the
-radix node that lists it. A chunk starting at p > 0 reads slot `table[(p - 1) // bs]`.
+it owns alone), so a full block's slot is the snapshot at its end, held and freed with the
+block by the radix node that lists it (`release`, when the block returns to the pool). A
+chunk starting at p > 0 reads slot `table[(p - 1) // bs]`.
+
+Which full blocks keep a snapshot (`StateStore.every`, the knob `snapshot_every`): every
+`every`-th block of a sequence (block j with (j + 1) % every == 0), and the last block end a
+prefill chunk passes (where a prompt stops, the next turn of an agent resumes). Any other
+block end's state is the sequence's running state only while it is the latest: once the
+sequence computes past that block, its slot is dropped. `every` = 1 keeps them all; a
+snapshot costs `bytes_per_slot`, so `every` trades the depth a hit may resume from for
+memory (`snapshots` lists the slots holding one; a hit resumes from the deepest of them).
 
 Speculation: a verification chunk (a decode row and its draft) records the state after each
 of its rows; once the engine knows how many were accepted, the state after the last accepted
 token is written back into that position's slot (`settle`), so a rejected draft leaves the
 state exactly as if it had never been tried. A block end among the rejected positions lies
-past the sequence's computed tokens, so no hit ever resumes from it.
+past the sequence's computed tokens, so no hit ever resumes from it before the accepted
+tokens reach it and write it again.
 """
 
 from __future__ import annotations
@@ -106,17 +116,19 @@ class DeltaNetWeights:
 
 
 class StateStore:
-    """Per recurrent layer, one conv state and one recurrent state per slot (= KV block id),
-    zeroed, f32. Owned by the model runner; the cache counts the slots through the blocks.
-    `specs`: one per layer, anything with `conv_shape`, `recurrent_shape` and `state_bytes`
-    (`DeltaNetSpec`, `hal.mamba.Mamba2Spec`)."""
+    """Per recurrent layer, a conv state and a recurrent state per slot (= KV block id), f32,
+    allocated when a slot is first written and dropped by `release` / `_drop`. Owned by the
+    model runner; the cache counts the slots through the blocks. `specs`: one per layer,
+    anything with `conv_shape`, `recurrent_shape` and `state_bytes` (`DeltaNetSpec`,
+    `hal.mamba.Mamba2Spec`); `every`: which full blocks keep a snapshot (module docstring)."""
 
-    def __init__(self, specs: Sequence[DeltaNetSpec], num_slots: int, block_size: int):
-        if num_slots < 1 or block_size < 1:
-            raise ValueError(f"num_slots={num_slots} and block_size={block_size} must be >= 1")
-        self.specs, self.num_slots, self.block_size = tuple(specs), num_slots, block_size
-        self.conv = [np.zeros((num_slots, *s.conv_shape), STATE_DTYPE) for s in self.specs]
-        self.recurrent = [np.zeros((num_slots, *s.recurrent_shape), STATE_DTYPE) for s in self.specs]
+    def __init__(self, specs: Sequence[DeltaNetSpec], num_slots: int, block_size: int, every: int = 1):
+        if num_slots < 1 or block_size < 1 or every < 1:
+            raise ValueError(f"num_slots={num_slots}, block_size={block_size} and every={every} must be >= 1")
+        self.specs, self.num_slots, self.block_size, self.every = tuple(specs), num_slots, block_size, every
+        self.conv: list[dict[int, np.ndarray]] = [{} for _ in self.specs]
+        self.recurrent: list[dict[int, np.ndarray]] = [{} for _ in self.specs]
+        self.snapshots: set[int] = set()  # slots whose state stays once their block is full
         # This step's verification chunks: chunk index -> per row, per layer (conv, rec).
         self.recording: dict[int, list[list]] = {}
 
@@ -144,31 +156,72 @@ class StateStore:
         for layer, (conv, rec) in enumerate(states):
             self.conv[layer][slot], self.recurrent[layer][slot] = conv, rec
 
+    def keeps(self, block_index: int) -> bool:
+        """Whether the `block_index`-th block of a sequence keeps its end state (every
+        `every`-th; a prefill chunk's last block end is kept too, see `keep_state`)."""
+        return (block_index + 1) % self.every == 0
+
+    def has(self, slot: int) -> bool:
+        """Whether slot `slot` holds a snapshot a hit may resume from."""
+        return slot in self.snapshots
+
+    def release(self, slot: int) -> None:
+        """Block `slot` went back to the pool: its state goes (mutates)."""
+        self.snapshots.discard(slot)
+        for layer in range(len(self.specs)):
+            self._drop(layer, slot)
+
+    def release_running(self, slot: int) -> None:
+        """A sequence left with its last computed token in block `slot`: the running state
+        there goes unless the block keeps a snapshot (mutates)."""
+        if slot not in self.snapshots:
+            self.release(slot)
+
+    def _drop(self, layer: int, slot: int) -> None:
+        self.conv[layer].pop(slot, None)
+        self.recurrent[layer].pop(slot, None)
+
     @property
     def bytes_per_slot(self) -> int:
         return sum(s.state_bytes for s in self.specs)
 
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of the states held now (snapshots and running states)."""
+        return sum(a.nbytes for layer in (*self.conv, *self.recurrent) for a in layer.values())
+
     def copy(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Copy each (src, dst) slot across every layer (mutates)."""
+        """Copy each (src, dst) slot across every layer, a snapshot staying one (mutates)."""
         for src, dst in pairs:
             for arrays in (self.conv, self.recurrent):
                 for a in arrays:
-                    a[dst] = a[src]
+                    if src in a:
+                        a[dst] = a[src].copy()
+            if src in self.snapshots:
+                self.snapshots.add(dst)
 
     def read_slot(self, slot: int) -> bytes:
-        """Slot `slot` of every layer, conv then recurrent state per layer, little-endian f32."""
-        return b"".join(a[slot].tobytes() for c, r in zip(self.conv, self.recurrent) for a in (c, r))
+        """Slot `slot` of every layer, conv then recurrent state per layer, little-endian f32,
+        then one byte: 1 for a snapshot, 0 (and zeros for the states) for a slot without one."""
+        if slot not in self.snapshots:
+            return bytes(self.bytes_per_slot + 1)
+        return b"".join(a[slot].tobytes() for c, r in zip(self.conv, self.recurrent) for a in (c, r)) + b"\x01"
 
     def write_slot(self, slot: int, data: bytes) -> None:
-        """Overwrite a slot with bytes laid out as `read_slot` returns them (mutates)."""
-        if len(data) != self.bytes_per_slot:
-            raise ValueError(f"state slot payload has {len(data)} bytes, expected {self.bytes_per_slot}")
+        """Put back a slot as `read_slot` gave it (mutates): its states and whether it is a
+        snapshot; a slot read without one is left empty."""
+        if len(data) != self.bytes_per_slot + 1:
+            raise ValueError(f"state slot payload has {len(data)} bytes, expected {self.bytes_per_slot + 1}")
+        self.release(slot)
+        if data[-1] != 1:
+            return
         offset = 0
-        for c, r in zip(self.conv, self.recurrent):
-            for a in (c, r):
-                size = a[slot].nbytes
-                a[slot] = np.frombuffer(data, STATE_DTYPE, size // 4, offset).reshape(a.shape[1:])
+        for layer, spec in enumerate(self.specs):
+            for arrays, shape in ((self.conv, spec.conv_shape), (self.recurrent, spec.recurrent_shape)):
+                size = 4 * int(np.prod(shape))
+                arrays[layer][slot] = np.frombuffer(data, STATE_DTYPE, size // 4, offset).reshape(shape).copy()
                 offset += size
+        self.snapshots.add(slot)
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
@@ -274,22 +327,34 @@ def resume_state(store: StateStore, layer: int, table: Sequence[int], start: int
         spec = store.specs[layer]
         return np.zeros(spec.conv_shape, STATE_DTYPE), np.zeros(spec.recurrent_shape, STATE_DTYPE)
     slot = table[(start - 1) // store.block_size]
+    if slot not in store.recurrent[layer]:
+        raise RuntimeError(f"no state in slot {slot} (layer {layer}) to resume position {start} from: bug")
     return store.conv[layer][slot].copy(), store.recurrent[layer][slot].copy()
 
 
 def keep_state(store: StateStore, where: tuple, row: tuple[int, int, int], conv: np.ndarray, rec: np.ndarray) -> None:
     """After row t of a chunk of `num` rows starting at position `start` (`row`), with `where`
     = (layer, block table, the chunk's record or None; mutates): a verification chunk records
-    the state; at a block end or the chunk's last row it goes into that position's slot."""
+    the state; a block end that keeps a snapshot (`StateStore.keeps`, or the last block end of
+    a prefill chunk) and the chunk's last row write it into that position's block's slot, and
+    the last row drops the running state the chunk started from when its block keeps none."""
     layer, table, record = where
     start, t, num = row
     if record is not None:
         record[t][layer] = (conv.copy(), rec)
-    pos = start + t
-    if (pos + 1) % store.block_size == 0 or t == num - 1:
-        slot = table[pos // store.block_size]
-        store.recurrent[layer][slot] = rec
-        store.conv[layer][slot] = conv
+    bs, pos = store.block_size, start + t
+    block_end, last = (pos + 1) % bs == 0, t == num - 1
+    snapshot = block_end and (store.keeps(pos // bs) or (num > 1 and record is None and pos + bs >= start + num))
+    if not (snapshot or last):
+        return
+    slot = table[pos // bs]
+    store.recurrent[layer][slot], store.conv[layer][slot] = rec, conv
+    if snapshot:
+        store.snapshots.add(slot)
+    if last and start > 0:
+        before = table[(start - 1) // bs]
+        if before != slot and before not in store.snapshots:
+            store._drop(layer, before)  # noqa: SLF001 - the store's own running-state rule
 
 
 def gate_heads(be: Backend, x: Tensor, num_heads: int, head_dim: int) -> tuple[Tensor, Tensor]:

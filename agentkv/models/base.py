@@ -68,7 +68,7 @@ class Model(ABC):
     # Bytes of one recurrent-state snapshot (hybrids: one per KV block); 0 without recurrent layers.
     state_bytes: int = 0
 
-    def allocate_states(self, num_slots: int, block_size: int) -> Any:
+    def allocate_states(self, num_slots: int, block_size: int, every: int = 1) -> Any:
         """The recurrent-state store of a hybrid (`hal.recurrent.StateStore`); None otherwise."""
         return None
 

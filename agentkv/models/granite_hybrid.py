@@ -38,7 +38,7 @@ from agentkv.hal.mamba import Mamba2Spec, Mamba2Weights, mamba2
 from agentkv.hal.recurrent import StateStore
 from agentkv.models.base import LoadOptions, Model, attention_weights
 from agentkv.models.config import SourceKeys
-from agentkv.models.hybrid_memory import HybridMemory
+from agentkv.models.hybrid_memory import HybridMemory, snapshot_summary
 from agentkv.models.moe import MoEModel
 
 MAMBA_TYPES = ("linear_attention", "mamba")  # HF layer_types / the older layers_block_type
@@ -91,7 +91,7 @@ class GraniteHybridConfig:
             "layer_kinds": "".join("R" if r else "A" for r in self.recurrent_layers),
             "mamba_heads_x_dim": f"{m.num_heads}x{m.head_dim}",
             "mamba_groups_x_state": f"{m.num_groups}x{m.state_size}",
-            "snapshot_bytes": m.state_bytes * self.recurrent_layers.count(True),
+            **snapshot_summary(m.state_bytes * self.recurrent_layers.count(True)),
             "kv_bytes_per_token_f16": 2 * kv_token,
             "kv_bytes_per_token_f32": 4 * kv_token,
             "expert_count": self.num_experts,

@@ -25,7 +25,7 @@ from agentkv.hal.blocks import AttentionSpec, DenseFFN, DenseFFNSpec, MoEFFN, Mo
 from agentkv.hal.recurrent import DeltaNetSpec, DeltaNetWeights, StateStore, delta_net, gate_heads, sigmoid_gate
 from agentkv.models.base import LoadOptions, Model
 from agentkv.models.config import SourceKeys
-from agentkv.models.hybrid_memory import HybridMemory
+from agentkv.models.hybrid_memory import HybridMemory, snapshot_summary
 from agentkv.models.moe import MoEModel
 
 
@@ -101,7 +101,7 @@ class HybridConfig:
             "layer_kinds": "".join("R" if r else "A" for r in self.recurrent_layers),
             "linear_heads_k_v": f"{d.num_k_heads}/{d.num_v_heads}",
             "linear_head_dims_k_v": f"{d.head_k_dim}/{d.head_v_dim}",
-            "snapshot_bytes": d.state_bytes * self.recurrent_layers.count(True),
+            **snapshot_summary(d.state_bytes * self.recurrent_layers.count(True)),
             "kv_bytes_per_token_f16": 2 * kv_token,
             "kv_bytes_per_token_f32": 4 * kv_token,
             "expert_count": self.num_experts,

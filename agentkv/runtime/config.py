@@ -61,6 +61,10 @@ class CacheConfig:
     # response says so), so pins can never hold the blocks a request needs to run.
     max_pinned_blocks: int | None = None
     max_pinned_blocks_per_tenant: int | None = None
+    # A hybrid model's recurrent-state snapshots (hal/recurrent.py): kept at every k-th block
+    # end (and where a prefill chunk stops); a hit resumes from the deepest one. None: the
+    # fewest blocks that keep them under 64 KiB a token (models/hybrid_memory.py).
+    snapshot_every: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
@@ -68,6 +72,7 @@ class CacheConfig:
         _check_int("memory_bytes", self.memory_bytes, 1, optional=True)
         _check_int("disk_bytes", self.disk_bytes, 1)
         _check_int("max_pinned_blocks", self.max_pinned_blocks, 0, optional=True)
+        _check_int("snapshot_every", self.snapshot_every, 1, optional=True)
         _check_int("max_pinned_blocks_per_tenant", self.max_pinned_blocks_per_tenant, 0, optional=True)
         check_kv_dtype(self.dtype, "kv_cache_dtype")
         for name in ("enable_prefix_cache", "write_through"):
@@ -167,6 +172,7 @@ KNOBS: dict[str, Knob] = {
         Knob("stream_stall_timeout", "", "stream_stall_s"),
         Knob("max_pinned_blocks", "cache", "max_pinned_blocks"),
         Knob("max_pinned_blocks_per_tenant", "cache", "max_pinned_blocks_per_tenant"),
+        Knob("snapshot_every", "cache", "snapshot_every"),
     )
 }
 _SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig}

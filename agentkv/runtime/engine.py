@@ -29,7 +29,7 @@ from agentkv.runtime.config import EngineConfig
 from agentkv.runtime.engine_state import compute_stats
 from agentkv.runtime.errors import InvalidTokenError, KVCapacityError, NotAGeneratorError, PromptTooLongError
 from agentkv.runtime.fingerprint import fingerprint_parts
-from agentkv.runtime.hybrid import disk_layout, resume_align
+from agentkv.runtime.hybrid import disk_layout, snapshot_every, snapshots_of
 from agentkv.runtime.kv_disk import KVDisk, tenant_of
 from agentkv.runtime.loading import load, pool_size, weights_summary
 from agentkv.runtime.outputs import Counters, EngineStats, RequestOutput, TokenLogprob
@@ -68,14 +68,19 @@ class Engine:
         self.vocab_size = self.model.vocab_size
         self.is_embedding = self.model.is_embedding
         self.block_size = config.cache.block_size
-        self.num_blocks = pool_size(config, self.model, self.max_model_len)
+        self.snapshot_every = snapshot_every(self.model, self.block_size, config.cache.snapshot_every)
+        self.num_blocks = pool_size(config, self.model, self.max_model_len, self.snapshot_every)
         self.pool = BlockPool(self.num_blocks)
         self.cache = RadixCache(self.pool, self.block_size)
-        self.runner = None if self.is_embedding else ModelRunner(self.model, self.num_blocks, self.block_size)
+        self.runner = None
+        if not self.is_embedding:
+            self.runner = ModelRunner(self.model, self.num_blocks, self.block_size, self.snapshot_every)
+            if self.runner.states is not None:
+                self.pool.on_free = self.runner.states.release  # a freed block's snapshot goes with it
         self.disk = self._open_disk()
         tier = self.disk.tier if self.disk is not None else None
-        align = resume_align(self.model, self.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, tier, align)
+        snapshots = snapshots_of(self.runner, self.model.kv_spec(1, self.block_size).bytes_per_block)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache, config.cache.view, tier, snapshots)
         self.counters = Counters()
         spec = config.speculative
         self.speculation = Speculation(spec, config.num_speculative_tokens, self.counters) if spec else None
@@ -92,6 +97,11 @@ class Engine:
         self._stats = compute_stats(self)
         load_s = time.perf_counter() - t0
         summary = weights_summary(self.source, self.model)
+        if self.model.state_bytes:
+            summary += (
+                f"; recurrent-state snapshots of {self.model.state_bytes / 2**20:.2f} MiB every "
+                f"{self.snapshot_every} blocks (--snapshot-every)"
+            )
         log.info(
             "loaded %s (%s, %s backend) in %.1fs; KV: %d blocks x %d tokens; %s",
             *(config.model, hp.arch, self.backend.name, load_s, self.num_blocks, self.block_size, summary),

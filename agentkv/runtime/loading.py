@@ -60,7 +60,7 @@ def weights_summary(source: Any, model: Any) -> str:
     return f"{kept} weights resident quantized" + (f", dequantized to f32: {', '.join(fell)}" if fell else "")
 
 
-def pool_size(config: EngineConfig, model: Any, max_model_len: int) -> int:
+def pool_size(config: EngineConfig, model: Any, max_model_len: int, snapshot_every: int = 1) -> int:
     """KV blocks of the pool: `num_blocks`, or as many as the memory budget holds (at least
     one max_model_len sequence's when the budget is the default). The pool should hold one
     max_model_len sequence: when max_model_len was asked for explicitly, a smaller pool is a
@@ -70,7 +70,8 @@ def pool_size(config: EngineConfig, model: Any, max_model_len: int) -> int:
     bs = cc.block_size
     num = cc.num_blocks
     if num is None:
-        per_block = model.kv_spec(1, bs).bytes_per_block + model.state_bytes  # a hybrid's snapshot per block
+        # a hybrid's snapshot every snapshot_every blocks (those where prefill chunks stop come on top)
+        per_block = model.kv_spec(1, bs).bytes_per_block + model.state_bytes // snapshot_every
         budget = cc.memory_bytes or DEFAULT_KV_MEMORY
         needed = math.ceil(max_model_len / bs) + 1
         num = budget // per_block

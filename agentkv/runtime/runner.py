@@ -31,13 +31,14 @@ class Chunk(NamedTuple):
 class ModelRunner:
     """Owns the paged KV store of one model. Not thread-safe: the engine thread drives it."""
 
-    def __init__(self, model: Model, num_blocks: int, block_size: int):
+    def __init__(self, model: Model, num_blocks: int, block_size: int, snapshot_every: int = 1):
         self.model, self.block_size, self.num_blocks = model, block_size, num_blocks
         self.backend = model.backend
         self.max_loras: int | None = None  # distinct LoRA adapters in one forward (None: any)
         self._lora = None  # the last step's LoraStep, whose pieces the next may reuse
         self.kv = self.backend.allocate_kv(model.kv_spec(num_blocks, block_size))
-        self.states = model.allocate_states(num_blocks, block_size)  # hybrids: a state slot per block
+        # hybrids: a state slot per block, kept at every snapshot_every-th block end
+        self.states = model.allocate_states(num_blocks, block_size, snapshot_every)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:

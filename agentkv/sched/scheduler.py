@@ -8,7 +8,7 @@ from collections import deque
 
 from agentkv.cache import BlockId, BlockPool, MatchResult, Node, RadixCache, common_prefix_len
 from agentkv.cache.disk_tier import DiskTier
-from agentkv.cache.snapshots import resume_point
+from agentkv.cache.snapshots import Snapshots, resume_point
 from agentkv.sched.config import CacheView, SchedulerConfig
 from agentkv.sched.integrity import check_scheduler
 from agentkv.sched.plan import ScheduledChunk, SchedulerOutput, _Step
@@ -33,10 +33,10 @@ class Scheduler:
         cache: RadixCache | None,
         view: CacheView,
         disk: DiskTier | None = None,
-        resume_align: int = 1,
+        snapshots: Snapshots | None = None,
     ) -> None:
-        """`resume_align`: a hit is used up to a multiple of this many tokens (a hybrid model
-        resumes from the recurrent-state snapshot at a block end: its block size)."""
+        """`snapshots`: a hybrid model's, whose hits are used up to the deepest block end
+        holding a recurrent-state snapshot (cache/snapshots.py); None: token-exact hits."""
         if cache is not None and cache.block_size != view.block_size:
             raise ValueError(
                 f"cache block_size={cache.block_size} differs from the view's block_size={view.block_size}"
@@ -57,7 +57,7 @@ class Scheduler:
         self._num_arrivals = 0
         self.preemptions = 0
         self.drafts = DraftBlocks(pool, self.block_size)  # speculation's blocks
-        self.resume_align = resume_align
+        self.snapshots = snapshots
 
     @property
     def num_running(self) -> int:
@@ -160,6 +160,8 @@ class Scheduler:
     def _release(self, seq: Sequence, insert: bool) -> None:
         if insert and self.cache is not None and seq.num_computed > 0:
             self.cache.insert(seq.namespace, seq.ids(0, seq.num_computed), seq.block_table)
+        if self.snapshots is not None and seq.num_computed > 0:  # a hybrid's running state goes
+            self.snapshots.release_running(seq.block_table[(seq.num_computed - 1) // self.block_size])
         self._unlock(seq)
         self.pool.free(seq.block_table)
         seq.block_table = []
@@ -196,7 +198,7 @@ class Scheduler:
             return False
         limit = seq.num_tokens - 1
         match = self.cache.match(seq.namespace, seq.all_ids, limit, record=False)
-        cached_len = resume_point(match, self.resume_align, self.block_size).cached_len
+        cached_len = resume_point(match, self.snapshots, self.block_size).cached_len
         for other in self.running:
             if other.namespace != seq.namespace or other.is_decoding:
                 continue
@@ -236,6 +238,8 @@ class Scheduler:
         the blocks cannot be had even after evicting unlocked entries."""
         match = self._lock_prefix(seq)
         loads = self._disk_loads(seq, match)
+        while loads and self.snapshots is not None and not self.snapshots.payload_has(loads[-1]):
+            loads.pop()  # a hybrid resumes from the deepest loaded snapshot
         num_full = match.cached_len // self.block_size
         cached_len = (num_full + len(loads)) * self.block_size if loads else match.cached_len
         num_tokens = min(seq.num_tokens - cached_len, step.budget_left, self.config.max_chunk_len)
@@ -281,7 +285,7 @@ class Scheduler:
         match = self.cache.match(seq.namespace, seq.all_ids, seq.num_tokens - 1, record=False)
         assert match.last_node is not None
         self.cache.lock(match.last_node)
-        return resume_point(match, self.resume_align, self.block_size)
+        return resume_point(match, self.snapshots, self.block_size)
 
     def _share(self, seq: Sequence, match: MatchResult) -> tuple[list[BlockId], list[tuple[BlockId, BlockId]]]:
         """The shared part of `seq`'s block table and its copies; the caller checked that

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,9 +15,9 @@ from agentkv.commands.inspect import summarize
 from agentkv.formats.errors import SafetensorsError
 from agentkv.formats.resolve import open_model
 from agentkv.hal.mamba import Mamba2Spec
-from agentkv.hal.recurrent import StateStore
 from agentkv.models.granite_hybrid import GraniteHybridConfig
 from tests.models.helpers import TINY, assert_logits_match, hf_logits, our_logits, prompt
+from tests.models.test_hybrid import check_slot_round_trip
 
 # 3 Mamba-2 layers around one attention layer; 8 heads of 16 in 2 groups of B/C (state 16).
 GRANITE = dict(
@@ -119,17 +118,7 @@ def test_bad_mamba_shape_names_the_key(tmp_path):
 
 def test_mamba_state_slot_bytes_round_trip():
     spec = Mamba2Spec(num_heads=4, head_dim=8, num_groups=2, state_size=4, conv_kernel=4, eps=1e-6)
-    store = StateStore([spec, spec], num_slots=3, block_size=4)
     assert spec.conv_shape == (3, 4 * 8 + 2 * 2 * 4) and spec.recurrent_shape == (4, 8, 4)
-    rng = np.random.default_rng(0)
-    for arrays in (store.conv, store.recurrent):
-        for a in arrays:
-            a[...] = rng.standard_normal(a.shape)
-    data = store.read_slot(1)
-    assert len(data) == store.bytes_per_slot == 2 * spec.state_bytes
-    store.write_slot(2, data)
-    for arrays in (store.conv, store.recurrent):
-        for a in arrays:
-            assert np.array_equal(a[2], a[1]) and not np.array_equal(a[2], a[0])
+    check_slot_round_trip(spec)
     with pytest.raises(ValueError, match="num_groups"):
         Mamba2Spec(num_heads=3, head_dim=8, num_groups=2, state_size=4, conv_kernel=4, eps=1e-6)

@@ -79,18 +79,32 @@ def test_inspect_reports_state_and_kv_bytes(hybrid):
     assert summary["kv_bytes_per_token_f16"] == 2 * 2 * cfg.num_key_value_heads * cfg.head_dim
 
 
-def test_state_slot_bytes_round_trip():
-    spec = DeltaNetSpec(2, 4, 8, 8, 4, 1e-6)
-    store = StateStore([spec, spec], num_slots=3, block_size=4)
+def check_slot_round_trip(spec) -> None:
+    """Two layers of `spec`: a snapshot slot's bytes (`read_slot`) written into another slot
+    give it the same states and make it a snapshot; a slot without one reads as zeros with a 0
+    flag and writes back as empty; a short payload is refused."""
+    store = StateStore([spec, spec], num_slots=4, block_size=4, every=2)
     rng = np.random.default_rng(0)
-    for arrays in (store.conv, store.recurrent):
-        for a in arrays:
-            a[...] = rng.standard_normal(a.shape)
+    for slot in (0, 1):
+        for layer in range(2):
+            store.conv[layer][slot] = rng.standard_normal(spec.conv_shape).astype(np.float32)
+            store.recurrent[layer][slot] = rng.standard_normal(spec.recurrent_shape).astype(np.float32)
+        store.snapshots.add(slot)
     data = store.read_slot(1)
-    assert len(data) == store.bytes_per_slot == 2 * spec.state_bytes
+    assert len(data) == store.bytes_per_slot + 1 == 2 * spec.state_bytes + 1 and data[-1] == 1
     store.write_slot(2, data)
+    assert store.has(2) and store.bytes_held == 3 * store.bytes_per_slot
     for arrays in (store.conv, store.recurrent):
         for a in arrays:
             assert np.array_equal(a[2], a[1]) and not np.array_equal(a[2], a[0])
+    assert store.read_slot(3) == bytes(store.bytes_per_slot + 1)
+    store.write_slot(2, store.read_slot(3))  # no snapshot: the slot is emptied
+    assert not store.has(2) and all(2 not in a for a in (*store.conv, *store.recurrent))
+    store.release(1)
+    assert not store.has(1) and store.bytes_held == store.bytes_per_slot
     with pytest.raises(ValueError, match="expected"):
         store.write_slot(0, data[:-4])
+
+
+def test_state_slot_bytes_round_trip():
+    check_slot_round_trip(DeltaNetSpec(2, 4, 8, 8, 4, 1e-6))

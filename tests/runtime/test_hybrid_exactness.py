@@ -13,6 +13,8 @@ caught."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from agentkv.runtime.config import CacheConfig, EngineConfig
@@ -77,7 +79,7 @@ def hybrid_contract(
     for split in splits:
         engine = engine_of()
         if exact_hits:
-            engine.scheduler.resume_align = 1
+            engine.scheduler.snapshots = None
         # Two tokens: the first sampled one is computed too, so the cached path runs past the
         # split and a token-exact hit would end inside a block whose state is further on.
         run(engine, {"prefix": prompt[:split]}, SamplingParams(max_tokens=2, temperature=0.0))
@@ -187,7 +189,38 @@ def test_restart_from_the_disk_tier_is_bit_identical(hybrid_dir, tmp_path, kv_dt
         after.record_logits = True
         if zeroed:  # the control: K/V from disk, the recurrent state not
             kv_bytes, write = after.model.kv_spec(1, BS).bytes_per_block, after.disk.write_block
-            after.disk.write_block = lambda b, data, w=write, n=kv_bytes: w(b, data[:n] + bytes(len(data) - n))
+            flag = kv_bytes + after.runner.states.bytes_per_slot  # the snapshot flag stays
+            zero = lambda data, n=kv_bytes, f=flag: data[:n] + bytes(f - n) + data[f:]  # noqa: E731
+            after.disk.write_block = lambda b, data, w=write, z=zero: w(b, z(data))
         warm, outs = run(after, {"t2": second})
         assert outs["t2"].cached_len == 24  # 25 tokens computed before the restart: 6 full blocks
         assert rows_equal(warm["t2"], cold) != zeroed
+
+
+def test_sparse_snapshots_resume_exactly_and_hold_less(hybrid_dir):
+    """`snapshot_every=3`: only every third block end keeps its state, and the last block end
+    of a prefill chunk (where the prompt stopped); a second turn resumes from the deepest of
+    them, bit-identical to a cold run, while the store holds those snapshots and the running
+    state alone. Control: the same turn resumed from a block end that kept no state fails."""
+    first = tokens(22, 31, VOCAB)  # blocks 0..4 full and 21 in block 5: the prefill keeps b2, b4
+    cache = CacheConfig(num_blocks=96, block_size=BS, dtype="f32", snapshot_every=3)
+    engine = Engine(EngineConfig(model=hybrid_dir, cache=cache))
+    engine.record_logits = True
+    _, outs = run(engine, {"t1": first}, SamplingParams(max_tokens=15, temperature=0.0))
+    states = engine.runner.states
+    ns = (engine.model_name, None)
+    blocks = engine.cache.match(ns, first + outs["t1"].token_ids, 64, record=False).block_table
+    kept = {j for j, b in enumerate(blocks) if states.has(b)}
+    assert kept == {2, 4, 5, 8}  # every third (2, 5, 8) and the prompt's last block end (4)
+    assert states.bytes_held == len(kept) * states.bytes_per_slot  # finished: no running state
+    second = first + outs["t1"].token_ids + tokens(5, 32, VOCAB)
+    cold = run(make_engine(hybrid_dir, prefix_cache=False), {"t2": second})[0]["t2"]
+    warm, outs = run(engine, {"t2": second})
+    assert outs["t2"].cached_len == 9 * BS  # 36 tokens computed: b8 full and kept
+    assert rows_equal(warm["t2"], cold)
+    control = Engine(EngineConfig(model=hybrid_dir, cache=cache))
+    control.record_logits = True
+    run(control, {"t1": first}, SamplingParams(max_tokens=15, temperature=0.0))
+    control.scheduler.snapshots = replace(control.scheduler.snapshots, has=lambda block: True)  # b7 kept none
+    with pytest.raises(KeyError):  # the step fails: no state to resume from (RuntimeError logged)
+        run(control, {"t2": second[: 8 * BS + 1]})
