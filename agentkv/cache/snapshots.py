@@ -26,12 +26,12 @@ from agentkv.cache.radix import MatchResult
 class Snapshots:
     """A hybrid model's snapshots as the scheduler sees them (runtime/hybrid.py builds them
     from the runner's state store): whether a hit may resume at a block's end, the same for
-    a block the disk tier returns, and dropping a leaving sequence's running state (the state
-    in the block of its last computed token, when that block keeps no snapshot)."""
+    a block the disk tier returns, and what a leaving sequence (its block table and computed
+    tokens) leaves behind: its running state goes, its latest block end stays a snapshot."""
 
     has: Callable[[int], bool]
     payload_has: Callable[[bytes], bool]
-    release_running: Callable[[int], None]
+    release_running: Callable[[list, int], None]
 
 
 def resume_point(match: MatchResult, snapshots: Snapshots | None, block_size: int) -> MatchResult:

@@ -354,6 +354,25 @@ class Backend(ABC):
         already holds this step's rows). GQA when h > kvh. `window` keeps only the last
         `window` positions (key pos > query pos - window). -> `[n, h, hd]`."""
 
+    def delta_rule(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        decay: np.ndarray,
+        beta: np.ndarray,
+        state: np.ndarray,
+        rows: Sequence[int],
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The gated delta rule (gated DeltaNet layers, hal/recurrent.py) over one sequence's
+        rows, on host arrays: q, k `[n, Hv, dk]`, v `[n, Hv, dv]`, decay, beta `[n, Hv]`, the
+        state before row 0 `[Hv, dk, dv]` (read, never written) -> (o `[n, Hv, dv]`, the states
+        after each of the ascending `rows`). A row's results may depend only on its inputs
+        and the state before it. Default: numpy, one row at a time."""
+        from agentkv.hal.recurrent import delta_rule_reference
+
+        return delta_rule_reference(q, k, v, decay, beta, state, rows)
+
     @abstractmethod
     def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens: tuple[int, ...], scale: float) -> Tensor:
         """Bidirectional attention within each sequence (encoders), no cache.

@@ -19,12 +19,15 @@ block by the radix node that lists it (`release`, when the block returns to the 
 chunk starting at p > 0 reads slot `table[(p - 1) // bs]`.
 
 Which full blocks keep a snapshot (`StateStore.every`, the knob `snapshot_every`): every
-`every`-th block of a sequence (block j with (j + 1) % every == 0), and the last block end a
-prefill chunk passes (where a prompt stops, the next turn of an agent resumes). Any other
-block end's state is the sequence's running state only while it is the latest: once the
-sequence computes past that block, its slot is dropped. `every` = 1 keeps them all; a
-snapshot costs `bytes_per_slot`, so `every` trades the depth a hit may resume from for
-memory (`snapshots` lists the slots holding one; a hit resumes from the deepest of them).
+`every`-th block of a sequence (block j with (j + 1) % every == 0) and the last block end a
+prefill chunk passes (where a prompt stops: the next turn of an agent resumes there) for good;
+and, while a sequence decodes, the latest block end it passed ("transient": superseded by the
+next one, dropped after the step that supersedes it; when the sequence ends, it stays, so a
+next turn that sends the whole transcript back resumes at most a block before its end). Any
+other state is the sequence's running state, in the block of its last computed token, dropped
+when the sequence ends. `every` = 1 keeps every block end; a snapshot costs `bytes_per_slot`,
+so `every` trades how deep a hit may resume for memory (`snapshots` lists the slots holding
+one; a hit resumes from the deepest of them).
 
 Speculation: a verification chunk (a decode row and its draft) records the state after each
 of its rows; once the engine knows how many were accepted, the state after the last accepted
@@ -129,6 +132,8 @@ class StateStore:
         self.conv: list[dict[int, np.ndarray]] = [{} for _ in self.specs]
         self.recurrent: list[dict[int, np.ndarray]] = [{} for _ in self.specs]
         self.snapshots: set[int] = set()  # slots whose state stays once their block is full
+        self.transient: set[int] = set()  # snapshots that are a decoding sequence's latest block end
+        self.superseded: set[int] = set()  # transient snapshots to drop once this step is done
         # This step's verification chunks: chunk index -> per row, per layer (conv, rec).
         self.recording: dict[int, list[list]] = {}
 
@@ -140,6 +145,14 @@ class StateStore:
             for i, c in enumerate(chunks)
             if getattr(c, "draft", False)
         }
+
+    def end_step(self) -> None:
+        """After a forward (mutates): drop the transient snapshots it superseded. Never during
+        the forward, where a sequence admitted this step may still read one."""
+        for slot in self.superseded:
+            if slot in self.transient:
+                self.release(slot)
+        self.superseded = set()
 
     def settle(self, chunks: Sequence, num_computed: Sequence[int]) -> None:
         """After the step's verification (mutates): each verification chunk's sequence now has
@@ -168,14 +181,19 @@ class StateStore:
     def release(self, slot: int) -> None:
         """Block `slot` went back to the pool: its state goes (mutates)."""
         self.snapshots.discard(slot)
+        self.transient.discard(slot)
         for layer in range(len(self.specs)):
             self._drop(layer, slot)
 
-    def release_running(self, slot: int) -> None:
-        """A sequence left with its last computed token in block `slot`: the running state
-        there goes unless the block keeps a snapshot (mutates)."""
-        if slot not in self.snapshots:
-            self.release(slot)
+    def release_running(self, table: Sequence[int], num_computed: int) -> None:
+        """A sequence with block table `table` left with `num_computed` tokens computed
+        (mutates): the running state in its last token's block goes unless that block keeps a
+        snapshot, and its latest block end stays a snapshot for good."""
+        last = table[(num_computed - 1) // self.block_size]
+        if last not in self.snapshots:
+            self.release(last)
+        if num_computed >= self.block_size:
+            self.transient.discard(table[num_computed // self.block_size - 1])
 
     def _drop(self, layer: int, slot: int) -> None:
         self.conv[layer].pop(slot, None)
@@ -277,23 +295,23 @@ def delta_net(
     spans = zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables)
     for i, (start_row, num, ctx, table) in enumerate(spans):
         rows = slice(start_row, start_row + num)
-        out[rows] = _sequence((qkv[rows], g[rows], beta[rows]), ctx - num, (table, i), weights, spec, store, layer)
+        out[rows] = _sequence(be, (qkv[rows], g[rows], beta[rows]), ctx - num, (table, i), weights, spec, store, layer)
     y = out * (np.float32(1) / np.sqrt((out * out).mean(-1, keepdims=True) + np.float32(spec.eps)))
     z = z.reshape(out.shape)
     y = (weights.norm * y) * (z * _sigmoid(z))
     return be.upload(np.ascontiguousarray(y.reshape(out.shape[0], spec.value_dim), np.float32))
 
 
-def _sequence(rows, start, where, weights, spec, store, layer) -> np.ndarray:
-    """One sequence's rows `(qkv, g, beta)` at positions [start, start + len(qkv)) (`where`: its
-    block table and chunk index): returns its core outputs `[len, Hv, dv]` and leaves the
+def _sequence(be, rows, start, where, weights, spec, store, layer) -> np.ndarray:
+    """One sequence's rows `(qkv, g, beta)` at positions [start, start + len(qkv)), the delta
+    rule on `be` (`where`: its block table and chunk index): returns its core outputs `[len, Hv, dv]` and leaves the
     state after each block end it passes, and after its last row, in the slot of that
     position's block; a verification chunk also records the state after every row."""
     qkv, g, beta = rows
     table, index = where
     record = store.recording.get(index)
     kernel = spec.conv_kernel
-    conv_state, rec = resume_state(store, layer, table, start)
+    conv_state, rec = resume_state(store, layer, table, start, copy=False)  # delta_rule only reads it
     num = qkv.shape[0]
     window = np.concatenate([conv_state, qkv], axis=0)  # [K - 1 + num, C]
     conv = window[0:num] * weights.conv[:, 0]
@@ -306,51 +324,90 @@ def _sequence(rows, start, where, weights, spec, store, layer) -> np.ndarray:
     q = heads(_l2norm(conv[:, :kd].reshape(num, spec.num_k_heads, spec.head_k_dim)))
     k = heads(_l2norm(conv[:, kd : 2 * kd].reshape(num, spec.num_k_heads, spec.head_k_dim)))
     q = q * np.float32(1.0 / np.sqrt(spec.head_k_dim))
-    v = conv[:, 2 * kd :].reshape(num, spec.num_v_heads, spec.head_v_dim)
-    decay = np.exp(g)
-    out = np.empty((num, spec.num_v_heads, spec.head_v_dim), np.float32)
-    for t in range(num):
-        rec = rec * decay[t][:, None, None]
-        kv_mem = (rec * k[t][:, :, None]).sum(axis=1)  # [Hv, dv]
-        delta = (v[t] - kv_mem) * beta[t][:, None]
-        rec = rec + k[t][:, :, None] * delta[:, None, :]
-        out[t] = (rec * q[t][:, :, None]).sum(axis=1)
-        keep_state(store, (layer, table, record), (start, t, num), window[t + 1 : t + kernel], rec)
+    v = np.ascontiguousarray(conv[:, 2 * kd :].reshape(num, spec.num_v_heads, spec.head_v_dim))
+    where_state = (layer, table, record)
+    rows = state_rows(store, record, start, num)
+    out, states = be.delta_rule(q, k, v, np.exp(g), beta, rec, rows)
+    for t, state in zip(rows, states):
+        keep_state(store, where_state, (start, t, num), window[t + 1 : t + kernel], state)
     return out
 
 
-def resume_state(store: StateStore, layer: int, table: Sequence[int], start: int) -> tuple[np.ndarray, np.ndarray]:
+def delta_rule_reference(q, k, v, decay, beta, state, rows) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The gated delta rule in numpy, one row at a time (`Backend.delta_rule`'s default):
+    `S = decay S; kv = S^T k; S += k (beta (v - kv))^T; o = S^T q` per value head."""
+    out = np.empty(v.shape, np.float32)
+    wanted, kept = set(rows), []
+    for t in range(v.shape[0]):
+        state = state * decay[t][:, None, None]
+        kv_mem = (state * k[t][:, :, None]).sum(axis=1)  # [Hv, dv]
+        delta = (v[t] - kv_mem) * beta[t][:, None]
+        state = state + k[t][:, :, None] * delta[:, None, :]
+        out[t] = (state * q[t][:, :, None]).sum(axis=1)
+        if t in wanted:
+            kept.append(state)
+    return out, kept
+
+
+def resume_state(
+    store: StateStore, layer: int, table: Sequence[int], start: int, copy: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """(conv state, recurrent state) before position `start` of the sequence with block table
-    `table` in `store` layer `layer`: zeros at 0, else copies of the slot of the block holding
-    position `start - 1`."""
+    `table` in `store` layer `layer`: zeros at 0, else the slot of the block holding position
+    `start - 1` (copies unless `copy` is False: then the caller must not write them)."""
     if start == 0:
         spec = store.specs[layer]
         return np.zeros(spec.conv_shape, STATE_DTYPE), np.zeros(spec.recurrent_shape, STATE_DTYPE)
     slot = table[(start - 1) // store.block_size]
     if slot not in store.recurrent[layer]:
         raise RuntimeError(f"no state in slot {slot} (layer {layer}) to resume position {start} from: bug")
-    return store.conv[layer][slot].copy(), store.recurrent[layer][slot].copy()
+    conv, rec = store.conv[layer][slot], store.recurrent[layer][slot]
+    return (conv.copy(), rec.copy()) if copy else (conv, rec)
+
+
+def state_rows(store: StateStore, record: list | None, start: int, num: int) -> list[int]:
+    """The rows t of a chunk of `num` rows at position `start` after which `keep_state` needs
+    the state: every row of a verification chunk (`record`), else the block ends that keep a
+    snapshot and the last row."""
+    if record is not None:
+        return list(range(num))
+    return [t for t in range(num) if t == num - 1 or _keeps_snapshot(store, start, start + t, num)]
+
+
+def _keeps_snapshot(store: StateStore, start: int, pos: int, num: int) -> bool:
+    """Whether the state after position `pos` of a (non-verification) chunk of `num` rows at
+    `start` is a snapshot: a block end that `store.keeps`, or a prefill chunk's last block end."""
+    bs = store.block_size
+    return (pos + 1) % bs == 0 and (store.keeps(pos // bs) or (num > 1 and pos + bs >= start + num))
 
 
 def keep_state(store: StateStore, where: tuple, row: tuple[int, int, int], conv: np.ndarray, rec: np.ndarray) -> None:
     """After row t of a chunk of `num` rows starting at position `start` (`row`), with `where`
     = (layer, block table, the chunk's record or None; mutates): a verification chunk records
-    the state; a block end that keeps a snapshot (`StateStore.keeps`, or the last block end of
-    a prefill chunk) and the chunk's last row write it into that position's block's slot, and
-    the last row drops the running state the chunk started from when its block keeps none."""
+    the state; a block end that keeps a snapshot (StateStore docstring: every k-th, a prefill
+    chunk's last, a decode step's as transient) and the chunk's last row write it into that
+    position's block's slot; a decode step's block end supersedes the transient one before it."""
     layer, table, record = where
     start, t, num = row
     if record is not None:
         record[t][layer] = (conv.copy(), rec)
     bs, pos = store.block_size, start + t
-    block_end, last = (pos + 1) % bs == 0, t == num - 1
-    snapshot = block_end and (store.keeps(pos // bs) or (num > 1 and record is None and pos + bs >= start + num))
-    if not (snapshot or last):
+    block_end, last, j = (pos + 1) % bs == 0, t == num - 1, pos // bs
+    if record is not None:  # a verification chunk: settle writes the accepted state
+        snapshot, transient = block_end and store.keeps(j), False
+    else:
+        snapshot = _keeps_snapshot(store, start, pos, num)
+        transient = block_end and not snapshot and num == 1
+    if not (snapshot or transient or last):
         return
-    slot = table[pos // bs]
+    slot = table[j]
     store.recurrent[layer][slot], store.conv[layer][slot] = rec, conv
-    if snapshot:
+    if snapshot or transient:
         store.snapshots.add(slot)
+        if transient:
+            store.transient.add(slot)
+        if record is None and j > 0 and table[j - 1] in store.transient:
+            store.superseded.add(table[j - 1])
     if last and start > 0:
         before = table[(start - 1) // bs]
         if before != slot and before not in store.snapshots:

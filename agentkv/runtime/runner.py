@@ -101,6 +101,8 @@ class ModelRunner:
             logits = np.zeros((0, self.model.vocab_size), np.float32)
         else:
             logits = self.backend.read(self.model.forward(ids, meta, self.kv, logit_rows, **extra))
+        if self.states is not None:
+            self.states.end_step()
         return logits
 
     def settle(self, chunks: Sequence[Chunk], num_computed: Sequence[int]) -> None:

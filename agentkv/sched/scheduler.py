@@ -161,7 +161,7 @@ class Scheduler:
         if insert and self.cache is not None and seq.num_computed > 0:
             self.cache.insert(seq.namespace, seq.ids(0, seq.num_computed), seq.block_table)
         if self.snapshots is not None and seq.num_computed > 0:  # a hybrid's running state goes
-            self.snapshots.release_running(seq.block_table[(seq.num_computed - 1) // self.block_size])
+            self.snapshots.release_running(seq.block_table, seq.num_computed)
         self._unlock(seq)
         self.pool.free(seq.block_table)
         seq.block_table = []

@@ -197,30 +197,35 @@ def test_restart_from_the_disk_tier_is_bit_identical(hybrid_dir, tmp_path, kv_dt
         assert rows_equal(warm["t2"], cold) != zeroed
 
 
-def test_sparse_snapshots_resume_exactly_and_hold_less(hybrid_dir):
-    """`snapshot_every=3`: only every third block end keeps its state, and the last block end
-    of a prefill chunk (where the prompt stopped); a second turn resumes from the deepest of
-    them, bit-identical to a cold run, while the store holds those snapshots and the running
-    state alone. Control: the same turn resumed from a block end that kept no state fails."""
+@pytest.mark.parametrize(("max_tokens", "kept"), [(15, {2, 4, 5, 8}), (13, {2, 4, 5, 7})])
+def test_sparse_snapshots_resume_exactly_and_hold_less(hybrid_dir, max_tokens, kept):
+    """`snapshot_every=3`: every third block end keeps its state, and the prefill's last (where
+    the prompt stopped); while decoding, only the latest block end is kept besides, and it stays
+    when the request ends. A second turn resumes from the deepest, bit-identical to a cold run,
+    while the store holds those snapshots alone. Control: resuming from a block end whose
+    transient snapshot was superseded (b7 once b8 ended) fails."""
     first = tokens(22, 31, VOCAB)  # blocks 0..4 full and 21 in block 5: the prefill keeps b2, b4
     cache = CacheConfig(num_blocks=96, block_size=BS, dtype="f32", snapshot_every=3)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     engine = Engine(EngineConfig(model=hybrid_dir, cache=cache))
     engine.record_logits = True
-    _, outs = run(engine, {"t1": first}, SamplingParams(max_tokens=15, temperature=0.0))
+    _, outs = run(engine, {"t1": first}, params)
+    computed = 22 + max_tokens - 1
     states = engine.runner.states
     ns = (engine.model_name, None)
     blocks = engine.cache.match(ns, first + outs["t1"].token_ids, 64, record=False).block_table
-    kept = {j for j, b in enumerate(blocks) if states.has(b)}
-    assert kept == {2, 4, 5, 8}  # every third (2, 5, 8) and the prompt's last block end (4)
+    assert {j for j, b in enumerate(blocks) if states.has(b)} == kept  # b5, b8 every third; b7 the latest
     assert states.bytes_held == len(kept) * states.bytes_per_slot  # finished: no running state
     second = first + outs["t1"].token_ids + tokens(5, 32, VOCAB)
     cold = run(make_engine(hybrid_dir, prefix_cache=False), {"t2": second})[0]["t2"]
     warm, outs = run(engine, {"t2": second})
-    assert outs["t2"].cached_len == 9 * BS  # 36 tokens computed: b8 full and kept
+    assert outs["t2"].cached_len == computed // BS * BS == (max(kept) + 1) * BS
     assert rows_equal(warm["t2"], cold)
+    if 8 not in kept:
+        return
     control = Engine(EngineConfig(model=hybrid_dir, cache=cache))
     control.record_logits = True
-    run(control, {"t1": first}, SamplingParams(max_tokens=15, temperature=0.0))
-    control.scheduler.snapshots = replace(control.scheduler.snapshots, has=lambda block: True)  # b7 kept none
+    run(control, {"t1": first}, params)
+    control.scheduler.snapshots = replace(control.scheduler.snapshots, has=lambda block: True)
     with pytest.raises(KeyError):  # the step fails: no state to resume from (RuntimeError logged)
         run(control, {"t2": second[: 8 * BS + 1]})

@@ -101,6 +101,22 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             out = out + bias.raw
         return Tensor(out)
 
+    def delta_rule(self, q, k, v, decay, beta, state, rows):
+        """recurrent.cpp: per head, column by column in one fixed order (threads split heads),
+        where dv is a multiple of 8; else the numpy default."""
+        if v.shape[-1] % 8:
+            return super().delta_rule(q, k, v, decay, beta, state, rows)
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a, np.float32))  # noqa: E731
+        last = v.shape[0] - 1
+        wanted = [r for r in rows if r != last]
+        out, final, kept = self._kernels.gated_delta_rule(
+            t(q), t(k), t(v), t(decay), t(beta), t(state), torch.tensor(wanted, dtype=torch.int64)
+        )
+        states = [kept[i].numpy() for i in range(len(wanted))]
+        if rows and rows[-1] == last:
+            states.append(final.numpy())
+        return out.numpy(), states
+
     def head_matmuls(self, xs: list[Tensor], ws) -> list[Tensor] | None:
         """`xs[i] @ ws[i]` in one kernel call (grouped.cpp), each with one matmul's bits; None
         (one matmul per head) unless every weight is f32 rows of one shape with k % 32 == 0."""

@@ -341,4 +341,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     agentkv::ops::bind_moe(m);
     agentkv::ops::bind_grouped(m);
     agentkv::ops::bind_lora(m);
+    agentkv::ops::bind_recurrent(m);
 }

@@ -39,6 +39,7 @@ SOURCES = (
     "moe.cpp",
     "grouped.cpp",
     "lora.cpp",
+    "recurrent.cpp",
     "fp16_table.cpp",
 )
 HEADERS = (

@@ -1,0 +1,151 @@
+// The gated delta rule of Qwen3-Next / Qwen3.5's gated DeltaNet layers, over one sequence's
+// rows, per value head h (state S [dk, dv], row t's q, k [dk], v [dv], decay g, beta b):
+//
+//     S = g S;   kv = S^T k;   delta = b (v - kv);   S = S + k delta^T;   o_t = S^T q
+//
+// Every column j of S stands alone (its kv, delta and o use column j only), so each row runs
+// column group by column group, in one fixed arithmetic per element:
+//
+//     x = S[i][j] * g;  acc_j = fma(x, k[i], acc_j)        i = 0 .. dk-1 in order, acc_j from 0
+//     delta_j = (v[j] - acc_j) * b
+//     S[i][j] = fma(k[i], delta_j, x);  o_j = fma(S[i][j], q[i], o_j)   i in order, o_j from 0
+//
+// Threads split heads only, and a row's arithmetic never depends on how many rows came in the
+// call, so the state after row t, and o_t, have the same bits for one prefill, chunks cut
+// anywhere, any batch and any thread count (hal/recurrent.py's exactness contract). AVX2/FMA,
+// dv a multiple of 8.
+#include <immintrin.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+
+#include "ops.h"
+#include "pool.h"
+#include "qmatmul.h"
+
+namespace agentkv {
+namespace ops {
+namespace {
+
+struct Rows {
+    const float *q, *k, *v, *decay, *beta;  // [n, H, dk], [n, H, dk], [n, H, dv], [n, H], [n, H]
+    int64_t n, heads, dk, dv;
+};
+
+// Columns [c0, c0 + 8G) of head h's state s [dk, dv] through row t (see the header).
+template <int G>
+inline void columns(const Rows& r, int64_t t, int64_t h, float* s, float* out, int64_t c0) {
+    const int64_t row = t * r.heads + h;
+    const float *q = r.q + row * r.dk, *k = r.k + row * r.dk, *v = r.v + row * r.dv;
+    const __m256 g = _mm256_set1_ps(r.decay[row]);
+    __m256 acc[G];
+    for (int c = 0; c < G; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < r.dk; ++i) {
+        float* si = s + i * r.dv + c0;
+        const __m256 ki = _mm256_set1_ps(k[i]);
+        for (int c = 0; c < G; ++c) {
+            const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(si + 8 * c), g);
+            _mm256_storeu_ps(si + 8 * c, x);
+            acc[c] = _mm256_fmadd_ps(x, ki, acc[c]);
+        }
+    }
+    const __m256 b = _mm256_set1_ps(r.beta[row]);
+    __m256 delta[G], o[G];
+    for (int c = 0; c < G; ++c) {
+        delta[c] = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + c0 + 8 * c), acc[c]), b);
+        o[c] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < r.dk; ++i) {
+        float* si = s + i * r.dv + c0;
+        const __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
+        for (int c = 0; c < G; ++c) {
+            const __m256 x = _mm256_fmadd_ps(ki, delta[c], _mm256_loadu_ps(si + 8 * c));
+            _mm256_storeu_ps(si + 8 * c, x);
+            o[c] = _mm256_fmadd_ps(x, qi, o[c]);
+        }
+    }
+    for (int c = 0; c < G; ++c) _mm256_storeu_ps(out + row * r.dv + c0 + 8 * c, o[c]);
+}
+
+// Six 8-wide groups at a time (acc, delta and o of six plus three broadcasts fit AVX2's 16
+// registers), then what is left; the grouping never changes a bit (columns stand alone).
+void one_row(const Rows& r, int64_t t, int64_t h, float* s, float* out) {
+    int64_t c0 = 0;
+    for (; c0 + 48 <= r.dv; c0 += 48) columns<6>(r, t, h, s, out, c0);
+    switch ((r.dv - c0) / 8) {
+        case 5: columns<5>(r, t, h, s, out, c0); break;
+        case 4: columns<4>(r, t, h, s, out, c0); break;
+        case 3: columns<3>(r, t, h, s, out, c0); break;
+        case 2: columns<2>(r, t, h, s, out, c0); break;
+        case 1: columns<1>(r, t, h, s, out, c0); break;
+        default: break;
+    }
+}
+
+}  // namespace
+
+// -> (o [n, H, dv], the state after the last row [H, dk, dv], the states after rows `save`
+// [len(save), H, dk, dv]); `state` [H, dk, dv], the state before row 0, is not written.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_delta_rule(const at::Tensor& q, const at::Tensor& k,
+                                                                const at::Tensor& v, const at::Tensor& decay,
+                                                                const at::Tensor& beta, const at::Tensor& state,
+                                                                const at::Tensor& save) {
+    fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
+    check_f32(q, "q", 3);
+    check_f32(k, "k", 3);
+    check_f32(v, "v", 3);
+    check_f32(decay, "decay", 2);
+    check_f32(beta, "beta", 2);
+    check_f32(state, "state", 3);
+    const int64_t n = q.size(0), heads = q.size(1), dk = q.size(2), dv = v.size(2);
+    TORCH_CHECK(k.sizes() == q.sizes(), "k has shape ", k.sizes(), ", expected q's ", q.sizes());
+    TORCH_CHECK(v.size(0) == n && v.size(1) == heads, "v has shape ", v.sizes(), ", expected [", n, ", ", heads, ", dv]");
+    TORCH_CHECK(dv % 8 == 0 && dv > 0, "dv=", dv, " must be a positive multiple of 8");
+    for (const at::Tensor* t : {&decay, &beta})
+        TORCH_CHECK(t->size(0) == n && t->size(1) == heads, "decay/beta have shape ", t->sizes(), ", expected [", n,
+                    ", ", heads, "]");
+    TORCH_CHECK(state.size(0) == heads && state.size(1) == dk && state.size(2) == dv, "state has shape ",
+                state.sizes(), ", expected [", heads, ", ", dk, ", ", dv, "]");
+    TORCH_CHECK(save.device().is_cpu() && save.scalar_type() == at::kLong && save.dim() == 1 && save.is_contiguous(),
+                "save must be a contiguous int64 CPU vector");
+    const int64_t num_save = save.size(0);
+    const int64_t* rows = save.data_ptr<int64_t>();
+    for (int64_t i = 0; i < num_save; ++i)
+        TORCH_CHECK(rows[i] >= 0 && rows[i] < n && (i == 0 || rows[i] > rows[i - 1]), "save[", i, "]=", rows[i],
+                    " must ascend within [0, ", n, ")");
+    auto out = at::empty({n, heads, dv}, q.options());
+    auto final_state = state.clone();
+    auto saved = at::empty({num_save, heads, dk, dv}, q.options());
+    if (n == 0) return {out, final_state, saved};
+    const Rows r{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), decay.data_ptr<float>(),
+                 beta.data_ptr<float>(), n, heads, dk, dv};
+    float *o = out.data_ptr<float>(), *s = final_state.data_ptr<float>(), *kept = saved.data_ptr<float>();
+    const int64_t head_floats = dk * dv;
+    parallel_chunks(heads, 1, [&](int64_t h0, int64_t h1) {
+        for (int64_t h = h0; h < h1; ++h) {
+            float* sh = s + h * head_floats;
+            int64_t next = 0;
+            for (int64_t t = 0; t < n; ++t) {
+                one_row(r, t, h, sh, o);
+                if (next < num_save && rows[next] == t) {
+                    std::memcpy(kept + (next * heads + h) * head_floats, sh, sizeof(float) * head_floats);
+                    ++next;
+                }
+            }
+        }
+    }, 1);
+    return {out, final_state, saved};
+}
+
+void bind_recurrent(pybind11::module_& m) {
+    namespace py = pybind11;
+    m.def("gated_delta_rule", &gated_delta_rule, py::call_guard<py::gil_scoped_release>(),
+          "gated delta rule over one sequence's rows -> (o [n,H,dv], state after the last row, states after rows save)",
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"), py::arg("state"),
+          py::arg("save"));
+}
+
+}  // namespace ops
+}  // namespace agentkv
