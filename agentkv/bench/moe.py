@@ -39,18 +39,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def decode_bytes(path: Path, top_k: int) -> dict:
     """GGUF tensor bytes, and the bytes one decode token reads: dense tensors whole, one row of
-    token_embd (output.weight is its own tensor), top_k of each layer's experts."""
+    token_embd (all of it when the head is tied to it: no output.weight), top_k of each layer's
+    experts."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
     total = experts = per_token = 0
+    tied = not any(t.name == "output.weight" for t in reader.tensors)  # the head reads token_embd whole
     for t in reader.tensors:
         n = int(t.n_bytes)
         total += n
         if "_exps." in t.name:
             experts += n
             per_token += n * top_k // int(t.shape[-1])  # gguf-py lists dims innermost first
-        elif t.name == "token_embd.weight":
+        elif t.name == "token_embd.weight" and not tied:
             per_token += n // int(t.shape[-1])
         else:
             per_token += n

@@ -4,9 +4,10 @@ its own process and llama.cpp's own `llama-server`, on the same file, THREADS th
 Each arm reports: load time; a first 512-token prefill of another prompt (it pages the mapped
 weights in: reported, not in the ratios); the timed prefill and single-stream decode after it;
 RSS; KV bytes per token; and, when `spec["long_len"]` is set, a decode after a prompt of that
-many tokens (`long_prefill_tok_s`, `long_decode_tok_s`). `spec`: model, prompt_len, decode_len,
-vocab, long_len (0: none), activation_dtype (agentkv's matmul input: f32, or int8 for the
-`agentkv-int8` arm that `--int8` adds)."""
+many tokens (`long_prefill_tok_s`, `long_decode_tok_s`); when `spec["turn2"]` is set, an agent's
+second turn on a transcript of `long_len` tokens with its prefix cache on (`turn2_ttft_s`, see
+`TURN2`). `spec`: model, prompt_len, decode_len, vocab, long_len (0: none), turn2, activation_dtype
+(agentkv's matmul input: f32, or int8 for the `agentkv-int8` arm that `--int8` adds)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,18 @@ from types import SimpleNamespace
 from agentkv.bench import peers
 from agentkv.bench.common import log, memory_mib, prompt_ids
 
+# An agent's second turn: turn 1 is a transcript of long_len tokens answered with REPLY tokens
+# (greedy); turn 2 sends that transcript, the reply as sampled and TOOL_RESULT more tokens (a
+# tool's answer), and its TTFT is the time to its first token. Both engines keep turn 1's state
+# (agentkv: radix cache and snapshots; llama-server: its one slot and its prompt cache).
+TURN2 = {"reply": 32, "tool_result": 64}
 _KV_LINE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
+
+
+def context_len(spec: dict) -> int:
+    """Tokens the longest request of `spec` needs (an engine's context for it)."""
+    turn2 = TURN2["reply"] + TURN2["tool_result"] + 1 if spec.get("turn2") else 0
+    return max(spec["prompt_len"], spec.get("long_len", 0)) + max(spec["decode_len"], turn2) + 32
 
 
 def timed_decode(engine, ids: list[int], decode_len: int) -> tuple[float, int, float]:
@@ -47,7 +59,7 @@ def agentkv_arm(spec: dict) -> dict:
     torch.set_num_threads(peers.THREADS)
     before = memory_mib()
     started = time.perf_counter()
-    max_len = max(spec["prompt_len"], spec.get("long_len", 0)) + spec["decode_len"] + 32
+    max_len = context_len(spec)
     args = SimpleNamespace(
         model=spec["model"], backend="cpu", weights="resident", activation_dtype=spec.get("activation_dtype", "f32")
     )
@@ -71,7 +83,35 @@ def agentkv_arm(spec: dict) -> dict:
     if spec.get("long_len"):
         long_s, tokens, decode_s = timed_decode(engine, prompt_ids(vocab, spec["long_len"], seed=2), spec["decode_len"])
         out |= {"long_prefill_tok_s": spec["long_len"] / long_s, "long_decode_tok_s": tokens / decode_s}
+    if spec.get("turn2"):
+        del engine
+        engine = build_engine(args, prefix_cache=True, num_blocks=-(-max_len // 16) + 16, max_model_len=max_len)
+        out |= agentkv_turn2(engine, prompt_ids(vocab, spec["long_len"], seed=3), prompt_ids(vocab, 64, seed=4))
     return out
+
+
+def agentkv_turn2(engine, transcript: list[int], tool_result: list[int]) -> dict:
+    """TURN2 on agentkv: turn 1 answers `transcript`, turn 2 adds the reply and `tool_result`."""
+    from agentkv.runtime.params import SamplingParams
+
+    params = SamplingParams(max_tokens=TURN2["reply"], temperature=0.0, ignore_eos=True)
+    engine.add_request("turn1", transcript, params)
+    t0 = time.perf_counter()
+    reply: list[int] = []
+    while engine.has_unfinished():
+        reply += [t for o in engine.step() for t in o.token_ids]
+    turn1_s = time.perf_counter() - t0
+    second = transcript + reply + tool_result[: TURN2["tool_result"]]
+    engine.add_request("turn2", second, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    t0 = time.perf_counter()
+    outs = []
+    while engine.has_unfinished() and not outs:
+        outs = engine.step()
+    ttft = time.perf_counter() - t0
+    while engine.has_unfinished():
+        engine.step()
+    cached = outs[0].cached_len if outs else None
+    return {"turn1_s": turn1_s, "turn2_ttft_s": ttft, "turn2_prompt_tokens": len(second), "turn2_cached_tokens": cached}
 
 
 def llama_server_arm(spec: dict, binary: Path, work: Path, timeout_s: float) -> dict:
@@ -83,7 +123,7 @@ def llama_server_arm(spec: dict, binary: Path, work: Path, timeout_s: float) -> 
     if not binary.exists():
         return peers.skipped(f"no llama-server at {binary} (bench/build_llama_server.sh builds it)")
     work.mkdir(parents=True, exist_ok=True)
-    n_ctx = max(spec["prompt_len"], spec.get("long_len", 0)) + spec["decode_len"] + 32
+    n_ctx = context_len(spec)
     log_path = work / f"llama-server-{Path(spec['model']).stem}.log"
     server = LlamaServer(binary, spec["model"], ["-c", str(n_ctx), "-np", "1"], log_path)
     started = time.perf_counter()
@@ -95,15 +135,31 @@ def llama_server_arm(spec: dict, binary: Path, work: Path, timeout_s: float) -> 
     load_s = time.perf_counter() - started
     vocab, n, d = spec["vocab"], spec["prompt_len"], spec["decode_len"]
 
-    def completion(ids: list[int], n_predict: int) -> dict:
-        body = {"prompt": ids, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False}
-        return server.post("/completion", body)["timings"]
+    def completion(ids: list[int], n_predict: int, cache: bool = False) -> dict:
+        body = {"prompt": ids, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": cache, "temperature": 0.0}
+        return server.post("/completion", body | ({"return_tokens": True, "id_slot": 0} if cache else {}))
 
     try:
-        first = completion(prompt_ids(vocab, n, seed=1), 1)
-        pre, dec = completion(prompt_ids(vocab, n), 1), completion(prompt_ids(vocab, n), d)
-        long = completion(prompt_ids(vocab, spec["long_len"], seed=2), d) if spec.get("long_len") else None
+        first = completion(prompt_ids(vocab, n, seed=1), 1)["timings"]
+        pre, dec = completion(prompt_ids(vocab, n), 1)["timings"], completion(prompt_ids(vocab, n), d)["timings"]
+        long = None
+        if spec.get("long_len"):
+            long = completion(prompt_ids(vocab, spec["long_len"], seed=2), d)["timings"]
         rss = psutil.Process(server.proc.pid).memory_info().rss / 2**20
+        turn2 = {}
+        if spec.get("turn2"):
+            transcript = prompt_ids(vocab, spec["long_len"], seed=3)
+            t0 = time.perf_counter()
+            answer = completion(transcript, TURN2["reply"], cache=True)
+            turn1_s = time.perf_counter() - t0
+            second = transcript + answer["tokens"] + prompt_ids(vocab, 64, seed=4)[: TURN2["tool_result"]]
+            timings = completion(second, 1, cache=True)["timings"]
+            turn2 = {
+                "turn1_s": turn1_s,
+                "turn2_ttft_s": timings["prompt_ms"] / 1000.0,
+                "turn2_prompt_tokens": len(second),
+                "turn2_cached_tokens": timings.get("cache_n"),
+            }
     finally:
         server.stop()
     out = {
@@ -117,7 +173,7 @@ def llama_server_arm(spec: dict, binary: Path, work: Path, timeout_s: float) -> 
     }
     if long is not None:
         out |= {"long_prefill_tok_s": long["prompt_per_second"], "long_decode_tok_s": long["predicted_per_second"]}
-    return out
+    return out | turn2
 
 
 def kv_bytes_per_token(log_path: Path) -> float | None:
@@ -221,6 +277,7 @@ def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str,
     bw = bandwidth_gbs()
     spec = {"model": str(path), "prompt_len": args.prompt_len, "decode_len": args.decode_len, "vocab": shape.vocab}
     spec["long_len"] = getattr(args, "long_len", 0)
+    spec["turn2"] = bool(getattr(args, "turn2", False) and spec["long_len"])
     load_before = os.getloadavg()
     rounds = args.rounds
     results = run_both(spec, Path(args.out), args.llama_server, args.arm_timeout, args.int8, rounds)

@@ -18,6 +18,10 @@ SUITES: dict[str, tuple[str, str]] = {
     "moe": ("agentkv.bench.moe", "a synthetic ~1B mixture-of-experts GGUF vs llama.cpp: decode, prefill, ceiling"),
     "gptoss": ("agentkv.bench.gptoss", "a synthetic GGUF with gpt-oss-20b's shapes vs llama-server: load, RSS, speed"),
     "mla": ("agentkv.bench.mla", "a synthetic DeepSeek-V2-Lite-shaped GGUF (MLA) vs llama-server: RSS, speed, KV"),
+    "hybrid": (
+        "agentkv.bench.hybrid",
+        "a synthetic Qwen3.5-0.8B-shaped GGUF (gated DeltaNet hybrid) vs llama-server: speed, 2nd-turn TTFT",
+    ),
     "cache": ("agentkv.bench.cache", "prefix-cache reuse: agentkv with the cache on vs off"),
     "disk": ("agentkv.bench.disk", "TTFT after a restart: cold, warm from the disk tier, llama.cpp slot restore"),
     "kernels": ("agentkv.bench.kernels", "the compiled CPU kernels vs torch on model shapes"),

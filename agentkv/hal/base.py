@@ -363,12 +363,15 @@ class Backend(ABC):
         beta: np.ndarray,
         state: np.ndarray,
         rows: Sequence[int],
+        inplace: bool = False,
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         """The gated delta rule (gated DeltaNet layers, hal/recurrent.py) over one sequence's
         rows, on host arrays: q, k `[n, Hv, dk]`, v `[n, Hv, dv]`, decay, beta `[n, Hv]`, the
-        state before row 0 `[Hv, dk, dv]` (read, never written) -> (o `[n, Hv, dv]`, the states
-        after each of the ascending `rows`). A row's results may depend only on its inputs
-        and the state before it. Default: numpy, one row at a time."""
+        state before row 0 `[Hv, dk, dv]` -> (o `[n, Hv, dv]`, the states after each of the
+        ascending `rows`). `state` is never written unless `inplace` (the caller no longer
+        needs it), where a backend may update it into the state after the last row. A row's
+        results may depend only on its inputs and the state before it. Default: numpy, one
+        row at a time (never in place)."""
         from agentkv.hal.recurrent import delta_rule_reference
 
         return delta_rule_reference(q, k, v, decay, beta, state, rows)

@@ -311,7 +311,9 @@ def _sequence(be, rows, start, where, weights, spec, store, layer) -> np.ndarray
     table, index = where
     record = store.recording.get(index)
     kernel = spec.conv_kernel
-    conv_state, rec = resume_state(store, layer, table, start, copy=False)  # delta_rule only reads it
+    conv_state, rec = resume_state(store, layer, table, start, copy=False)
+    # A running state (no snapshot) is this sequence's alone and superseded by this chunk's.
+    inplace = start == 0 or table[(start - 1) // store.block_size] not in store.snapshots
     num = qkv.shape[0]
     window = np.concatenate([conv_state, qkv], axis=0)  # [K - 1 + num, C]
     conv = window[0:num] * weights.conv[:, 0]
@@ -327,7 +329,7 @@ def _sequence(be, rows, start, where, weights, spec, store, layer) -> np.ndarray
     v = np.ascontiguousarray(conv[:, 2 * kd :].reshape(num, spec.num_v_heads, spec.head_v_dim))
     where_state = (layer, table, record)
     rows = state_rows(store, record, start, num)
-    out, states = be.delta_rule(q, k, v, np.exp(g), beta, rec, rows)
+    out, states = be.delta_rule(q, k, v, np.exp(g), beta, rec, rows, inplace)
     for t, state in zip(rows, states):
         keep_state(store, where_state, (start, t, num), window[t + 1 : t + kernel], state)
     return out
@@ -401,7 +403,7 @@ def keep_state(store: StateStore, where: tuple, row: tuple[int, int, int], conv:
     if not (snapshot or transient or last):
         return
     slot = table[j]
-    store.recurrent[layer][slot], store.conv[layer][slot] = rec, conv
+    store.recurrent[layer][slot], store.conv[layer][slot] = rec, conv.copy()  # not a view of the chunk
     if snapshot or transient:
         store.snapshots.add(slot)
         if transient:

@@ -101,16 +101,17 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             out = out + bias.raw
         return Tensor(out)
 
-    def delta_rule(self, q, k, v, decay, beta, state, rows):
+    def delta_rule(self, q, k, v, decay, beta, state, rows, inplace=False):
         """recurrent.cpp: per head, column by column in one fixed order (threads split heads),
         where dv is a multiple of 8; else the numpy default."""
         if v.shape[-1] % 8:
-            return super().delta_rule(q, k, v, decay, beta, state, rows)
+            return super().delta_rule(q, k, v, decay, beta, state, rows, inplace)
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a, np.float32))  # noqa: E731
         last = v.shape[0] - 1
         wanted = [r for r in rows if r != last]
+        inplace = inplace and state.flags.c_contiguous and state.flags.writeable and state.dtype == np.float32
         out, final, kept = self._kernels.gated_delta_rule(
-            t(q), t(k), t(v), t(decay), t(beta), t(state), torch.tensor(wanted, dtype=torch.int64)
+            t(q), t(k), t(v), t(decay), t(beta), t(state), torch.tensor(wanted, dtype=torch.int64), inplace
         )
         states = [kept[i].numpy() for i in range(len(wanted))]
         if rows and rows[-1] == last:

@@ -87,11 +87,12 @@ void one_row(const Rows& r, int64_t t, int64_t h, float* s, float* out) {
 }  // namespace
 
 // -> (o [n, H, dv], the state after the last row [H, dk, dv], the states after rows `save`
-// [len(save), H, dk, dv]); `state` [H, dk, dv], the state before row 0, is not written.
+// [len(save), H, dk, dv]); `state` [H, dk, dv] is the state before row 0: with `inplace` it
+// becomes the state after the last row (and is that result), else it is not written.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_delta_rule(const at::Tensor& q, const at::Tensor& k,
                                                                 const at::Tensor& v, const at::Tensor& decay,
                                                                 const at::Tensor& beta, const at::Tensor& state,
-                                                                const at::Tensor& save) {
+                                                                const at::Tensor& save, bool inplace) {
     fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(q, "q", 3);
     check_f32(k, "k", 3);
@@ -116,7 +117,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_delta_rule(const at::Tensor
         TORCH_CHECK(rows[i] >= 0 && rows[i] < n && (i == 0 || rows[i] > rows[i - 1]), "save[", i, "]=", rows[i],
                     " must ascend within [0, ", n, ")");
     auto out = at::empty({n, heads, dv}, q.options());
-    auto final_state = state.clone();
+    auto final_state = inplace ? state : state.clone();
     auto saved = at::empty({num_save, heads, dk, dv}, q.options());
     if (n == 0) return {out, final_state, saved};
     const Rows r{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), decay.data_ptr<float>(),
@@ -144,7 +145,7 @@ void bind_recurrent(pybind11::module_& m) {
     m.def("gated_delta_rule", &gated_delta_rule, py::call_guard<py::gil_scoped_release>(),
           "gated delta rule over one sequence's rows -> (o [n,H,dv], state after the last row, states after rows save)",
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"), py::arg("state"),
-          py::arg("save"));
+          py::arg("save"), py::arg("inplace") = false);
 }
 
 }  // namespace ops

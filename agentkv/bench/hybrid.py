@@ -1,0 +1,101 @@
+"""`agentkv bench hybrid`: a synthetic GGUF with Qwen3.5-0.8B's text shapes (bench/hybrid_model.py:
+18 gated DeltaNet and 6 gated attention layers, Q4_K/Q6_K, random weights, ~0.5 GiB, written once
+into the cache folder) on agentkv and on llama.cpp's own `llama-server`, same file, THREADS
+threads each (bench/synthetic_arms.py): a 512-token prefill, single-stream decode, decode after
+an 8K-token prompt, and an agent's second turn on an 8K transcript (turn 1 answered, turn 2 adds
+the reply and a tool result: its time to first token, each engine keeping turn 1's state). Target
+>= 1.5x llama.cpp on prefill and decode and >= 10x on the second turn's TTFT; below 1.0x the
+issue is not done. The machine is shared: figures are ratios within one run, with the load
+average before and after."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from agentkv.bench import peers
+from agentkv.bench.common import log, table
+from agentkv.bench.hybrid_model import Qwen35Shape, synthetic_qwen35
+from agentkv.bench.isolate import failed, why
+from agentkv.bench.quant import SPEED_TARGET
+from agentkv.bench.synthetic_arms import (
+    TURN2,
+    add_arm_arguments,
+    arm_ratio_lines,
+    measured_payload,
+    model_line,
+    publish,
+)
+
+SPEEDS = ("prefill_tok_s", "decode_tok_s", "long_decode_tok_s")
+TTFT_TARGET = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = Qwen35Shape()
+    for name in ("layers", "d", "ffn", "heads", "kv_heads", "linear_k_heads", "linear_v_heads", "vocab"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--decode-len", type=int, default=128)
+    parser.add_argument("--long-len", type=int, default=8192, help="prompt tokens before the long decode (0: none)")
+    parser.add_argument("--no-turn2", dest="turn2", action="store_false", help="skip the second-turn TTFT")
+    add_arm_arguments(parser, rounds=1)
+    parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
+    parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
+    parser.add_argument("--arm-timeout", type=float, default=3600.0, metavar="S")
+    parser.add_argument("--out", default="bench/results/hybrid")
+
+
+def run(args: argparse.Namespace) -> int:
+    keys = ("layers", "d", "ffn", "heads", "kv_heads", "linear_k_heads", "linear_v_heads", "vocab")
+    shape = Qwen35Shape(**{k: getattr(args, k) for k in keys})
+    log(f"synthetic Qwen3.5 {shape.tag} (Q4_K/Q6_K) ...")
+    path = synthetic_qwen35(shape, folder=args.cache_dir)
+    payload = measured_payload("hybrid", shape, path, args, SPEEDS)
+    results = payload["results"]
+    ours, theirs = results.get("agentkv", {}), results.get("llama-server", {})
+    if not failed(ours) and not failed(theirs) and ours.get("turn2_ttft_s") and theirs.get("turn2_ttft_s"):
+        payload["ratios"]["turn2_ttft_speedup"] = theirs["turn2_ttft_s"] / ours["turn2_ttft_s"]
+    payload["targets"]["turn2_ttft_speedup"] = TTFT_TARGET
+    publish(
+        payload,
+        markdown(payload),
+        f"synthetic Qwen3.5-0.8B shapes (gated DeltaNet hybrid), {peers.THREADS} threads",
+        SPEEDS,
+        Path(args.out),
+    )
+    return 0
+
+
+def markdown(payload: dict) -> list[str]:
+    lines = [model_line(payload, "Qwen3.5-0.8B"), ""]
+    rows = []
+    for arm, r in payload["results"].items():
+        if failed(r):
+            rows.append([arm, *["—"] * 8, why(r)])
+            continue
+        rss = r["rss_mib"] / payload["file_mib"]
+        speeds = [r.get(k, float("nan")) for k in ("prefill_tok_s", "decode_tok_s", "long_prefill_tok_s")]
+        turn2 = r.get("turn2_ttft_s", float("nan"))
+        cached = r.get("turn2_cached_tokens")
+        rows.append([arm, r["load_s"], rss, *speeds, r.get("long_decode_tok_s", float("nan")), turn2])
+        rows[-1] += ["—" if cached is None else f"{cached:,} of {r['turn2_prompt_tokens']:,}", r["kernels"]]
+    head = ["engine", "load s", "RSS / file", "prefill tok/s", "decode tok/s", "long prefill tok/s"]
+    head += ["long decode tok/s", "turn-2 TTFT s", "turn-2 tokens reused", "kernels"]
+    lines += table(head, rows)
+    lines += [
+        "",
+        f"The long decode follows a prompt of --long-len tokens. Turn 2 sends turn 1's transcript (--long-len "
+        f"tokens), its {TURN2['reply']}-token reply as sampled and a {TURN2['tool_result']}-token tool result; its "
+        "TTFT is agentkv's in-process time to the first token and llama-server's own prompt time, and the tokens "
+        "reused are agentkv's cached_tokens (a hit resumes from the deepest recurrent-state snapshot) and "
+        "llama-server's cache_n (its slot's state).",
+    ]
+    vs = payload["ratios"]["vs_llama_server"]
+    if vs:
+        ratio = ", ".join(f"{k.replace('_tok_s', '')} ×{v:.2f}" for k, v in vs.items())
+        lines += ["", f"- agentkv ÷ llama-server: {ratio} (target {SPEED_TARGET}×: {payload['speed_verdict']})"]
+    speedup = payload["ratios"].get("turn2_ttft_speedup")
+    if speedup:
+        lines.append(f"- second-turn TTFT: llama-server's ÷ agentkv's = ×{speedup:.2f} (target {TTFT_TARGET:g}×)")
+    return lines + arm_ratio_lines(payload, SPEEDS)
