@@ -34,7 +34,7 @@ class BlockPool:
         self._free: list[int] = list(range(num_blocks))  # already a valid heap
         self.num_cached_only = 0  # used blocks whose every reference is the cache's
         # Called with each block that goes back to the free list (a hybrid's state slot goes
-        # with it: hal/recurrent.py StateStore.release).
+        # with it: hal/state_store.py StateStore.release).
         self.on_free: Callable[[BlockId], None] | None = None
 
     @property

@@ -1,7 +1,7 @@
 """Where a hit can resume when the model carries recurrent state: at a state snapshot.
 
 A hybrid model's recurrent layers keep one fixed-size state per sequence; the backend keeps
-the state at some KV blocks' ends in a slot of that block (`hal/recurrent.py`: every k-th
+the state at some KV blocks' ends in a slot of that block (`hal/state_store.py`: every k-th
 block and where a prefill chunk stopped), so the radix node that lists a full block holds its
 snapshot, and locks and evicts it with the block. A token-exact hit is usable only up to the
 deepest snapshot at or before its end:

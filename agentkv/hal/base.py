@@ -376,6 +376,21 @@ class Backend(ABC):
 
         return delta_rule_reference(q, k, v, decay, beta, state, rows)
 
+    def delta_net_inputs(self, window: np.ndarray, conv_w: np.ndarray, spec: Any) -> tuple[np.ndarray, ...]:
+        """A gated DeltaNet layer's delta-rule inputs from its q|k|v rows (hal/recurrent.py
+        `delta_net_inputs_reference`, the default): host arrays, `window` `[K - 1 + n, C]`,
+        `conv_w` `[C, K]`, `spec` a DeltaNetSpec -> (q, k `[n, Hv, dk]`, v `[n, Hv, dv]`)."""
+        from agentkv.hal.recurrent import delta_net_inputs_reference
+
+        return delta_net_inputs_reference(window, conv_w, spec)
+
+    def gated_rms_norm(self, out: np.ndarray, z: np.ndarray, norm: np.ndarray, eps: float) -> np.ndarray:
+        """The gated RMSNorm after the delta rule (hal/recurrent.py `gated_rms_norm_reference`,
+        the default), host arrays: out `[n, H, dv]`, z `[n, H * dv]` -> `[n, H * dv]`."""
+        from agentkv.hal.recurrent import gated_rms_norm_reference
+
+        return gated_rms_norm_reference(out, z, norm, eps)
+
     @abstractmethod
     def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens: tuple[int, ...], scale: float) -> Tensor:
         """Bidirectional attention within each sequence (encoders), no cache.

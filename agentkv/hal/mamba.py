@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentkv.hal.base import AttnMeta, Backend, Tensor
-from agentkv.hal.recurrent import StateStore, keep_state, resume_state
+from agentkv.hal.state_store import StateStore, keep_state, resume_state
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from agentkv.hal.blocks import (
     project,
 )
 from agentkv.hal.mamba import Mamba2Spec, Mamba2Weights, mamba2
-from agentkv.hal.recurrent import StateStore
+from agentkv.hal.state_store import StateStore
 from agentkv.models.base import LoadOptions, Model, attention_weights
 from agentkv.models.config import SourceKeys
 from agentkv.models.hybrid_memory import HybridMemory, snapshot_summary

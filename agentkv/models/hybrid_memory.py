@@ -7,7 +7,7 @@ families (models/qwen3next.py, granite_hybrid.py), whose `config` has `recurrent
 from __future__ import annotations
 
 from agentkv.hal.base import KVSpec
-from agentkv.hal.recurrent import StateStore
+from agentkv.hal.state_store import StateStore
 
 # The snapshot spacing when `snapshot_every` is not given: the fewest blocks between snapshots
 # that keep their memory under AUTO_BYTES_PER_TOKEN a token, at most AUTO_MAX_EVERY blocks.

@@ -22,7 +22,8 @@ import numpy as np
 from agentkv.formats.source import HParams, ModelSource
 from agentkv.hal.base import AttnMeta, RopeSpec, RopeStyle, Tensor, Weight
 from agentkv.hal.blocks import AttentionSpec, DenseFFN, DenseFFNSpec, MoEFFN, MoEFFNSpec, Projection, SharedExpert
-from agentkv.hal.recurrent import DeltaNetSpec, DeltaNetWeights, StateStore, delta_net, gate_heads, sigmoid_gate
+from agentkv.hal.recurrent import DeltaNetSpec, DeltaNetWeights, delta_net, gate_heads, sigmoid_gate
+from agentkv.hal.state_store import StateStore
 from agentkv.models.base import LoadOptions, Model
 from agentkv.models.config import SourceKeys
 from agentkv.models.hybrid_memory import HybridMemory, snapshot_summary

@@ -61,7 +61,7 @@ class CacheConfig:
     # response says so), so pins can never hold the blocks a request needs to run.
     max_pinned_blocks: int | None = None
     max_pinned_blocks_per_tenant: int | None = None
-    # A hybrid model's recurrent-state snapshots (hal/recurrent.py): kept at every k-th block
+    # A hybrid model's recurrent-state snapshots (hal/state_store.py): kept at every k-th block
     # end (and where a prefill chunk stops); a hit resumes from the deepest one. None: the
     # fewest blocks that keep them under 64 KiB a token (models/hybrid_memory.py).
     snapshot_every: int | None = None

@@ -15,7 +15,7 @@ BlockIO = tuple[Callable[[int], bytes], Callable[[int, bytes], None]]
 
 
 def snapshot_every(model: Any, block_size: int, every: int | None) -> int:
-    """Blocks between a hybrid's state snapshots (`hal/recurrent.py`): `every` when given,
+    """Blocks between a hybrid's state snapshots (`hal/state_store.py`): `every` when given,
     else `models/hybrid_memory.py`'s auto_snapshot_every; 1 for a model without recurrent state."""
     if every is not None or not model.state_bytes:
         return every or 1

@@ -107,7 +107,7 @@ class ModelRunner:
 
     def settle(self, chunks: Sequence[Chunk], num_computed: Sequence[int]) -> None:
         """After a step's verification: each chunk's sequence holds `num_computed` tokens of KV;
-        a hybrid's recurrent state is put back to the last accepted token (hal/recurrent.py)."""
+        a hybrid's recurrent state is put back to the last accepted token (hal/state_store.py)."""
         if self.states is not None:
             self.states.settle(chunks, num_computed)
 

@@ -103,3 +103,31 @@ def test_bad_shapes_are_refused(cpu):
         kernels.gated_delta_rule(t(q), t(k), t(v), t(decay), t(beta), t(state[:2]), torch.tensor([], dtype=torch.int64))
     with pytest.raises(RuntimeError, match=r"save\[0\]=3 must ascend"):
         kernels.gated_delta_rule(t(q), t(k), t(v), t(decay), t(beta), t(state), torch.tensor([3]))
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_layer_inputs_and_gated_norm_match_numpy(cpu, tiled):
+    """The conv + silu + L2 norms before the rule and the gated RMSNorm after it, compiled,
+    against the numpy defaults (other sums and exp: close, not equal), rows invariant to
+    how many come in one call."""
+    from agentkv.hal.recurrent import DeltaNetSpec, delta_net_inputs_reference, gated_rms_norm_reference
+
+    spec = DeltaNetSpec(2, 4, 16, 24, 4, 1e-6, tiled=tiled)
+    rng = np.random.default_rng(7)
+    window = rng.standard_normal((3 + 9, spec.conv_dim)).astype(np.float32)
+    conv_w = (rng.standard_normal((spec.conv_dim, 4)) * 0.5).astype(np.float32)
+    got, want = cpu.delta_net_inputs(window, conv_w, spec), delta_net_inputs_reference(window, conv_w, spec)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and np.allclose(g, w, rtol=2e-6, atol=2e-7)
+    tail = cpu.delta_net_inputs(window[5:], conv_w, spec)  # rows 5.. alone: the same bits
+    assert all(np.array_equal(a[5:], b) for a, b in zip(got, tail))
+    out = rng.standard_normal((9, 4, 24)).astype(np.float32)
+    z = rng.standard_normal((9, 96)).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, 24).astype(np.float32)
+    y = cpu.gated_rms_norm(out, z, norm, 1e-6)
+    assert np.allclose(y, gated_rms_norm_reference(out, z, norm, 1e-6), rtol=2e-6, atol=2e-7)
+    assert np.array_equal(cpu.gated_rms_norm(out[3:], z[3:], norm, 1e-6), y[3:])
+    with pytest.raises(RuntimeError, match="channels"):
+        cpu._kernels.delta_net_inputs(
+            torch.from_numpy(window[:, 8:].copy()), torch.from_numpy(conv_w.T.copy()), 2, 16, 4, 24, tiled
+        )  # noqa: SLF001

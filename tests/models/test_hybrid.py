@@ -12,7 +12,8 @@ import torch
 
 from agentkv.commands.inspect import summarize
 from agentkv.formats.resolve import open_model
-from agentkv.hal.recurrent import DeltaNetSpec, StateStore
+from agentkv.hal.recurrent import DeltaNetSpec
+from agentkv.hal.state_store import StateStore
 from tests.models.helpers import assert_logits_match, hf_logits, our_logits, prompt
 
 # Tiny shapes: 3 DeltaNet layers and one full-attention layer (the 4th), 2 key / 4 value heads.

@@ -44,6 +44,7 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         self._rope_full: dict[RopeSpec, tuple] = {}  # spec -> (num_pos, cos, sin) whole tables
         self._lora_lists: dict[int, tuple] = {}  # id(pieces) -> (pieces, lora_add's argument lists)
         self._lora_rows: tuple = (None, None)  # (row_slots, its int32 tensor) of the last call
+        self._conv_taps: dict[int, tuple] = {}  # id(conv weight) -> (it, its taps [K, C]) for delta_net_inputs
 
     @property
     def capabilities(self) -> Capabilities:
@@ -117,6 +118,32 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         if rows and rows[-1] == last:
             states.append(final.numpy())
         return out.numpy(), states
+
+    def delta_net_inputs(self, window, conv_w, spec):
+        """recurrent.cpp, row by row in one fixed order; the numpy default where a head's dims
+        are not multiples of 8."""
+        if spec.head_k_dim % 8 or spec.head_v_dim % 8:
+            return super().delta_net_inputs(window, conv_w, spec)
+        taps = self._conv_taps.get(id(conv_w))
+        if taps is None or taps[0] is not conv_w:
+            taps = self._conv_taps[id(conv_w)] = (conv_w, torch.from_numpy(np.ascontiguousarray(conv_w.T, np.float32)))
+        q, k, v = self._kernels.delta_net_inputs(
+            torch.from_numpy(np.ascontiguousarray(window, np.float32)),
+            taps[1],
+            spec.num_k_heads,
+            spec.head_k_dim,
+            spec.num_v_heads,
+            spec.head_v_dim,
+            spec.tiled,
+        )
+        return q.numpy(), k.numpy(), v.numpy()
+
+    def gated_rms_norm(self, out, z, norm, eps):
+        """recurrent.cpp; the numpy default where dv is not a multiple of 8."""
+        if out.shape[-1] % 8:
+            return super().gated_rms_norm(out, z, norm, eps)
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a, np.float32))  # noqa: E731
+        return self._kernels.gated_rms_norm(t(out), t(z), t(norm), eps).numpy()
 
     def head_matmuls(self, xs: list[Tensor], ws) -> list[Tensor] | None:
         """`xs[i] @ ws[i]` in one kernel call (grouped.cpp), each with one matmul's bits; None

@@ -18,12 +18,15 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <tuple>
+#include <vector>
 
 #include "ops.h"
 #include "pool.h"
 #include "qmatmul.h"
+#include "simd.h"
 
 namespace agentkv {
 namespace ops {
@@ -140,12 +143,125 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_delta_rule(const at::Tensor
     return {out, final_state, saved};
 }
 
+namespace {
+
+// sum(x^2) over n (a multiple of 8) floats: 8 lanes in order, then hsum8.
+inline float sum_squares(const float* x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+    }
+    return hsum8(acc);
+}
+
+// silu(x) = x / (1 + exp(-x)), 8 lanes.
+inline __m256 silu8(__m256 x) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+}  // namespace
+
+// A gated DeltaNet layer's inputs to the delta rule, row by row in one fixed order: the causal
+// depthwise conv over q|k|v (window [K - 1 + n, C]: the conv state, then the rows; taps
+// [K, C]; per channel x0 w0 + x1 w1 + ... in tap order, a multiply and an add each), silu,
+// then per key head q and k divided by sqrt(sum of squares + 1e-6) (and q times 1/sqrt(dk)),
+// repeated to the value heads (value head j reads key head j % num_k when `tiled`, else
+// j / (num_v / num_k)). -> (q [n, num_v, dk], k [n, num_v, dk], v [n, num_v, dv]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> delta_net_inputs(const at::Tensor& window, const at::Tensor& taps,
+                                                                int64_t num_k, int64_t dk, int64_t num_v,
+                                                                int64_t dv, bool tiled) {
+    fix_isa();
+    check_f32(window, "window", 2);
+    check_f32(taps, "taps", 2);
+    const int64_t kernel = taps.size(0), channels = taps.size(1), n = window.size(0) - (kernel - 1);
+    TORCH_CHECK(window.size(1) == channels, "window has ", window.size(1), " channels, taps ", channels);
+    TORCH_CHECK(n >= 0, "window has ", window.size(0), " rows, fewer than the conv state's ", kernel - 1);
+    TORCH_CHECK(num_k > 0 && num_v % num_k == 0 && dk % 8 == 0 && dv % 8 == 0, "num_v=", num_v,
+                " must be a multiple of num_k=", num_k, ", dk=", dk, " and dv=", dv, " multiples of 8");
+    TORCH_CHECK(channels == 2 * num_k * dk + num_v * dv, "taps have ", channels, " channels, expected 2 * ", num_k,
+                " * ", dk, " + ", num_v, " * ", dv);
+    auto q = at::empty({n, num_v, dk}, window.options());
+    auto k = at::empty({n, num_v, dk}, window.options());
+    auto v = at::empty({n, num_v, dv}, window.options());
+    if (n == 0) return {q, k, v};
+    const float *win = window.data_ptr<float>(), *w = taps.data_ptr<float>();
+    float *qo = q.data_ptr<float>(), *ko = k.data_ptr<float>(), *vo = v.data_ptr<float>();
+    const int64_t kd = num_k * dk, per = num_v / num_k;
+    const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    parallel_chunks(n, 1, [&](int64_t t0, int64_t t1) {
+        std::vector<float> conv(channels);
+        for (int64_t t = t0; t < t1; ++t) {
+            for (int64_t c = 0; c < channels; c += 8) {
+                __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(win + t * channels + c), _mm256_loadu_ps(w + c));
+                for (int64_t tap = 1; tap < kernel; ++tap) {
+                    const __m256 x = _mm256_loadu_ps(win + (t + tap) * channels + c);
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_loadu_ps(w + tap * channels + c)));
+                }
+                _mm256_storeu_ps(conv.data() + c, silu8(acc));
+            }
+            for (int64_t part = 0; part < 2; ++part) {  // q, then k
+                float* dst = (part == 0 ? qo : ko) + t * num_v * dk;
+                for (int64_t hk = 0; hk < num_k; ++hk) {
+                    const float* x = conv.data() + part * kd + hk * dk;
+                    const float inv = 1.0f / std::sqrt(sum_squares(x, dk) + 1e-6f);
+                    const __m256 scale = _mm256_set1_ps(part == 0 ? inv * q_scale : inv);
+                    for (int64_t j = 0; j < num_v; ++j) {
+                        if ((tiled ? j % num_k : j / per) != hk) continue;
+                        for (int64_t i = 0; i < dk; i += 8)
+                            _mm256_storeu_ps(dst + j * dk + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), scale));
+                    }
+                }
+            }
+            std::memcpy(vo + t * num_v * dv, conv.data() + 2 * kd, sizeof(float) * num_v * dv);
+        }
+    }, 1);
+    return {q, k, v};
+}
+
+// The gated RMSNorm after the delta rule: per row and value head,
+// y = (o / sqrt(mean(o^2) + eps)) * w * (z / (1 + exp(-z))). o [n, H, dv], z [n, H * dv].
+at::Tensor gated_rms_norm(const at::Tensor& o, const at::Tensor& z, const at::Tensor& w, double eps) {
+    fix_isa();
+    check_f32(o, "o", 3);
+    check_f32(z, "z", 2);
+    check_f32(w, "weight", 1);
+    const int64_t n = o.size(0), heads = o.size(1), dv = o.size(2);
+    TORCH_CHECK(z.size(0) == n && z.size(1) == heads * dv, "z has shape ", z.sizes(), ", expected [", n, ", ",
+                heads * dv, "]");
+    TORCH_CHECK(w.size(0) == dv && dv % 8 == 0, "weight has ", w.size(0), " entries, expected dv=", dv,
+                " (a multiple of 8)");
+    auto y = at::empty({n, heads * dv}, o.options());
+    const float *op = o.data_ptr<float>(), *zp = z.data_ptr<float>(), *wp = w.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const float e = static_cast<float>(eps);
+    parallel_chunks(n * heads, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const float* x = op + r * dv;
+            const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(sum_squares(x, dv) / static_cast<float>(dv) + e));
+            for (int64_t i = 0; i < dv; i += 8) {
+                const __m256 zz = _mm256_loadu_ps(zp + r * dv + i);
+                const __m256 normed = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv), _mm256_loadu_ps(wp + i));
+                _mm256_storeu_ps(yp + r * dv + i, _mm256_mul_ps(normed, silu8(zz)));
+            }
+        }
+    }, 1);
+    return y;
+}
+
 void bind_recurrent(pybind11::module_& m) {
     namespace py = pybind11;
     m.def("gated_delta_rule", &gated_delta_rule, py::call_guard<py::gil_scoped_release>(),
           "gated delta rule over one sequence's rows -> (o [n,H,dv], state after the last row, states after rows save)",
           py::arg("q"), py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"), py::arg("state"),
           py::arg("save"), py::arg("inplace") = false);
+    m.def("delta_net_inputs", &delta_net_inputs, py::call_guard<py::gil_scoped_release>(),
+          "conv + silu + per-head L2 norms of q|k|v rows -> (q [n,Hv,dk], k [n,Hv,dk], v [n,Hv,dv])", py::arg("window"),
+          py::arg("taps"), py::arg("num_k"), py::arg("dk"), py::arg("num_v"), py::arg("dv"), py::arg("tiled"));
+    m.def("gated_rms_norm", &gated_rms_norm, py::call_guard<py::gil_scoped_release>(),
+          "rms_norm(o) per head * weight * silu(z) -> [n, H*dv]", py::arg("o"), py::arg("z"), py::arg("weight"),
+          py::arg("eps"));
 }
 
 }  // namespace ops
