@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from agentkv.bench.common import cache_dir, write_once
-from agentkv.bench.moe_model import write_tensor_data, write_vocab
+from agentkv.bench.mla_model import random_tensor
+from agentkv.bench.moe_model import write_dense_hparams, write_tensor_data, write_vocab
 
 # qtype -> (weights per block, bytes per block, byte offsets of the f16 scales to set)
 BLOCKS = {"Q4_K": (256, 144, (0, 2)), "Q6_K": (256, 210, (208,))}
@@ -107,17 +108,7 @@ def _data(dims: tuple[int, ...], kind: str, rng: np.random.Generator) -> np.ndar
     f32 gains near 1 and matrices near 0.02, or the decay -exp(A_log) in [-8, -0.5]."""
     if kind == "a_log":
         return -rng.uniform(0.5, 8.0, dims).astype(np.float32)
-    if kind == "f32":
-        if len(dims) == 1:
-            return np.float32(1.0) + rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)
-        return rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)
-    qk, nbytes, scale_at = BLOCKS[kind]
-    rows = int(np.prod(dims[:-1]))
-    blocks = rng.integers(0, 256, (rows * dims[-1] // qk, nbytes), dtype=np.uint8)
-    scales = rng.uniform(2e-6, 2e-5, (blocks.shape[0], len(scale_at))).astype(np.float16).view(np.uint8)
-    for j, at in enumerate(scale_at):
-        blocks[:, at : at + 2] = scales[:, 2 * j : 2 * j + 2]
-    return blocks.reshape(*dims[:-1], dims[-1] // qk * nbytes)
+    return random_tensor(dims, kind, rng, BLOCKS, (2e-6, 2e-5))
 
 
 def _write(path: Path, shape: Qwen35Shape, seed: int) -> None:
@@ -126,6 +117,13 @@ def _write(path: Path, shape: Qwen35Shape, seed: int) -> None:
     writer = gguf.GGUFWriter(str(path), "qwen35")
     _metadata(writer, shape)
     entries = list(_tensors(shape))
+    _add_infos(writer, entries)
+    write_tensor_data(writer, path, entries, _data, seed, "post_attention_norm.weight")
+
+
+def _add_infos(writer, entries: list) -> None:
+    import gguf
+
     for name, dims, kind in entries:
         if kind in ("f32", "a_log"):
             writer.add_tensor_info(name, dims, np.dtype(np.float32), int(np.prod(dims)) * 4)
@@ -134,7 +132,6 @@ def _write(path: Path, shape: Qwen35Shape, seed: int) -> None:
             byte_dims = (*dims[:-1], dims[-1] // qk * nbytes)
             qtype = gguf.GGMLQuantizationType(QTYPE_IDS[kind])
             writer.add_tensor_info(name, byte_dims, np.dtype(np.uint8), int(np.prod(byte_dims)), qtype)
-    write_tensor_data(writer, path, entries, _data, seed, "post_attention_norm.weight")
 
 
 def _metadata(writer, s: Qwen35Shape) -> None:
@@ -162,3 +159,61 @@ def _metadata(writer, s: Qwen35Shape) -> None:
     writer.add_vocab_size(s.vocab)
     write_vocab(writer, s.vocab)
     writer.add_file_type(15)  # MOSTLY_Q4_K_M (informational: every tensor carries its own type)
+
+
+@dataclass(frozen=True)
+class Qwen3Shape:
+    """Qwen3-0.6B's shapes by default: the dense model of a size like Qwen3.5-0.8B's that the
+    agent replay runs next to the hybrid (28 layers, width 1024, 16 query / 8 KV heads of 128
+    with q/k norms, FFN 3072, vocab 151936, the head tied to the embedding)."""
+
+    layers: int = 28
+    d: int = 1024
+    ffn: int = 3072
+    heads: int = 16
+    kv_heads: int = 8
+    head_dim: int = 128
+    vocab: int = 151936
+    context: int = 40960
+
+    @property
+    def tag(self) -> str:
+        return f"L{self.layers}-d{self.d}-f{self.ffn}-h{self.heads}x{self.kv_heads}"
+
+
+def synthetic_qwen3(shape: Qwen3Shape, seed: int = 0, folder: Path | None = None) -> Path:
+    """The path of the synthetic dense GGUF of `shape` (types and scales as `synthetic_qwen35`)."""
+    folder = Path(folder) if folder is not None else cache_dir()
+    path = folder / f"qwen3-synthetic-{shape.tag}-v{shape.vocab}-s{seed}.gguf"
+    return write_once(path, lambda partial: _write_dense(partial, shape, seed))
+
+
+def _dense_tensors(s: Qwen3Shape):
+    yield "token_embd.weight", (s.vocab, s.d), "Q6_K"
+    for i in range(s.layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (s.d,), "f32"
+        yield b + "attn_q.weight", (s.heads * s.head_dim, s.d), "Q4_K"
+        yield b + "attn_k.weight", (s.kv_heads * s.head_dim, s.d), "Q4_K"
+        yield b + "attn_v.weight", (s.kv_heads * s.head_dim, s.d), "Q6_K"
+        yield b + "attn_output.weight", (s.d, s.heads * s.head_dim), "Q4_K"
+        yield b + "attn_q_norm.weight", (s.head_dim,), "f32"
+        yield b + "attn_k_norm.weight", (s.head_dim,), "f32"
+        yield b + "ffn_norm.weight", (s.d,), "f32"
+        yield b + "ffn_gate.weight", (s.ffn, s.d), "Q4_K"
+        yield b + "ffn_up.weight", (s.ffn, s.d), "Q4_K"
+        yield b + "ffn_down.weight", (s.d, s.ffn), "Q6_K"
+    yield "output_norm.weight", (s.d,), "f32"
+
+
+def _write_dense(path: Path, shape: Qwen3Shape, seed: int) -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_name("qwen3-0.6b-synthetic")
+    write_dense_hparams(writer, shape, 1_000_000.0)
+    write_vocab(writer, shape.vocab)
+    writer.add_file_type(15)
+    entries = list(_dense_tensors(shape))
+    _add_infos(writer, entries)
+    write_tensor_data(writer, path, entries, _data, seed, "ffn_down.weight")

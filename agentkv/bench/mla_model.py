@@ -94,20 +94,23 @@ def _tensors(s: V2LiteShape):
     yield "output.weight", (s.vocab, s.d), "Q8_0"
 
 
-def _data(dims: tuple[int, ...], kind: str, rng: np.random.Generator) -> np.ndarray:
-    """Random blocks of `kind` whose f16 scales are small (weights up to ~0.05), or f32
-    vectors and routers near their usual size."""
+def random_tensor(
+    dims: tuple[int, ...], kind: str, rng: np.random.Generator, blocks: dict = BLOCKS, scales=(2e-4, 2e-3)
+) -> np.ndarray:
+    """Random blocks of `kind` (`blocks`: qtype -> weights and bytes per block, the byte
+    offsets of its f16 scales) whose scales are drawn from `scales`, or f32 vectors near 1 and
+    matrices (routers) near 0.02."""
     if kind == "f32":
         if len(dims) == 1:
             return np.float32(1.0) + rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)
         return rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)
-    qk, nbytes, scale_at = BLOCKS[kind]
+    qk, nbytes, scale_at = blocks[kind]
     rows = int(np.prod(dims[:-1]))
-    blocks = rng.integers(0, 256, (rows * dims[-1] // qk, nbytes), dtype=np.uint8)
-    scales = rng.uniform(2e-4, 2e-3, (blocks.shape[0], len(scale_at))).astype(np.float16).view(np.uint8)
+    data = rng.integers(0, 256, (rows * dims[-1] // qk, nbytes), dtype=np.uint8)
+    drawn = rng.uniform(*scales, (data.shape[0], len(scale_at))).astype(np.float16).view(np.uint8)
     for j, at in enumerate(scale_at):
-        blocks[:, at : at + 2] = scales[:, 2 * j : 2 * j + 2]
-    return blocks.reshape(*dims[:-1], dims[-1] // qk * nbytes)
+        data[:, at : at + 2] = drawn[:, 2 * j : 2 * j + 2]
+    return data.reshape(*dims[:-1], dims[-1] // qk * nbytes)
 
 
 def _write(path: Path, shape: V2LiteShape, seed: int) -> None:
@@ -124,7 +127,7 @@ def _write(path: Path, shape: V2LiteShape, seed: int) -> None:
             byte_dims = (*dims[:-1], dims[-1] // qk * nbytes)
             qtype = gguf.GGMLQuantizationType(QTYPE_IDS[kind])
             writer.add_tensor_info(name, byte_dims, np.dtype(np.uint8), int(np.prod(byte_dims)), qtype)
-    write_tensor_data(writer, path, entries, _data, seed, "attn_q.weight")
+    write_tensor_data(writer, path, entries, random_tensor, seed, "attn_q.weight")
 
 
 def _metadata(writer, s: V2LiteShape) -> None:

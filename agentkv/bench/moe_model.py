@@ -155,6 +155,22 @@ def write_vocab(writer, size: int) -> None:
     writer.add_add_bos_token(False)
 
 
+def write_dense_hparams(writer, shape, rope_base: float) -> None:
+    """The hyperparameters of a llama-style decoder of `shape` (context, d, layers, ffn, heads,
+    kv_heads, head_dim, vocab), with an RMSNorm epsilon of 1e-6."""
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.d)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_rope_freq_base(rope_base)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(shape.vocab)
+
+
 def write_tensor_data(writer, path: Path, entries: list, data, seed: int, layer_end: str) -> None:
     """After the header, kv and tensor infos: each entry's `data(dims, kind, rng)` in order
     from one seeded generator, logging progress when a tensor named `*layer_end` is done."""

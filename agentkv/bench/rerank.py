@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from agentkv.bench.common import bar_plot, cache_dir, envelope, log, print_paths, table, write_outputs
+from agentkv.bench.moe_model import write_dense_hparams
 from agentkv.bench.rerank_gguf import JUDGE_IDS, suffix_ids, text_id_range, write_rank_metadata
 from agentkv.bench.rerank_llamacpp import llamacpp_arm
 from agentkv.runtime.rerank import judge_score
@@ -115,17 +116,7 @@ def _tensors(shape: RerankerShape):
 
 def _metadata(writer, shape: RerankerShape) -> None:
     writer.add_name("qwen3-reranker-synthetic")
-    writer.add_context_length(shape.context)
-    writer.add_embedding_length(shape.d)
-    writer.add_block_count(shape.layers)
-    writer.add_feed_forward_length(shape.ffn)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_key_length(shape.head_dim)
-    writer.add_value_length(shape.head_dim)
-    writer.add_rope_freq_base(1000000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_vocab_size(shape.vocab)
+    write_dense_hparams(writer, shape, 1000000.0)
     write_rank_metadata(writer, shape.vocab, SUFFIX_LEN)
     writer.add_file_type(7)  # MOSTLY_Q8_0
 
