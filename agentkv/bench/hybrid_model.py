@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from agentkv.bench.common import cache_dir, write_once
-from agentkv.bench.mla_model import random_tensor
+from agentkv.bench.mla_model import add_tensor_infos, random_tensor
 from agentkv.bench.moe_model import write_dense_hparams, write_tensor_data, write_vocab
 
 # qtype -> (weights per block, bytes per block, byte offsets of the f16 scales to set)
@@ -122,16 +122,7 @@ def _write(path: Path, shape: Qwen35Shape, seed: int) -> None:
 
 
 def _add_infos(writer, entries: list) -> None:
-    import gguf
-
-    for name, dims, kind in entries:
-        if kind in ("f32", "a_log"):
-            writer.add_tensor_info(name, dims, np.dtype(np.float32), int(np.prod(dims)) * 4)
-        else:
-            qk, nbytes, _ = BLOCKS[kind]
-            byte_dims = (*dims[:-1], dims[-1] // qk * nbytes)
-            qtype = gguf.GGMLQuantizationType(QTYPE_IDS[kind])
-            writer.add_tensor_info(name, byte_dims, np.dtype(np.uint8), int(np.prod(byte_dims)), qtype)
+    add_tensor_infos(writer, entries, BLOCKS, QTYPE_IDS)  # f32 and a_log: plain f32
 
 
 def _metadata(writer, s: Qwen35Shape) -> None:

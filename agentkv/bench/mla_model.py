@@ -119,15 +119,23 @@ def _write(path: Path, shape: V2LiteShape, seed: int) -> None:
     writer = gguf.GGUFWriter(str(path), "deepseek2")
     _metadata(writer, shape)
     entries = list(_tensors(shape))
+    add_tensor_infos(writer, entries)
+    write_tensor_data(writer, path, entries, random_tensor, seed, "attn_q.weight")
+
+
+def add_tensor_infos(writer, entries: list, blocks: dict = BLOCKS, qtype_ids: dict = QTYPE_IDS) -> None:
+    """Each entry's (name, dims, kind) tensor info: f32 for kinds not in `blocks`, else the
+    qtype's blocks (`qtype_ids`: kind -> GGML type id)."""
+    import gguf
+
     for name, dims, kind in entries:
-        if kind == "f32":
+        if kind not in blocks:
             writer.add_tensor_info(name, dims, np.dtype(np.float32), int(np.prod(dims)) * 4)
         else:
-            qk, nbytes, _ = BLOCKS[kind]
+            qk, nbytes, _ = blocks[kind]
             byte_dims = (*dims[:-1], dims[-1] // qk * nbytes)
-            qtype = gguf.GGMLQuantizationType(QTYPE_IDS[kind])
+            qtype = gguf.GGMLQuantizationType(qtype_ids[kind])
             writer.add_tensor_info(name, byte_dims, np.dtype(np.uint8), int(np.prod(byte_dims)), qtype)
-    write_tensor_data(writer, path, entries, random_tensor, seed, "attn_q.weight")
 
 
 def _metadata(writer, s: V2LiteShape) -> None:
