@@ -19,7 +19,7 @@ from agentkv.bench.common import log, table
 from agentkv.bench.gptoss_model import GptOssShape, synthetic_gptoss
 from agentkv.bench.isolate import failed, why
 from agentkv.bench.quant import SPEED_TARGET
-from agentkv.bench.synthetic_arms import add_arm_arguments, arm_ratio_lines, measured_payload, model_line, publish
+from agentkv.bench.synthetic_arms import add_run_arguments, arm_ratio_lines, measured_payload, model_line, publish
 
 SPEEDS = ("prefill_tok_s", "decode_tok_s")
 
@@ -30,11 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--decode-len", type=int, default=128)
-    add_arm_arguments(parser, rounds=3)
-    parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
-    parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
-    parser.add_argument("--arm-timeout", type=float, default=1800.0, metavar="S")
-    parser.add_argument("--out", default="bench/results/gptoss")
+    add_run_arguments(parser, "bench/results/gptoss", rounds=3, timeout_s=1800.0)
 
 
 def run(args: argparse.Namespace) -> int:

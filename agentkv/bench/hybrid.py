@@ -22,7 +22,7 @@ from agentkv.bench.isolate import failed, why
 from agentkv.bench.quant import SPEED_TARGET
 from agentkv.bench.synthetic_arms import (
     TURN2,
-    add_arm_arguments,
+    add_run_arguments,
     arm_ratio_lines,
     measured_payload,
     model_line,
@@ -46,11 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-replay", dest="replay", action="store_false", help="skip the agent replay")
     for name in ("agents", "turns", "prefix"):
         parser.add_argument(f"--replay-{name}", type=int, default=REPLAY[name], help=f"the replay's {name}")
-    add_arm_arguments(parser, rounds=1)
-    parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
-    parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
-    parser.add_argument("--arm-timeout", type=float, default=3600.0, metavar="S")
-    parser.add_argument("--out", default="bench/results/hybrid")
+    add_run_arguments(parser, "bench/results/hybrid", rounds=1)
 
 
 def run(args: argparse.Namespace) -> int:

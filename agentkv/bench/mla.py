@@ -17,7 +17,7 @@ from agentkv.bench.common import log, table
 from agentkv.bench.isolate import failed, why
 from agentkv.bench.mla_model import V2LiteShape, synthetic_v2lite
 from agentkv.bench.quant import SPEED_TARGET
-from agentkv.bench.synthetic_arms import add_arm_arguments, arm_ratio_lines, measured_payload, model_line, publish
+from agentkv.bench.synthetic_arms import add_run_arguments, arm_ratio_lines, measured_payload, model_line, publish
 
 SPEEDS = ("prefill_tok_s", "decode_tok_s", "long_decode_tok_s")
 
@@ -29,11 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--decode-len", type=int, default=128)
     parser.add_argument("--long-len", type=int, default=8192, help="prompt tokens before the long decode (0: none)")
-    add_arm_arguments(parser, rounds=1)
-    parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
-    parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
-    parser.add_argument("--arm-timeout", type=float, default=3600.0, metavar="S")
-    parser.add_argument("--out", default="bench/results/mla")
+    add_run_arguments(parser, "bench/results/mla", rounds=1)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -204,6 +204,16 @@ def add_arm_arguments(parser, rounds: int) -> None:
     )
 
 
+def add_run_arguments(parser, out: str, rounds: int = 1, timeout_s: float = 3600.0) -> None:
+    """What every synthetic benchmark takes after its shape and lengths: --int8 and --rounds
+    (`add_arm_arguments`), --cache-dir, --llama-server, --arm-timeout and --out."""
+    add_arm_arguments(parser, rounds)
+    parser.add_argument("--cache-dir", default=None, help="where the synthetic GGUF is kept (default ~/.cache)")
+    parser.add_argument("--llama-server", default=None, help="llama-server binary (default: the cached build)")
+    parser.add_argument("--arm-timeout", type=float, default=timeout_s, metavar="S")
+    parser.add_argument("--out", default=out)
+
+
 def run_both(
     spec: dict, out: Path, server_binary: str | None, timeout_s: float, int8: bool = False, rounds: int = 1
 ) -> dict:
