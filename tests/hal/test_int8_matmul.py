@@ -29,11 +29,12 @@ def weights(name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, int, np.n
     return raw, QTYPES[name], gguf_dequant(raw, name).astype(np.float64)
 
 
-def quantized_activations(x: np.ndarray) -> np.ndarray:
-    """x rounded as the kernel rounds it: per row and 32-wide block, d = max|x| / 127 (f32),
-    codes = round-half-even(x * (1 / d)), returned as codes * d in float64."""
+def quantized_activations(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """x rounded as the kernel rounds it: per row and `block`-wide block (32; 256 for the
+    K-quants, as llama.cpp's q8_K), d = max|x| / 127 (f32), codes = round-half-even(x * (1 / d)),
+    returned as codes * d in float64."""
     m, k = x.shape
-    blocks = x.astype(np.float32).reshape(m, k // 32, 32)
+    blocks = x.astype(np.float32).reshape(m, k // block, block)
     d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)).astype(np.float32)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
     codes = np.clip(np.rint((blocks * inv).astype(np.float32)), -127, 127)
@@ -54,7 +55,7 @@ def test_int8_matches_the_oracle_of_its_rounding(name, m):
     w, qtype, values = weights(name, n, k, seed=2)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
     x[0, :32] = 0.0  # an all-zero block (d = 0)
-    ref = quantized_activations(x.numpy()) @ values.T
+    ref = quantized_activations(x.numpy(), 32 if name in BLOCK_32 else 256) @ values.T
     check_matches(K.qmatmul(x, torch.from_numpy(w), qtype, n, k, int8=True), ref)
 
 

@@ -25,9 +25,9 @@ constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
 
 // Chunks are multiples of 4 columns, so a chunk boundary never splits a register group.
 // int8: each job whose qtype has an int8 kernel has its rows rounded once, before the loop, as
-// qmatmul_raw's run_int8 rounds them (a job reading the previous job's rows with the same code
-// offset, as an expert's up after its gate, reuses that rounding); its columns then take
-// vnni::columns. A job with no rounding (q null) takes avx512::decode_range.
+// qmatmul_raw's run_int8 rounds them (a job reading the previous job's rows with the same
+// rounding, vnni::rounding_of, as an expert's up after its gate, reuses it); its columns then
+// take vnni::columns. A job with no rounding (q null) takes avx512::decode_range.
 void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes,
                 bool int8) {
     std::vector<vnni::RowBuffers> buffers(int8 ? jobs.size() : 0);
@@ -35,14 +35,14 @@ void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes
     for (size_t j = 0; j < buffers.size(); ++j) {
         if (!vnni::qtype_supported(qtypes[j])) continue;
         const Problem& p = jobs[j];
-        const int off = vnni::offset_of(qtypes[j]);
+        const int rounding = vnni::rounding_of(qtypes[j]);
         if (j > 0 && rounded[j - 1].q != nullptr && jobs[j - 1].x == p.x && jobs[j - 1].m == p.m &&
-            jobs[j - 1].k == p.k && vnni::offset_of(qtypes[j - 1]) == off) {
+            jobs[j - 1].k == p.k && vnni::rounding_of(qtypes[j - 1]) == rounding) {
             rounded[j] = rounded[j - 1];
             continue;
         }
         rounded[j] = buffers[j].size_for(p.m, p.k);
-        vnni::quantize_rows(p.x, 0, p.m, p.k, off, rounded[j]);
+        vnni::quantize_rows(p.x, 0, p.m, p.k, rounding, rounded[j]);
     }
     const int64_t total = n * static_cast<int64_t>(jobs.size());
     const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / std::max<int64_t>(1, row_bytes));

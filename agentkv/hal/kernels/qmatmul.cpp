@@ -442,9 +442,9 @@ bool int8_qtype_supported(int qtype) { return vnni::qtype_supported(qtype); }
 static void run_int8(const Problem& p, int qtype) {
     thread_local vnni::RowBuffers buffers;
     const vnni::QuantRows rows = buffers.size_for(p.m, p.k);
-    const int off = vnni::offset_of(qtype);
+    const int rounding = vnni::rounding_of(qtype);
     parallel_chunks(p.m, std::max<int64_t>(1, 32768 / p.k),
-                    [&](int64_t b, int64_t e) { vnni::quantize_rows(p.x, b, e, p.k, off, rows); });
+                    [&](int64_t b, int64_t e) { vnni::quantize_rows(p.x, b, e, p.k, rounding, rows); });
     decode_columns(p, [&](int64_t b, int64_t e) { vnni::columns(p, rows, qtype, b, e); });
 }
 

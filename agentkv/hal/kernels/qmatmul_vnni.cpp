@@ -102,7 +102,7 @@ static inline __m512i join(__m256i a, __m256i b) {
 // Formats of 32-weight blocks: a unit is two blocks (a and b; b == a for the odd last block,
 // whose activations are zero-padded so it adds nothing).
 struct Q8_0 {
-    static constexpr int QK = 32, BYTES = 34, UNIT_K = 64, PAIRS = 1, OFF = 128;
+    static constexpr int QK = 32, BYTES = 34, UNIT_K = 64, PAIRS = 1, OFF = 128, ROUND = 0;
     static constexpr bool MIN = false;
     struct Ctx {};
     static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
@@ -114,7 +114,7 @@ struct Q8_0 {
 };
 
 struct Q4_0 {
-    static constexpr int QK = 32, BYTES = 18, UNIT_K = 64, PAIRS = 1, OFF = 8;
+    static constexpr int QK = 32, BYTES = 18, UNIT_K = 64, PAIRS = 1, OFF = 8, ROUND = 0;
     static constexpr bool MIN = false;
     struct Ctx {};
     static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
@@ -124,7 +124,7 @@ struct Q4_0 {
 };
 
 struct Q4_1 {
-    static constexpr int QK = 32, BYTES = 20, UNIT_K = 64, PAIRS = 1, OFF = 0;
+    static constexpr int QK = 32, BYTES = 20, UNIT_K = 64, PAIRS = 1, OFF = 0, ROUND = 0;
     static constexpr bool MIN = true;
     struct Ctx {};
     static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
@@ -137,7 +137,7 @@ struct Q4_1 {
 
 // Weight i's fifth bit is bit i of the block's little-endian u32 qh: one 64-bit byte mask.
 struct Q5_0 {
-    static constexpr int QK = 32, BYTES = 22, UNIT_K = 64, PAIRS = 1, OFF = 16;
+    static constexpr int QK = 32, BYTES = 22, UNIT_K = 64, PAIRS = 1, OFF = 16, ROUND = 0;
     static constexpr bool MIN = false;
     struct Ctx {};
     static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
@@ -155,7 +155,7 @@ struct Q5_0 {
 // per pair; init folds the -12 back out), Q4_0's nibble order, and a's and b's E8M0 scale
 // (E8M0_HALF, mxfp4.h: the halved power of two that matches the doubled values).
 struct MXFP4 {
-    static constexpr int QK = 32, BYTES = 17, UNIT_K = 64, PAIRS = 1, OFF = 12;
+    static constexpr int QK = 32, BYTES = 17, UNIT_K = 64, PAIRS = 1, OFF = 12, ROUND = 0;
     static constexpr bool MIN = false;
     struct Ctx {};
     static inline void prepare(const uint8_t*, const uint8_t*, Ctx&) {}
@@ -167,59 +167,96 @@ struct MXFP4 {
     }
 };
 
-// Lanes 0..7 = v[2c], lanes 8..15 = v[2c + 1] of the 8 values in v's low half.
-static inline __m512 pair_lanes(__m512 v, int c) {
-    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(2 * c),
-                                         _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-    return _mm512_permutexvar_ps(idx, v);
+// The K-quants meet activations rounded per 256 (one d per super-block, as llama.cpp's q8_K)
+// and sum a whole super-block in integers: four dot products (vpdpbusd: int32 lanes of 4
+// codes, each lane inside one scale group), packed to int16 two at a time (every |sum| is
+// below 2^15) and multiplied by their group scales in two vpdpwssd; one float step per
+// super-block (and one for Q4_K's mins) where the 32-wide rounding takes four.
+struct Super {
+    __m512i q[4];  // u8 codes; q[2i] and q[2i + 1] pack together (vpackssdw's lane order)
+    __m512i s[2];  // the int16 scale of each packed sum
+    __m512 d;      // the super-block's d
+    __m512 m;      // Q4_K: -(dmin * min_j) in lanes 0..7 (sub-block j in k order), zero above
+    __m512i off;   // Q6_K: -OFF * scale_g as int16 elements 0..15 (group g in k order), zero above
+};
+
+// vpshufb controls building a pack's int16 scales from a 128-bit lane of scale bytes: int16
+// element t of 128-bit lane j takes byte index(j, t); `high` puts it in the high byte (for a
+// signed scale, shifted down arithmetically after), else in the low byte with a zero above.
+template <class Index>
+static inline __m512i scale_control(Index index, bool high) {
+    alignas(64) int8_t c[64];
+    for (int j = 0; j < 4; ++j)
+        for (int t = 0; t < 8; ++t) {
+            const int8_t i = static_cast<int8_t>(index(j, t)), zero = static_cast<int8_t>(0x80);
+            c[16 * j + 2 * t] = high ? zero : i;
+            c[16 * j + 2 * t + 1] = high ? i : zero;
+        }
+    return _mm512_load_si512(c);
 }
 
-// Q4_K: super-blocks of 256 weights, eight 32-weight sub-blocks with 6-bit scales and mins;
-// pair c holds sub-blocks 2c (low nibbles of qs[32c ..]) and 2c + 1 (their high nibbles).
+// Q4_K: eight 32-weight sub-blocks with 6-bit scales and mins; qs[64h ..] holds sub-blocks
+// 4h, 4h + 2 (low nibbles of its two 32-byte halves) and 4h + 1, 4h + 3 (high nibbles), so
+// q[2h] = [4h | 4h + 2], q[2h + 1] = [4h + 1 | 4h + 3], and the row's codes are stored in that
+// order (ROUND 2). Packed lane j, element t: sub-block (t >> 2) + 2 (j >> 1), + 4 for pack 1.
 struct Q4_K {
-    static constexpr int QK = 256, BYTES = 144, UNIT_K = 256, PAIRS = 4, OFF = 0;
-    static constexpr bool MIN = true;
-    struct Ctx {
-        __m512 d, m;  // lanes 0..7: d * scale_j, -(dmin * min_j)
-    };
-    // The 12 packed bytes -> 8 scale and 8 min products (formats512.h's k4_scale_products).
-    static inline void prepare(const uint8_t* b, const uint8_t*, Ctx& ctx) {
-        const __m512 prod = formats512::k4_scale_products(b);
-        ctx.d = prod;
-        ctx.m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_shuffle_f32x4(prod, prod, 0x4E));  // mins to lanes 0..7
-    }
-    static inline Pair decode(const uint8_t* b, const uint8_t*, int c, const Ctx& ctx) {
-        const __m256i q = load32(b + 16 + 32 * c);
-        const __m512i both = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), _mm512_set1_epi8(0x0F));
-        return {both, pair_lanes(ctx.d, c), pair_lanes(ctx.m, c)};
+    static constexpr int QK = 256, BYTES = 144, UNIT_K = 256, OFF = 0, ROUND = 2;
+    static constexpr bool MIN = true, SUPER = true;
+    static inline Super decode(const uint8_t* b) {
+        static const __m512i c0 = scale_control([](int j, int t) { return (t >> 2) + 2 * (j >> 1); }, false);
+        static const __m512i c1 = scale_control([](int j, int t) { return 4 + (t >> 2) + 2 * (j >> 1); }, false);
+        const __m128i sm = scale_min_k4_bytes(b + 4);  // scales 0..7, mins 0..7
+        const __m512i sb = _mm512_broadcast_i32x4(sm);
+        Super w;
+        w.s[0] = _mm512_shuffle_epi8(sb, c0);
+        w.s[1] = _mm512_shuffle_epi8(sb, c1);
+        w.d = _mm512_set1_ps(fp16_to_f32(b));
+        const __m512 mins = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+        w.m = _mm512_mul_ps(_mm512_set1_ps(-fp16_to_f32(b + 2)), mins);
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        for (int h = 0; h < 2; ++h) {
+            const __m512i v = _mm512_loadu_si512(b + 16 + 64 * h);
+            w.q[2 * h] = _mm512_and_si512(v, low);
+            w.q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        return w;
     }
 };
 
-// Q6_K: 256 weights, sixteen 16-weight groups with int8 scales; codes 0..63 (minus 32).
+// Q6_K: sixteen 16-weight groups with int8 scales, codes 0..63 minus 32 (the -32 meets the
+// row's group sums in one more vpdpwssd: init's per-lane sums would not stay in L1 beside the
+// codes of eight rows of a long k).
+// Half h (128 weights): ql[64h ..] gives the low 4 bits (low nibbles: weights 0..63, high:
+// 64..127), qh[32h ..] the top 2 (bit pairs 0..3 for weights l, l + 32, l + 64, l + 96), so
+// q[2h] and q[2h + 1] are weights 0..63 and 64..127 in k order (ROUND 1). Packed lane j,
+// element t: group 4 (t >> 2) + j, + 8 for pack 1.
 struct Q6_K {
-    static constexpr int QK = 256, BYTES = 210, UNIT_K = 256, PAIRS = 4, OFF = 32;
-    static constexpr bool MIN = false;
-    struct Ctx {
-        __m512 d;  // d * scale_g, g = 0..15
-    };
-    static inline void prepare(const uint8_t* b, const uint8_t*, Ctx& ctx) {
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 192)));
-        ctx.d = _mm512_mul_ps(_mm512_set1_ps(fp16_to_f32(b + 208)), sc);
-    }
-    // The 32 codes of sub-block `sub` (0..7), as FmtQ6_K lays them out, before the -32.
-    static inline __m256i codes(const uint8_t* b, int sub) {
-        const int h = sub >> 2, t = sub & 3;
-        __m256i ql = load32(b + 64 * h + 32 * (t & 1));
-        ql = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t >> 1))), _mm256_set1_epi8(0x0F));
-        __m256i qh = load32(b + 128 + 32 * h);
-        qh = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
-        return _mm256_or_si256(ql, _mm256_slli_epi16(qh, 4));
-    }
-    static inline Pair decode(const uint8_t* b, const uint8_t*, int p, const Ctx& ctx) {
-        // lanes 4g .. 4g + 4 hold group 4p + g's 16 weights
-        const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * p),
-                                             _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
-        return {join(codes(b, 2 * p), codes(b, 2 * p + 1)), _mm512_permutexvar_ps(idx, ctx.d), _mm512_setzero_ps()};
+    static constexpr int QK = 256, BYTES = 210, UNIT_K = 256, OFF = 32, ROUND = 1;
+    static constexpr bool MIN = false, SUPER = true;
+    static inline Super decode(const uint8_t* b) {
+        static const __m512i c0 = scale_control([](int j, int t) { return 4 * (t >> 2) + j; }, true);
+        static const __m512i c1 = scale_control([](int j, int t) { return 8 + 4 * (t >> 2) + j; }, true);
+        const __m512i sc = _mm512_broadcast_i32x4(load16(b + 192));
+        Super w;
+        w.s[0] = _mm512_srai_epi16(_mm512_shuffle_epi8(sc, c0), 8);
+        w.s[1] = _mm512_srai_epi16(_mm512_shuffle_epi8(sc, c1), 8);
+        w.d = _mm512_set1_ps(fp16_to_f32(b + 208));
+        w.m = _mm512_setzero_ps();
+        w.off = _mm512_castsi256_si512(_mm256_sub_epi16(
+            _mm256_setzero_si256(), _mm256_slli_epi16(_mm256_cvtepi8_epi16(load16(b + 192)), 5)));  // -32 * scale
+        w.off = _mm512_zextsi256_si512(_mm512_castsi512_si256(w.off));
+        const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+        // per 16-bit lane shift counts: the first 32 bytes' pairs, then the second 32's
+        const __m512i up = _mm512_mask_blend_epi64(0xF0, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
+        const __m512i down = _mm512_mask_blend_epi64(0xF0, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+        for (int h = 0; h < 2; ++h) {
+            const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+            const __m512i qh = _mm512_broadcast_i64x4(load32(b + 128 + 32 * h));
+            w.q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low), _mm512_and_si512(_mm512_sllv_epi16(qh, up), top));
+            w.q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low),
+                                             _mm512_and_si512(_mm512_srlv_epi16(qh, down), top));
+        }
+        return w;
     }
 };
 
@@ -275,17 +312,88 @@ static void cols(const Problem& p, const QuantRows& x, int64_t c0, int64_t strid
     }
 }
 
+// The K-quants' columns c0 + g * stride: per super-block, I = (Q6_K: -OFF * the group sums
+// times their scales, then) the two packed dot products times their scales (int32, exact), then acc = fma(float(I), d * dx, acc) and, for Q4_K,
+// acc = fma(m, sub, acc) with the row's sub-block sums; out = the sum of acc (reduce4).
+template <class F, int M, int G>
+static void cols_super(const Problem& p, const QuantRows& x, int64_t c0, int64_t stride) {
+    __m512 acc[M][G];
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+    const uint8_t* rows[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
+    const int64_t units = p.k / F::QK;
+    const NextInStreams<G> ahead(rows, p.row_bytes, units);
+    for (int64_t u = 0; u < units; ++u) {
+        ahead.at(u);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+            const Super w = F::decode(rows[g] + u * F::BYTES);
+#pragma GCC unroll 8
+            for (int r = 0; r < M; ++r) {
+                const int8_t* xq = x.q + r * x.ld_q + F::QK * u;
+                __m512i dot[4];
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; ++t)
+                    dot[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.q[t], _mm512_loadu_si512(xq + 64 * t));
+                __m512i sum = _mm512_setzero_si512();
+                if (F::OFF != 0) {
+                    const __m256i gs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.gsum + 2 * r * x.ld_sub + 16 * u));
+                    sum = _mm512_dpwssd_epi32(sum, w.off, _mm512_zextsi256_si512(gs));
+                }
+                sum = _mm512_dpwssd_epi32(sum, _mm512_packs_epi32(dot[0], dot[1]), w.s[0]);
+                sum = _mm512_dpwssd_epi32(sum, _mm512_packs_epi32(dot[2], dot[3]), w.s[1]);
+                const __m512 s = _mm512_mul_ps(w.d, _mm512_set1_ps(x.dx[r * x.ld_lane + F::QK / 4 * u]));
+                acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, acc[r][g]);
+                if (F::MIN)
+                    acc[r][g] = _mm512_fmadd_ps(w.m, _mm512_zextps256_ps512(_mm256_loadu_ps(x.sub + r * x.ld_sub + 8 * u)),
+                                                acc[r][g]);
+            }
+        }
+    }
+    const __m512 z = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+        alignas(16) float lanes[4];
+        _mm_store_ps(lanes, reduce4(acc[r][0], G > 1 ? acc[r][1] : z, G > 2 ? acc[r][2] : z, G > 3 ? acc[r][3] : z));
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g * stride] = lanes[g];
+    }
+}
+
 // G long streams, then single-column tails, as row_groups.h's decode_cols_range.
 template <class F, int M, int G>
 static void cols_range(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
     const int64_t streams = (c1 - c0) / G;
-    for (int64_t i = 0; i < streams; ++i) cols<F, M, G>(p, x, c0 + i, streams);
-    for (int64_t c = c0 + G * streams; c < c1; ++c) cols<F, M, 1>(p, x, c, 1);
+    if constexpr (F::QK == 256) {
+        for (int64_t i = 0; i < streams; ++i) cols_super<F, M, G>(p, x, c0 + i, streams);
+        for (int64_t c = c0 + G * streams; c < c1; ++c) cols_super<F, M, 1>(p, x, c, 1);
+    } else {
+        for (int64_t i = 0; i < streams; ++i) cols<F, M, G>(p, x, c0 + i, streams);
+        for (int64_t c = c0 + G * streams; c < c1; ++c) cols<F, M, 1>(p, x, c, 1);
+    }
 }
 
 // One group of <= GROUP_ROWS rows: M x G accumulators and G decoded pairs fit 32 registers.
 template <class F>
 static void group(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
+    if constexpr (F::QK == 256) {
+        // a super-block is decoded for one column at a time (its 8 registers), then every row
+        // meets it: more columns would only add accumulators; four streams feed a decode
+        switch (p.m) {
+            case 1: cols_range<F, 1, 4>(p, x, c0, c1); break;
+            case 2: cols_range<F, 2, 2>(p, x, c0, c1); break;
+            case 3: cols_range<F, 3, 1>(p, x, c0, c1); break;
+            case 4: cols_range<F, 4, 1>(p, x, c0, c1); break;
+            case 5: cols_range<F, 5, 1>(p, x, c0, c1); break;
+            case 6: cols_range<F, 6, 1>(p, x, c0, c1); break;
+            case 7: cols_range<F, 7, 1>(p, x, c0, c1); break;
+            default: cols_range<F, 8, 1>(p, x, c0, c1); break;
+        }
+        return;
+    }
     switch (p.m) {
         case 1: cols_range<F, 1, 4>(p, x, c0, c1); break;
         case 2: cols_range<F, 2, 4>(p, x, c0, c1); break;
@@ -337,30 +445,67 @@ static bool dispatch(int qtype, Fn&& fn) {
     }
 }
 
-// Row r of x [*, k] -> its codes, scales and sums (QuantRows), blocks past k zero.
-static void quantize_row(const float* xr, int64_t k, int off, int8_t* q, int32_t* init, float* dx, float* xs,
-                         int64_t padded) {
-    const __m512i ones = _mm512_set1_epi8(1);
-    for (int64_t b = 0; b < padded / 32; ++b) {
-        __m512i codes = _mm512_setzero_si512();
+// The 4-sums of 32 codes (lanes 0..7 of a dot product with ones) and their total.
+static inline __m256i four_sums(__m256i codes) {
+    return _mm512_castsi512_si256(
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), _mm512_castsi256_si512(codes)));
+}
+
+// 32 values -> int8 codes of x * id (round half even, saturated).
+static inline __m256i codes32(const float* x, __m512 id) {
+    const __m128i c0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), id)));
+    const __m128i c1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), id)));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(c0), c1, 1);
+}
+
+// One rounded 32-wide block at slot `at` of the row: its codes, and per lane d, -off * 4-sum
+// and d * 4-sum.
+static inline void store_block(__m256i codes, float d, int off, int64_t at, const QuantRows& out) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + 32 * at), codes);
+    const __m256i sums = four_sums(codes);
+    const __m256 dv = _mm256_set1_ps(d);
+    _mm256_storeu_ps(out.dx + 8 * at, dv);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.init + 8 * at), _mm256_mullo_epi32(sums, _mm256_set1_epi32(-off)));
+    _mm256_storeu_ps(out.xs + 8 * at, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(sums)));
+}
+
+static inline float amax(const float* x, int64_t n) {
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    return _mm512_reduce_max_ps(m);
+}
+
+// A row (out: its own QuantRows) in 32-wide rounding blocks, blocks past k zero.
+static void quantize_row32(const float* xr, int64_t k, int off, const QuantRows& out) {
+    for (int64_t b = 0; b < out.ld_q / 32; ++b) {
+        __m256i codes = _mm256_setzero_si256();
         float d = 0.0f;
         if (32 * b < k) {
-            const __m512 v0 = _mm512_loadu_ps(xr + 32 * b), v1 = _mm512_loadu_ps(xr + 32 * b + 16);
-            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-            d = amax / 127.0f;
-            const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-            const __m128i c0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)));
-            const __m128i c1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)));
-            codes = _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(c0), c1, 1));
+            d = amax(xr + 32 * b, 32) / 127.0f;
+            codes = codes32(xr + 32 * b, _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f));
         }
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), _mm512_castsi512_si256(codes));
-        // the 4-sums of this block's codes: lanes 0..7 of a dot product with ones
-        const __m256i sums = _mm512_castsi512_si256(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, codes));
-        const __m256 dv = _mm256_set1_ps(d);
-        _mm256_storeu_ps(dx + 8 * b, dv);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(init + 8 * b),
-                            _mm256_mullo_epi32(sums, _mm256_set1_epi32(-off)));
-        _mm256_storeu_ps(xs + 8 * b, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(sums)));
+        store_block(codes, d, off, b, out);
+    }
+}
+
+// A row of a K-quant's k (a multiple of 256) in 256-wide rounding blocks; block j of each
+// super-block goes to slot SLOT[j] (Q4_K's order when `q4k`, else k order), and sub[j] is
+// d * the sum of its codes.
+static void quantize_row256(const float* xr, int64_t k, int off, bool q4k, const QuantRows& out) {
+    constexpr int Q4K_SLOT[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    for (int64_t s = 0; s < k / 256; ++s) {
+        const float d = amax(xr + 256 * s, 256) / 127.0f;
+        const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        for (int j = 0; j < 8; ++j) {
+            const __m256i codes = codes32(xr + 256 * s + 32 * j, id);
+            store_block(codes, d, off, 8 * s + (q4k ? Q4K_SLOT[j] : j), out);
+            alignas(32) int32_t sums[8];  // lanes 0..3: group 2j, 4..7: group 2j + 1
+            _mm256_store_si256(reinterpret_cast<__m256i*>(sums), four_sums(codes));
+            const int32_t a = (sums[0] + sums[1]) + (sums[2] + sums[3]), b = (sums[4] + sums[5]) + (sums[6] + sums[7]);
+            out.gsum[16 * s + 2 * j] = static_cast<int16_t>(a);
+            out.gsum[16 * s + 2 * j + 1] = static_cast<int16_t>(b);
+            out.sub[8 * s + j] = d * static_cast<float>(a + b);
+        }
     }
 }
 
@@ -370,16 +515,22 @@ bool qtype_supported(int qtype) {
     return dispatch(qtype, [](auto) {});
 }
 
-int offset_of(int qtype) {
-    int off = -1;
-    dispatch(qtype, [&](auto fmt) { off = decltype(fmt)::OFF; });
-    return off;
+// The key: the code offset times 4 plus ROUND (0: 32-wide blocks in k order, 1: 256-wide in
+// k order, 2: 256-wide in Q4_K's order).
+int rounding_of(int qtype) {
+    int key = -1;
+    dispatch(qtype, [&](auto fmt) { key = 4 * decltype(fmt)::OFF + decltype(fmt)::ROUND; });
+    return key;
 }
 
-void quantize_rows(const float* x, int64_t r0, int64_t r1, int64_t k, int off, const QuantRows& out) {
-    for (int64_t r = r0; r < r1; ++r)
-        quantize_row(x + r * k, k, off, out.q + r * out.ld_q, out.init + r * out.ld_lane, out.dx + r * out.ld_lane,
-                     out.xs + r * out.ld_lane, out.ld_q);
+void quantize_rows(const float* x, int64_t r0, int64_t r1, int64_t k, int rounding, const QuantRows& out) {
+    const int off = rounding / 4, round = rounding % 4;
+    for (int64_t r = r0; r < r1; ++r) {
+        if (round == 0)
+            quantize_row32(x + r * k, k, off, out.offset(r));
+        else
+            quantize_row256(x + r * k, k, off, round == 2, out.offset(r));
+    }
 }
 
 void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1) {
