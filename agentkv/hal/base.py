@@ -128,8 +128,7 @@ class Backend(ABC):
         """Rows of `[n, ...]` by index (e.g. each sequence's last token before the head)."""
 
     def fuse_rows(self, weights: list[Weight], name: str) -> Weight | None:
-        """One weight whose rows are `weights`' rows stacked (e.g. q, k, v): one matmul for several,
-        each output column computed as before; None when this backend does not fuse."""
+        """`weights`' rows stacked (q, k, v) as one weight, columns as before; None: no fusing."""
         return None
 
     def split(self, x: Tensor, sizes: list[int]) -> list[Tensor]:
@@ -144,6 +143,10 @@ class Backend(ABC):
     @abstractmethod
     def matmul(self, x: Tensor, weight: Weight, bias: Weight | None = None) -> Tensor:
         """`[n, k] @ weight[out, k].T (+ bias[out])` -> `[n, out]`."""
+
+    def matmuls(self, x: Tensor, weights: Sequence[Weight], biases: Sequence[Weight | None] = ()) -> list[Tensor]:
+        """`[x @ w.T (+ b)]` of one input, each with its own `matmul`'s bits (maybe one op)."""
+        return [self.matmul(x, w, b) for w, b in zip(weights, tuple(biases) or (None,) * len(weights))]
 
     @abstractmethod
     def rms_norm(self, x: Tensor, weight: Weight, eps: float, unit_offset: bool = False) -> Tensor:

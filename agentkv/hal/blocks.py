@@ -365,8 +365,8 @@ def shared_expert(backend: Backend, x: Tensor, shared: SharedExpert, act: str) -
 def project(backend: Backend, x: Tensor, proj: Projection) -> Tensor | list[Tensor]:
     """`x @ W.T (+ b)` for each weight of `proj`. A fused projection's output stays one
     `[n, sum(sizes)]` tensor (one matmul), the form the fused ops take (`Backend.glu`,
-    `Backend.attention_inputs`); an unfused one gives its parts as a list (one matmul each),
-    which those ops accept too."""
+    `Backend.attention_inputs`); an unfused one gives its parts as a list (`Backend.matmuls`:
+    each with one matmul's bits), which those ops accept too."""
     if len(proj.weights) == 1:
         return backend.matmul(x, proj.weights[0], proj.biases[0])
-    return [backend.matmul(x, w, b) for w, b in zip(proj.weights, proj.biases)]
+    return backend.matmuls(x, proj.weights, proj.biases)

@@ -220,7 +220,7 @@ class HybridModel(HybridMemory, MoEModel):
 
     def _mix(self, mixer: Mixer, x: Tensor, meta: AttnMeta, kv, states: StateStore) -> Tensor:
         be = self.backend
-        projected = [be.matmul(x, w) for w in mixer.projections]
+        projected = be.matmuls(x, mixer.projections)
         if mixer.recurrent:
             core = delta_net(be, projected, mixer.weights, self.config.delta, states, mixer.slot_layer, meta)
             return be.matmul(core, mixer.out)

@@ -62,3 +62,61 @@ def test_bad_input_is_refused_naming_the_value():
         K.head_matmuls([x, torch.zeros(2, 64)], [w, w])
     with pytest.raises(RuntimeError, match=r"ws\[0\] must be a contiguous 2-D CPU float32 tensor, got Double"):
         K.head_matmuls([x], [w.double()])
+
+
+# qmatmuls: projections of one input with mixed qtypes (a hybrid's DeltaNet inputs: Q4_K, Q6_K,
+# f32 rows; odd row counts so chunks straddle weights), each with its own qmatmul call's bits,
+# f32 and (where VNNI is) int8 activations, decode and prefill row counts.
+QMATMULS = """
+import json, torch
+from agentkv.hal.kernels import load
+from tests.hal.test_kernels import QTYPES, random_quant
+K = load()
+K.set_isa(ISA)
+g = torch.Generator().manual_seed(1)
+k = 512
+parts = [("Q4_K", 70), ("Q6_K", 33), ("F32", 16), ("Q8_0", 45), ("Q4_K", 5)]
+ws, qtypes, ns = [], [], []
+for i, (name, n) in enumerate(parts):
+    if name == "F32":
+        ws.append(torch.randn(n, k, generator=g)); qtypes.append(0)
+    else:
+        ws.append(torch.from_numpy(random_quant(name, n, k, seed=i))); qtypes.append(QTYPES[name])
+    ns.append(n)
+modes = [False] + ([True] if K.int8_supported() else [])
+out = {}
+for int8 in modes:
+    for m in (1, 2, 7, 48, 49):
+        x = torch.randn(m, k, generator=g)
+        got = K.qmatmuls(x, ws, qtypes, ns, int8)
+        want = [K.matmul_f32(x, w) if q == 0 else K.qmatmul(x, w, q, n, k, int8) for w, q, n in zip(ws, qtypes, ns)]
+        out[f"{m} int8={int8}"] = all(torch.equal(a, b) for a, b in zip(got, want))
+# the control: a changed input row changes that row of every output, and only that row
+x = torch.randn(3, k, generator=g)
+y = x.clone(); y[1, :64] += 1.0
+a, b = K.qmatmuls(x, ws, qtypes, ns, False), K.qmatmuls(y, ws, qtypes, ns, False)
+out["control_row_changes"] = all(
+    not torch.equal(p[1], q[1]) and torch.equal(p[0], q[0]) and torch.equal(p[2], q[2]) for p, q in zip(a, b)
+)
+out["isa"] = K.isa()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_qmatmuls_outputs_have_the_bits_of_their_own_calls(isa):
+    r = run_python(f"ISA = {isa!r}\n" + QMATMULS)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out.pop("isa") == isa
+    assert out.pop("control_row_changes") is True
+    assert all(out.values()), out
+
+
+def test_qmatmuls_refuses_bad_input_naming_the_value():
+    x = torch.zeros(2, 256)
+    with pytest.raises(RuntimeError, match="2 weights, 1 qtypes"):
+        K.qmatmuls(x, [torch.zeros(4, 256), torch.zeros(4, 256)], [0], [4, 4])
+    with pytest.raises(RuntimeError, match=r"ws\[0\] rows of 1024 bytes do not hold k=256 weights of qtype 12"):
+        K.qmatmuls(x, [torch.zeros(4, 256)], [12], [4])
+    with pytest.raises(RuntimeError, match="unsupported qtype 99"):
+        K.qmatmuls(x, [torch.zeros(4, 256)], [99], [4])

@@ -102,6 +102,20 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             out = out + bias.raw
         return Tensor(out)
 
+    def matmuls(self, x: Tensor, weights, biases=()) -> list[Tensor]:
+        """grouped.cpp's qmatmuls: one kernel call (at decode sizes on AVX-512, one parallel loop
+        over every weight's columns, the input rounded once per rounding in int8 mode), each
+        output with its own `matmul`'s bits; the default where a weight is of another layout."""
+        k = weights[0].shape[1]
+        if len(weights) < 2 or any(not _joinable(w, k) for w in weights):
+            return super().matmuls(x, weights, biases)
+        qtypes = [w.qtype if w.layout is Layout.GGUF_ROWS else 0 for w in weights]
+        outs = self._kernels.qmatmuls(
+            x.raw.contiguous(), [w.raw for w in weights], qtypes, [w.shape[0] for w in weights], self.int8
+        )
+        biases = tuple(biases) or (None,) * len(weights)
+        return [Tensor(o if b is None else o + b.raw) for o, b in zip(outs, biases)]
+
     def delta_rule(self, q, k, v, decay, beta, state, rows, inplace=False):
         """recurrent.cpp: per head, column by column in one fixed order (threads split heads),
         where dv is a multiple of 8; else the numpy default."""
@@ -242,3 +256,10 @@ def _kernel_attention(mod, q, kv_layer: tuple[TorchKV, int], meta: AttnMeta, sca
         float(softcap or 0.0),
         sinks,
     )
+
+
+def _joinable(w: Weight, k: int) -> bool:
+    """A weight `qmatmuls` takes: GGUF rows, or f32 rows (qtype 0) with k a multiple of 32."""
+    if w.shape[1] != k:
+        return False
+    return w.layout is Layout.GGUF_ROWS or (w.layout is Layout.ROW_MAJOR_F32 and k % 32 == 0)

@@ -23,34 +23,44 @@ namespace {
 constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
 }  // namespace
 
-// Chunks are multiples of 4 columns, so a chunk boundary never splits a register group.
+// Chunks are multiples of 4 columns of the jobs' joined column space (a job's own columns
+// stay in 4s unless its n is not a multiple of 4; the grouping never changes a bit).
 // int8: each job whose qtype has an int8 kernel has its rows rounded once, before the loop, as
-// qmatmul_raw's run_int8 rounds them (a job reading the previous job's rows with the same
+// qmatmul_raw's run_int8 rounds them (a job reading an earlier job's rows with the same
 // rounding, vnni::rounding_of, as an expert's up after its gate, reuses it); its columns then
 // take vnni::columns. A job with no rounding (q null) takes avx512::decode_range.
-void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, int64_t n, int64_t row_bytes,
-                bool int8) {
+void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, bool int8) {
     std::vector<vnni::RowBuffers> buffers(int8 ? jobs.size() : 0);
     std::vector<vnni::QuantRows> rounded(jobs.size());
     for (size_t j = 0; j < buffers.size(); ++j) {
         if (!vnni::qtype_supported(qtypes[j])) continue;
         const Problem& p = jobs[j];
         const int rounding = vnni::rounding_of(qtypes[j]);
-        if (j > 0 && rounded[j - 1].q != nullptr && jobs[j - 1].x == p.x && jobs[j - 1].m == p.m &&
-            jobs[j - 1].k == p.k && vnni::rounding_of(qtypes[j - 1]) == rounding) {
-            rounded[j] = rounded[j - 1];
-            continue;
-        }
+        for (size_t i = 0; i < j && rounded[j].q == nullptr; ++i)
+            if (rounded[i].q != nullptr && jobs[i].x == p.x && jobs[i].m == p.m && jobs[i].k == p.k &&
+                vnni::rounding_of(qtypes[i]) == rounding)
+                rounded[j] = rounded[i];
+        if (rounded[j].q != nullptr) continue;
         rounded[j] = buffers[j].size_for(p.m, p.k);
         vnni::quantize_rows(p.x, 0, p.m, p.k, rounding, rounded[j]);
     }
-    const int64_t total = n * static_cast<int64_t>(jobs.size());
-    const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES / std::max<int64_t>(1, row_bytes));
+    // job j's columns are [start[j], start[j + 1]) of one index space
+    std::vector<int64_t> start(jobs.size() + 1, 0);
+    int64_t bytes = 0;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+        start[j + 1] = start[j] + jobs[j].n;
+        bytes += jobs[j].n * jobs[j].row_bytes;
+    }
+    const int64_t total = start.back();
+    if (total == 0) return;
+    const int64_t grain = std::max<int64_t>(4, MIN_TASK_BYTES * total / std::max<int64_t>(1, bytes));
     parallel_chunks(
         total, grain,
         [&](int64_t b, int64_t e) {
+            size_t j = 0;
             while (b < e) {
-                const int64_t j = b / n, c0 = b % n, c1 = std::min(n, c0 + (e - b));
+                while (start[j + 1] <= b) ++j;
+                const int64_t c0 = b - start[j], c1 = std::min(jobs[j].n, c0 + (e - b));
                 if (rounded[j].q == nullptr)
                     avx512::decode_range(jobs[j], qtypes[j], c0, c1);
                 else
@@ -94,16 +104,62 @@ std::vector<at::Tensor> head_matmuls(const std::vector<at::Tensor>& xs, const st
     }
     if (m == 0 || n == 0) return outs;
     if (isa == ISA_AVX512 && m <= avx512::DECODE_MAX_ROWS) {
-        decode_all(jobs, std::vector<int>(jobs.size(), 0), n, k * 4);
+        decode_all(jobs, std::vector<int>(jobs.size(), 0));
         return outs;
     }
     for (const Problem& p : jobs) qmatmul_raw(p.x, p.w, p.out, p.m, p.n, p.k, p.row_bytes, 0);
     return outs;
 }
 
+// [x [m, k] @ ws[i].T] for weights of any qtype (GGUF rows, or f32 rows with qtype 0) that
+// read one input: one parallel loop over all their columns where decode_all applies, else one
+// qmatmul_raw each; either way each output has the bits of its own qmatmul call.
+std::vector<at::Tensor> qmatmuls(const at::Tensor& x, const std::vector<at::Tensor>& ws, const std::vector<int64_t>& qtypes,
+                                 const std::vector<int64_t>& ns, bool int8) {
+    const int isa = fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
+    check_2d_f32(x, "x", 0);
+    TORCH_CHECK(!ws.empty() && ws.size() == qtypes.size() && ws.size() == ns.size(), "qmatmuls: ", ws.size(),
+                " weights, ", qtypes.size(), " qtypes, ", ns.size(), " row counts");
+    TORCH_CHECK(!int8 || int8_supported(), "qmatmuls: int8 activations need AVX-512 VNNI, which this CPU lacks");
+    const int64_t m = x.size(0), k = x.size(1);
+    std::vector<at::Tensor> outs;
+    std::vector<Problem> jobs;
+    std::vector<int> types;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        const at::Tensor& w = ws[i];
+        TORCH_CHECK(w.device().is_cpu() && w.is_contiguous() && ns[i] > 0 && w.nbytes() % ns[i] == 0,
+                    "qmatmuls: ws[", i, "] must be a contiguous CPU tensor of ", ns[i], " rows");
+        const int64_t row_bytes = static_cast<int64_t>(w.nbytes()) / ns[i];
+        int qk = 0, bytes = 0;
+        TORCH_CHECK(qtype_info(static_cast<int>(qtypes[i]), qk, bytes), "qmatmuls: unsupported qtype ", qtypes[i],
+                    " (ws[", i, "])");
+        TORCH_CHECK(k % qk == 0 && k / qk * bytes == row_bytes, "qmatmuls: ws[", i, "] rows of ", row_bytes,
+                    " bytes do not hold k=", k, " weights of qtype ", qtypes[i]);
+        outs.push_back(at::empty({m, ns[i]}, x.options()));
+        jobs.push_back({x.data_ptr<float>(), static_cast<const uint8_t*>(w.data_ptr()), outs.back().data_ptr<float>(),
+                        m, ns[i], k, row_bytes});
+        types.push_back(static_cast<int>(qtypes[i]));
+    }
+    if (m == 0) return outs;
+    if (isa == ISA_AVX512 && m <= avx512::DECODE_MAX_ROWS) {
+        decode_all(jobs, types, int8);
+        return outs;
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        const Problem& p = jobs[i];
+        qmatmul_raw(p.x, p.w, p.out, p.m, p.n, p.k, p.row_bytes, types[i], int8);
+    }
+    return outs;
+}
+
 }  // namespace
 
 void bind_grouped(pybind11::module_& m) {
+    m.def("qmatmuls", &qmatmuls, pybind11::call_guard<pybind11::gil_scoped_release>(),
+          "[x [m, k] @ ws[i] [ns[i], k].T] for weights of one input, any qtypes (0: f32 rows): the bits of one "
+          "qmatmul call each",
+          pybind11::arg("x"), pybind11::arg("ws"), pybind11::arg("qtypes"), pybind11::arg("ns"),
+          pybind11::arg("int8") = false);
     m.def("head_matmuls", &head_matmuls, pybind11::call_guard<pybind11::gil_scoped_release>(),
           "[xs[i] [m, k] @ ws[i] [n, k].T] for f32 weights of one shape, k a multiple of 32: the bits of one "
           "matmul_f32 call each",

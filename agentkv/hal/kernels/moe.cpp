@@ -221,7 +221,7 @@ struct MoEExperts {
             qtypes.push_back(static_cast<int>(gate.qtype));
             qtypes.push_back(static_cast<int>(up.qtype));
         }
-        decode_all(jobs, qtypes, f, std::max(gate.row_bytes, up.row_bytes), int8);
+        decode_all(jobs, qtypes, int8);
         for (const Active& a : active) {
             gate.add_bias(a.e, g.data() + a.row0 * f, a.c);
             up.add_bias(a.e, u.data() + a.row0 * f, a.c);
@@ -233,7 +233,7 @@ struct MoEExperts {
             jobs.push_back({g.data() + a.row0 * f, down.blocks[a.e], y + a.row0 * d, a.c, d, f, down.row_bytes});
             qtypes.push_back(static_cast<int>(down.qtype));
         }
-        decode_all(jobs, qtypes, d, down.row_bytes, int8);
+        decode_all(jobs, qtypes, int8);
         for (const Active& a : active) down.add_bias(a.e, y + a.row0 * d, a.c);
     }
 
