@@ -72,51 +72,9 @@ inline void columns(const Rows& r, int64_t t, int64_t h, float* s, float* out, i
     for (int c = 0; c < G; ++c) _mm256_storeu_ps(out + row * r.dv + c0 + 8 * c, o[c]);
 }
 
-// Widths up to this run row_sweep; wider ones the column groups below.
-constexpr int64_t SWEEP_DV = 256;
-
-// The same arithmetic per element as columns<G>, with the state read in memory order: each
-// pass walks the head's rows i = 0 .. dk-1 in turn over all dv columns, acc, delta and o
-// kept in L1 (a state row is dv contiguous floats, so the prefetchers see one stream where
-// column groups read a strided slice of every row). The first pass only reads: the second
-// recomputes x = S[i][j] * g, the same product, instead of reading back a stored one.
-void row_sweep(const Rows& r, int64_t t, int64_t h, float* s, float* out) {
-    const int64_t row = t * r.heads + h, dv = r.dv;
-    const float *q = r.q + row * r.dk, *k = r.k + row * r.dk, *v = r.v + row * dv;
-    const __m256 g = _mm256_set1_ps(r.decay[row]), b = _mm256_set1_ps(r.beta[row]);
-    alignas(32) float acc[SWEEP_DV], delta[SWEEP_DV], o[SWEEP_DV];
-    for (int64_t j = 0; j < dv; j += 8) _mm256_store_ps(acc + j, _mm256_setzero_ps());
-    for (int64_t i = 0; i < r.dk; ++i) {
-        const float* si = s + i * dv;
-        const __m256 ki = _mm256_set1_ps(k[i]);
-        for (int64_t j = 0; j < dv; j += 8) {
-            const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(si + j), g);
-            _mm256_store_ps(acc + j, _mm256_fmadd_ps(x, ki, _mm256_load_ps(acc + j)));
-        }
-    }
-    for (int64_t j = 0; j < dv; j += 8) {
-        _mm256_store_ps(delta + j, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + j), _mm256_load_ps(acc + j)), b));
-        _mm256_store_ps(o + j, _mm256_setzero_ps());
-    }
-    for (int64_t i = 0; i < r.dk; ++i) {
-        float* si = s + i * dv;
-        const __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
-        for (int64_t j = 0; j < dv; j += 8) {
-            const __m256 x = _mm256_fmadd_ps(ki, _mm256_load_ps(delta + j), _mm256_mul_ps(_mm256_loadu_ps(si + j), g));
-            _mm256_storeu_ps(si + j, x);
-            _mm256_store_ps(o + j, _mm256_fmadd_ps(x, qi, _mm256_load_ps(o + j)));
-        }
-    }
-    for (int64_t j = 0; j < dv; j += 8) _mm256_storeu_ps(out + row * dv + j, _mm256_load_ps(o + j));
-}
-
 // Six 8-wide groups at a time (acc, delta and o of six plus three broadcasts fit AVX2's 16
 // registers), then what is left; the grouping never changes a bit (columns stand alone).
 void one_row(const Rows& r, int64_t t, int64_t h, float* s, float* out) {
-    if (r.dv <= SWEEP_DV) {
-        row_sweep(r, t, h, s, out);
-        return;
-    }
     int64_t c0 = 0;
     for (; c0 + 48 <= r.dv; c0 += 48) columns<6>(r, t, h, s, out, c0);
     switch ((r.dv - c0) / 8) {
