@@ -43,11 +43,16 @@ print(json.dumps(out))
 """
 
 
+def run_check(isa: str, script: str) -> dict:
+    """`script` in a fresh process on `isa`: its JSON line, checked to have run there."""
+    out = json.loads(run_python(f"ISA = {isa!r}\n" + script).stdout.strip().splitlines()[-1])
+    assert out.pop("isa") == isa
+    return out
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_every_head_has_the_bits_of_its_own_matmul(isa):
-    r = run_python(f"ISA = {isa!r}\n" + CHECK)
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out.pop("isa") == isa
+    out = run_check(isa, CHECK)
     assert out.pop("control_torch_differs") is True
     assert all(out.values()), out
 
@@ -105,9 +110,7 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_qmatmuls_outputs_have_the_bits_of_their_own_calls(isa):
-    r = run_python(f"ISA = {isa!r}\n" + QMATMULS)
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out.pop("isa") == isa
+    out = run_check(isa, QMATMULS)
     assert out.pop("control_row_changes") is True
     assert all(out.values()), out
 

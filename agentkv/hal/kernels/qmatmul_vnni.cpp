@@ -262,17 +262,37 @@ struct Q6_K {
 
 // ---------------------------------------------------------------- the row x column kernel
 
-// Columns c0 + g * stride (row_groups.h's streams; 1: adjacent).
-template <class F, int M, int G>
-static void cols(const Problem& p, const QuantRows& x, int64_t c0, int64_t stride) {
-    __m512 acc[M][G];
+// Both kernels' frame: M x G accumulators at zero and the G weight rows of columns
+// c0 + g * stride (row_groups.h's streams; 1: adjacent), then out = each accumulator's sum
+// through reduce4.
+template <int M, int G>
+static inline void start_columns(const Problem& p, int64_t c0, int64_t stride, __m512 (&acc)[M][G],
+                                 const uint8_t* (&rows)[G]) {
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
-    const uint8_t* rows[G];
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
+}
+
+template <int M, int G>
+static inline void store_columns(const Problem& p, int64_t c0, int64_t stride, const __m512 (&acc)[M][G]) {
+    const __m512 z = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+        alignas(16) float lanes[4];
+        _mm_store_ps(lanes, reduce4(acc[r][0], G > 1 ? acc[r][1] : z, G > 2 ? acc[r][2] : z, G > 3 ? acc[r][3] : z));
+        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g * stride] = lanes[g];
+    }
+}
+
+// Columns c0 + g * stride (row_groups.h's streams; 1: adjacent).
+template <class F, int M, int G>
+static void cols(const Problem& p, const QuantRows& x, int64_t c0, int64_t stride) {
+    __m512 acc[M][G];
+    const uint8_t* rows[G];
+    start_columns<M, G>(p, c0, stride, acc, rows);
     const int64_t units = (p.k + F::UNIT_K - 1) / F::UNIT_K;
     const int64_t unit_bytes = F::BYTES * (F::UNIT_K / F::QK);
     const NextInStreams<G> ahead(rows, p.row_bytes, units);
@@ -303,28 +323,18 @@ static void cols(const Problem& p, const QuantRows& x, int64_t c0, int64_t strid
             }
         }
     }
-    const __m512 z = _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int r = 0; r < M; ++r) {
-        alignas(16) float lanes[4];
-        _mm_store_ps(lanes, reduce4(acc[r][0], G > 1 ? acc[r][1] : z, G > 2 ? acc[r][2] : z, G > 3 ? acc[r][3] : z));
-        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g * stride] = lanes[g];
-    }
+    store_columns<M, G>(p, c0, stride, acc);
 }
 
 // The K-quants' columns c0 + g * stride: per super-block, I = (Q6_K: -OFF * the group sums
-// times their scales, then) the two packed dot products times their scales (int32, exact), then acc = fma(float(I), d * dx, acc) and, for Q4_K,
-// acc = fma(m, sub, acc) with the row's sub-block sums; out = the sum of acc (reduce4).
+// times their scales, then) the two packed dot products times their scales (int32, exact),
+// then acc = fma(float(I), d * dx, acc) and, for Q4_K, acc = fma(m, sub, acc) with the row's
+// sub-block sums; out = the sum of acc (reduce4).
 template <class F, int M, int G>
 static void cols_super(const Problem& p, const QuantRows& x, int64_t c0, int64_t stride) {
     __m512 acc[M][G];
-#pragma GCC unroll 8
-    for (int r = 0; r < M; ++r)
-#pragma GCC unroll 4
-        for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
     const uint8_t* rows[G];
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
+    start_columns<M, G>(p, c0, stride, acc, rows);
     const int64_t units = p.k / F::QK;
     const NextInStreams<G> ahead(rows, p.row_bytes, units);
     for (int64_t u = 0; u < units; ++u) {
@@ -354,13 +364,7 @@ static void cols_super(const Problem& p, const QuantRows& x, int64_t c0, int64_t
             }
         }
     }
-    const __m512 z = _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int r = 0; r < M; ++r) {
-        alignas(16) float lanes[4];
-        _mm_store_ps(lanes, reduce4(acc[r][0], G > 1 ? acc[r][1] : z, G > 2 ? acc[r][2] : z, G > 3 ? acc[r][3] : z));
-        for (int g = 0; g < G; ++g) p.out[r * p.n + c0 + g * stride] = lanes[g];
-    }
+    store_columns<M, G>(p, c0, stride, acc);
 }
 
 // G long streams, then single-column tails, as row_groups.h's decode_cols_range.
