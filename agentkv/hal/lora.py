@@ -96,7 +96,7 @@ def _add(found: dict[str, Target], proj: Projection, kinds: Sequence[str], sizes
 class LoraView:
     """The backend as a step with adapter rows sees it: every op is the backend's own, except
     `matmul`, which adds the step's pieces for the weight it multiplies, and the composed ops
-    that call matmul (`decoder_block`, `ffn`), which run the base class's composition on this
+    that call matmul (`matmuls`, `decoder_block`, `ffn`), which run the base class's composition on this
     view so that their matmuls come back here; `moe_ffn` adds the routed experts' adapters."""
 
     def __init__(self, backend: Backend, step: LoraStep):
@@ -109,6 +109,9 @@ class LoraView:
         y = self._backend.matmul(x, weight, bias)
         pieces = self._step.pieces.get(weight.name)
         return self._backend.lora_add(x, y, self._step.row_slots, pieces) if pieces else y
+
+    def matmuls(self, x: Tensor, weights: Any, biases: Any = ()) -> list[Tensor]:
+        return Backend.matmuls(self, x, weights, biases)  # type: ignore[arg-type]
 
     def ffn(self, x: Tensor, weights: Any, spec: Any) -> Tensor:
         return Backend.ffn(self, x, weights, spec)  # type: ignore[arg-type]
