@@ -1,6 +1,6 @@
 // AVX-512 decoders of the 16-bit float and agentkv group-32 formats (quant.h has the AVX2
-// ones and the layouts), and the K-quant scale products both AVX-512 builds share. Include
-// only from qmatmul512.cpp and qmatmul_vnni.cpp, under their target pragma, after quant.h.
+// ones and the layouts), and the K-quant scale products. Include only from qmatmul512.cpp,
+// under its target pragma, after quant.h.
 // Each yields the same values as its AVX2 decoder, in the 2 x 16 lanes and the
 // prepare/decode shape of qmatmul512.cpp's decoders; F16 and F8G32 reuse the AVX2 code.
 #pragma once

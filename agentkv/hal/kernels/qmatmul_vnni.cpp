@@ -1,7 +1,8 @@
 // int8-activation build of the quantized matmul (AVX-512 VNNI): the activations are rounded
-// to int8 per row and per 32-wide block (one f32 scale each, as llama.cpp's q8_0), and each
-// weight block meets them in integer dot products (vpdpbusd: u8 weights x s8 activations,
-// exact int32 sums); only the per-block scaling is floating point.
+// to int8 per row and per 32-wide block (one f32 scale each, as llama.cpp's q8_0; per 256 for
+// the K-quants, as its q8_K), and each weight block meets them in integer dot products
+// (vpdpbusd: u8 weights x s8 activations, exact int32 sums); only the per-block (K-quants:
+// per-super-block) scaling is floating point.
 //
 // Compiled for avx512f/bw/vl/dq/vnni by the pragma below whatever the global flags are, and
 // only called after cpu_supports() said yes (qmatmul.cpp checks it when the mode is chosen).
@@ -13,8 +14,9 @@
 //   for each pair in order:
 //     I   = init[r] + dpbusd(wq[c], xq[r])      (int32 lanes, exact; init = -OFF * 4-sums of xq)
 //     acc = fma(float(I), dw[c] * dx[r], acc)   (dw: the weight block's scale per lane)
-//     acc = fma(mw[c], xs[r], acc)              (only formats with a min: Q4_1, Q4_K)
+//     acc = fma(mw[c], xs[r], acc)              (only formats with a min: Q4_1)
 //   out = the sum of acc through simd512.h's reduce4
+// and for Q4_K and Q6_K, per super-block, as cols_super says.
 // A row's quantized values depend on that row alone, and the column loop never changes an
 // output's sequence, so a row has the same bits at any row count, in any group, on any thread.
 #include <immintrin.h>
@@ -36,7 +38,6 @@ bool cpu_supports() { return avx512::cpu_supports() && __builtin_cpu_supports("a
 #define AGENTKV_ISA isa_vnni
 #include "quant.h"
 #include "simd512.h"
-#include "formats512.h"
 #include "mxfp4.h"
 
 namespace agentkv {
@@ -200,8 +201,8 @@ static inline __m512i scale_control(Index index, bool high) {
 // q[2h] = [4h | 4h + 2], q[2h + 1] = [4h + 1 | 4h + 3], and the row's codes are stored in that
 // order (ROUND 2). Packed lane j, element t: sub-block (t >> 2) + 2 (j >> 1), + 4 for pack 1.
 struct Q4_K {
-    static constexpr int QK = 256, BYTES = 144, UNIT_K = 256, OFF = 0, ROUND = 2;
-    static constexpr bool MIN = true, SUPER = true;
+    static constexpr int QK = 256, BYTES = 144, OFF = 0, ROUND = 2;
+    static constexpr bool MIN = true;
     static inline Super decode(const uint8_t* b) {
         static const __m512i c0 = scale_control([](int j, int t) { return (t >> 2) + 2 * (j >> 1); }, false);
         static const __m512i c1 = scale_control([](int j, int t) { return 4 + (t >> 2) + 2 * (j >> 1); }, false);
@@ -231,8 +232,8 @@ struct Q4_K {
 // q[2h] and q[2h + 1] are weights 0..63 and 64..127 in k order (ROUND 1). Packed lane j,
 // element t: group 4 (t >> 2) + j, + 8 for pack 1.
 struct Q6_K {
-    static constexpr int QK = 256, BYTES = 210, UNIT_K = 256, OFF = 32, ROUND = 1;
-    static constexpr bool MIN = false, SUPER = true;
+    static constexpr int QK = 256, BYTES = 210, OFF = 32, ROUND = 1;
+    static constexpr bool MIN = false;
     static inline Super decode(const uint8_t* b) {
         static const __m512i c0 = scale_control([](int j, int t) { return 4 * (t >> 2) + j; }, true);
         static const __m512i c1 = scale_control([](int j, int t) { return 8 + 4 * (t >> 2) + j; }, true);
@@ -242,9 +243,8 @@ struct Q6_K {
         w.s[1] = _mm512_srai_epi16(_mm512_shuffle_epi8(sc, c1), 8);
         w.d = _mm512_set1_ps(fp16_to_f32(b + 208));
         w.m = _mm512_setzero_ps();
-        w.off = _mm512_castsi256_si512(_mm256_sub_epi16(
-            _mm256_setzero_si256(), _mm256_slli_epi16(_mm256_cvtepi8_epi16(load16(b + 192)), 5)));  // -32 * scale
-        w.off = _mm512_zextsi256_si512(_mm512_castsi512_si256(w.off));
+        const __m256i scale16 = _mm256_cvtepi8_epi16(load16(b + 192));
+        w.off = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scale16, 5)));
         const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
         // per 16-bit lane shift counts: the first 32 bytes' pairs, then the second 32's
         const __m512i up = _mm512_mask_blend_epi64(0xF0, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
@@ -462,13 +462,17 @@ static inline __m256i codes32(const float* x, __m512 id) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(c0), c1, 1);
 }
 
-// One rounded 32-wide block at slot `at` of the row: its codes, and per lane d, -off * 4-sum
-// and d * 4-sum.
-static inline void store_block(__m256i codes, float d, int off, int64_t at, const QuantRows& out) {
+// One rounded 32-wide block at slot `at` of the row: its codes and per lane d (store_codes),
+// and per lane -off * 4-sum and d * 4-sum (store_block).
+static inline void store_codes(__m256i codes, float d, int64_t at, const QuantRows& out) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + 32 * at), codes);
+    _mm256_storeu_ps(out.dx + 8 * at, _mm256_set1_ps(d));
+}
+
+static inline void store_block(__m256i codes, float d, int off, int64_t at, const QuantRows& out) {
+    store_codes(codes, d, at, out);
     const __m256i sums = four_sums(codes);
     const __m256 dv = _mm256_set1_ps(d);
-    _mm256_storeu_ps(out.dx + 8 * at, dv);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.init + 8 * at), _mm256_mullo_epi32(sums, _mm256_set1_epi32(-off)));
     _mm256_storeu_ps(out.xs + 8 * at, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(sums)));
 }
@@ -493,16 +497,16 @@ static void quantize_row32(const float* xr, int64_t k, int off, const QuantRows&
 }
 
 // A row of a K-quant's k (a multiple of 256) in 256-wide rounding blocks; block j of each
-// super-block goes to slot SLOT[j] (Q4_K's order when `q4k`, else k order), and sub[j] is
-// d * the sum of its codes.
-static void quantize_row256(const float* xr, int64_t k, int off, bool q4k, const QuantRows& out) {
+// super-block goes to slot SLOT[j] (Q4_K's order when `q4k`, else k order), sub[j] is d * the
+// sum of its codes and gsum its two 16-wide halves' sums (cols_super reads no init or xs).
+static void quantize_row256(const float* xr, int64_t k, bool q4k, const QuantRows& out) {
     constexpr int Q4K_SLOT[8] = {0, 2, 1, 3, 4, 6, 5, 7};
     for (int64_t s = 0; s < k / 256; ++s) {
         const float d = amax(xr + 256 * s, 256) / 127.0f;
         const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
         for (int j = 0; j < 8; ++j) {
             const __m256i codes = codes32(xr + 256 * s + 32 * j, id);
-            store_block(codes, d, off, 8 * s + (q4k ? Q4K_SLOT[j] : j), out);
+            store_codes(codes, d, 8 * s + (q4k ? Q4K_SLOT[j] : j), out);
             alignas(32) int32_t sums[8];  // lanes 0..3: group 2j, 4..7: group 2j + 1
             _mm256_store_si256(reinterpret_cast<__m256i*>(sums), four_sums(codes));
             const int32_t a = (sums[0] + sums[1]) + (sums[2] + sums[3]), b = (sums[4] + sums[5]) + (sums[6] + sums[7]);
@@ -533,7 +537,7 @@ void quantize_rows(const float* x, int64_t r0, int64_t r1, int64_t k, int roundi
         if (round == 0)
             quantize_row32(x + r * k, k, off, out.offset(r));
         else
-            quantize_row256(x + r * k, k, off, round == 2, out.offset(r));
+            quantize_row256(x + r * k, k, round == 2, out.offset(r));
     }
 }
 

@@ -15,9 +15,11 @@ namespace vnni {
 //                      rounding block (32 wide, or 256 for the K-quants, as llama.cpp's q8_K),
 //                      in the order the format's kernel reads them (rounding_of)
 //   init [m, ld_lane]  -OFF * (the sum of codes 4l .. 4l + 4): the format's code offset, folded in
+//                      (32-wide rounding only)
 //   dx   [m, ld_lane]  d of the block lane l lies in
 //   xs   [m, ld_lane]  dx * (that 4-sum), for 32-weight formats whose weights have a min
-//   sub  [m, ld_sub]   d * (the sum of the codes of k's 32-wide block j, in k order), for Q4_K's mins
+//   sub  [m, ld_sub]   d * (the sum of the codes of k's 32-wide block j, in k order), for Q4_K's
+//                      mins (256-wide rounding only, as gsum)
 //   gsum [m, 2 ld_sub] the sum of the codes of k's 16-wide group j (k order), for Q6_K's offset
 struct QuantRows {
     int8_t* q;
