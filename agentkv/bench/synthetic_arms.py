@@ -194,7 +194,7 @@ def kv_bytes_per_token(log_path: Path) -> float | None:
 def add_arm_arguments(parser, rounds: int) -> None:
     """--int8 (an agentkv-int8 arm) and --rounds (default `rounds`), shared by the benchmarks."""
     parser.add_argument(
-        "--int8", action="store_true", help="also run agentkv with int8 matmul activations (arm agentkv-int8; VNNI)"
+        "--int8", action="store_true", help="also run agentkv with int8 matmul activations (arm agentkv-int8)"
     )
     parser.add_argument(
         "--rounds",

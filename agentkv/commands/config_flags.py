@@ -77,7 +77,7 @@ FLAGS: dict[str, Flag] = {
         Flag("kv_write_through", "write KV blocks to disk when they are cached, not when evicted from RAM"),
         Flag(
             "activation_dtype",
-            "matmul activations: int8 (AVX-512 VNNI) rounds them per 32-wide block; cache hits stay exact",
+            "matmul activations: int8 rounds them per 32-wide block (integer dot products); cache hits stay exact",
             choices=ACTIVATION_DTYPES,
         ),
         Flag(

@@ -52,7 +52,7 @@ def check_kv_dtype(dtype: object, name: str = "kv_dtype") -> str:
 
 
 # What a backend's matmuls take as activations: f32, or int8 rounded per row and 32-wide block
-# (integer dot products; the cpu backend on CPUs with AVX-512 VNNI). Part of the fingerprint.
+# (integer dot products; the cpu backend: AVX-512 VNNI or AVX2). Part of the fingerprint.
 ACTIVATION_DTYPES = ("f32", "int8")
 
 

@@ -95,7 +95,7 @@ class EngineConfig:
     backend: str = DEFAULT_BACKEND
     weights: str = "resident"  # "resident" keeps quantized weights quantized; "f32" dequantizes
     # What the matmuls take as activations (ACTIVATION_DTYPES): "int8" rounds them per row and
-    # 32-wide block for integer dot products (the cpu backend, AVX-512 VNNI); cache hits stay exact.
+    # 32-wide block for integer dot products (the cpu backend, VNNI or AVX2); cache hits stay exact.
     activation_dtype: str = "f32"
     max_model_len: int | None = None  # None = the model's context length
     cache: CacheConfig = field(default_factory=CacheConfig)

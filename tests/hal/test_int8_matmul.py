@@ -1,5 +1,6 @@
-"""The int8-activation matmul (qmatmul int8=True, AVX-512 VNNI): its values against a float64
-oracle of the same rounding, its batch and thread invariance, and the qtypes it leaves to f32."""
+"""The int8-activation matmul (qmatmul int8=True; AVX-512 VNNI, and AVX2 where that build runs):
+its values against a float64 oracle of the same rounding, its batch and thread invariance, the
+two builds' equal bits, and the qtypes it leaves to f32."""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ import pytest
 import torch
 
 from tests.hal.test_kernels import LEGACY, QTYPES, K, gguf_dequant, random_quant
-
-if not K.int8_supported():
-    pytest.skip("this CPU has no AVX-512 VNNI: no int8-activation kernels", allow_module_level=True)
 
 INT8 = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "MXFP4"]
 MXFP4 = int(gguf.GGMLQuantizationType.MXFP4)
@@ -49,7 +47,7 @@ def check_matches(ours: torch.Tensor, ref: np.ndarray):
 
 @pytest.mark.parametrize("name", INT8)
 @pytest.mark.parametrize("m", [1, 3, 8, 13, 70])
-def test_int8_matches_the_oracle_of_its_rounding(name, m):
+def test_int8_matches_the_oracle_of_its_rounding(name, m, isa):
     """32-weight formats at k = 544 (17 blocks: an odd last block), K-quants at 512."""
     n, k = 45, 544 if name in BLOCK_32 else 512
     w, qtype, values = weights(name, n, k, seed=2)
@@ -60,7 +58,7 @@ def test_int8_matches_the_oracle_of_its_rounding(name, m):
 
 
 @pytest.mark.parametrize("name", INT8)
-def test_int8_rows_are_batch_and_thread_invariant(name, threads):
+def test_int8_rows_are_batch_and_thread_invariant(name, threads, isa):
     n, k = 61, 256 if name in BLOCK_32 else 512
     raw, qtype, _ = weights(name, n, k, seed=4)
     w = torch.from_numpy(raw)
@@ -70,6 +68,36 @@ def test_int8_rows_are_batch_and_thread_invariant(name, threads):
         assert torch.equal(K.qmatmul(x[lo:hi].contiguous(), w, qtype, n, k, int8=True), full[lo:hi]), (lo, hi)
     perm = torch.randperm(150, generator=torch.Generator().manual_seed(6))
     assert torch.equal(K.qmatmul(x[perm].contiguous(), w, qtype, n, k, int8=True), full[perm])
+
+
+@pytest.mark.parametrize("name", INT8)
+def test_the_avx2_build_has_the_vnni_builds_bits(name, runnable_isas):
+    """qmatmul_int8.cpp (AVX2: vpmaddubsw + vpmaddwd) against qmatmul_vnni.cpp (vpdpbusd), every
+    format, decode and prefill row counts, an all-zero block and an odd last block: equal bits.
+    Control: the two f32 builds, each invariant, do differ on the same inputs, so the comparison
+    is of two real computations that could disagree."""
+    if "avx512" not in runnable_isas:
+        pytest.skip("this CPU has no AVX-512: only the AVX2 build runs here")
+    before = K.isa()
+    try:
+        K.override_isa_unchecked("avx512")
+        if K.int8_build() != "avx512-vnni":
+            pytest.skip("this CPU has AVX-512 without VNNI: both ISAs run the AVX2 int8 build")
+        n, k = 45, 544 if name in BLOCK_32 else 512
+        raw, qtype, _ = weights(name, n, k, seed=21)
+        w = torch.from_numpy(raw)
+        x = torch.randn(70, k, generator=torch.Generator().manual_seed(22))
+        x[0, :32] = 0.0
+        runs = {}
+        for isa_name in ("avx512", "avx2"):
+            K.override_isa_unchecked(isa_name)
+            runs[isa_name] = [K.qmatmul(x[:m].contiguous(), w, qtype, n, k, int8=True) for m in (1, 2, 3, 5, 8, 13, 70)]
+            runs[isa_name + "-f32"] = K.qmatmul(x, w, qtype, n, k)
+    finally:
+        K.override_isa_unchecked(before)
+    for vnni, avx2 in zip(runs["avx512"], runs["avx2"]):
+        assert torch.equal(vnni, avx2)
+    assert not torch.equal(runs["avx512-f32"], runs["avx2-f32"])
 
 
 def test_int8_is_its_own_arithmetic_and_the_comparisons_can_fail():

@@ -72,7 +72,6 @@ def test_bits_equal_the_per_expert_path(qtypes, spec):
     assert CPU._compiled_experts(weights.experts, spec) is not None  # the compiled path ran
 
 
-@pytest.mark.skipif("int8" not in CPU.activation_dtypes(), reason="this CPU has no AVX-512 VNNI: no int8 kernels")
 @pytest.mark.parametrize("qtypes", [("MXFP4",) * 3, ("Q4_K", "Q4_K", "Q6_K"), ("Q5_1",) * 3], ids="-".join)
 def test_int8_mode_bits_equal_the_per_expert_path(qtypes):
     """In the backend's int8 mode the compiled experts take the int8 kernels exactly as

@@ -30,7 +30,6 @@ def test_exact_reuse_tiny_gpt_oss(gpt_oss_dir, kv_dtype):
     assert check_contract(gpt_oss_dir, "cpu", 256, 45, seed=1, kv_dtype=kv_dtype, light=kv_dtype == "f16") == []
 
 
-@pytest.mark.skipif("int8" not in CpuBackend().activation_dtypes(), reason="no AVX-512 VNNI: no int8 kernels")
 def test_exact_reuse_tiny_gpt_oss_mxfp4_int8(tmp_path):
     """MXFP4 experts in the int8-activation mode (qmatmul_vnni.cpp's MXFP4, moe.cpp's int8
     decode loop) keep the contract; the control: that mode's logits are not the f32 mode's."""

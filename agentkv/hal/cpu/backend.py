@@ -63,11 +63,12 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         return Identity(self.name, str(self.device), self._kernels.fix_isa(), build_id())
 
     def activation_dtypes(self) -> tuple[str, ...]:
-        """int8 where the CPU has AVX-512 VNNI (qmatmul_vnni.cpp): those kernels round each
-        row's activations to int8 per 32-wide block for the GGUF formats that have one (Q4_0,
-        Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4), MoE experts included; other weights keep f32
-        activations."""
-        return ("f32", "int8") if self._kernels.int8_supported() else ("f32",)
+        """int8 on every CPU the kernels run on: they round each row's activations to int8 per
+        32-wide block (256 for the K-quants) for the GGUF formats that have a kernel (Q4_0,
+        Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4), MoE experts included, and take integer dot
+        products: AVX-512 VNNI where the AVX-512 build runs on a CPU with it, else AVX2, the
+        same bits either way. Other weights keep f32 activations."""
+        return ("f32", "int8")
 
     @property
     def int8(self) -> bool:

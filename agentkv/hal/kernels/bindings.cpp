@@ -64,7 +64,6 @@ void check_weight(const at::Tensor& w, int64_t qtype, int64_t n, int64_t k) {
 
 at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int64_t n, int64_t k, bool int8) {
     fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
-    TORCH_CHECK(!int8 || int8_supported(), "int8 activations need AVX-512 VNNI, which this CPU lacks");
     check_f32(x, "x", 2);
     TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, expected k=", k);
     check_weight(w, qtype, n, k);
@@ -302,9 +301,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "agentkv batch-invariant CPU kernels (AVX2/FMA, AVX-512 where the CPU has it)";
     m.def("qmatmul", &agentkv::ops::qmatmul, nogil, "x[m,k] @ dequant(w).T -> [m,n]",
           py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("int8") = false);
-    m.def("int8_supported", &agentkv::int8_supported, "whether this CPU runs the int8-activation matmul (AVX-512 VNNI)");
     m.def("int8_qtype_supported", &agentkv::int8_qtype_supported,
           "whether qtype has an int8-activation kernel (others take the f32 path in int8 mode)", py::arg("qtype"));
+    m.def("int8_build", &agentkv::int8_build, "the int8 kernels the active ISA runs: avx512-vnni or avx2 (the same bits)");
     m.def("isa", &agentkv::ops::isa_name, "instruction set the matmul kernels use: avx2 or avx512");
     m.def("set_isa", &agentkv::ops::set_isa_by_name,
           "choose the kernel ISA (avx2 or avx512) before the first kernel call; after it, only the same one",

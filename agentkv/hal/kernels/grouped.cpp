@@ -27,22 +27,22 @@ constexpr int64_t MIN_TASK_BYTES = 16 * 1024;
 // stay in 4s unless its n is not a multiple of 4; the grouping never changes a bit).
 // int8: each job whose qtype has an int8 kernel has its rows rounded once, before the loop, as
 // qmatmul_raw's run_int8 rounds them (a job reading an earlier job's rows with the same
-// rounding, vnni::rounding_of, as an expert's up after its gate, reuses it); its columns then
-// take vnni::columns. A job with no rounding (q null) takes avx512::decode_range.
+// rounding, int8::rounding_of, as an expert's up after its gate, reuses it); its columns then
+// take int8::columns. A job with no rounding (q null) takes avx512::decode_range.
 void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes, bool int8) {
-    std::vector<vnni::RowBuffers> buffers(int8 ? jobs.size() : 0);
-    std::vector<vnni::QuantRows> rounded(jobs.size());
+    std::vector<RowBuffers> buffers(int8 ? jobs.size() : 0);
+    std::vector<QuantRows> rounded(jobs.size());
     for (size_t j = 0; j < buffers.size(); ++j) {
-        if (!vnni::qtype_supported(qtypes[j])) continue;
+        if (!int8::qtype_supported(qtypes[j])) continue;
         const Problem& p = jobs[j];
-        const int rounding = vnni::rounding_of(qtypes[j]);
+        const int rounding = int8::rounding_of(qtypes[j]);
         for (size_t i = 0; i < j && rounded[j].q == nullptr; ++i)
             if (rounded[i].q != nullptr && jobs[i].x == p.x && jobs[i].m == p.m && jobs[i].k == p.k &&
-                vnni::rounding_of(qtypes[i]) == rounding)
+                int8::rounding_of(qtypes[i]) == rounding)
                 rounded[j] = rounded[i];
         if (rounded[j].q != nullptr) continue;
         rounded[j] = buffers[j].size_for(p.m, p.k);
-        vnni::quantize_rows(p.x, 0, p.m, p.k, rounding, rounded[j]);
+        int8::quantize_rows(p.x, 0, p.m, p.k, rounding, rounded[j]);
     }
     // job j's columns are [start[j], start[j + 1]) of one index space
     std::vector<int64_t> start(jobs.size() + 1, 0);
@@ -64,7 +64,7 @@ void decode_all(const std::vector<Problem>& jobs, const std::vector<int>& qtypes
                 if (rounded[j].q == nullptr)
                     avx512::decode_range(jobs[j], qtypes[j], c0, c1);
                 else
-                    vnni::columns(jobs[j], rounded[j], qtypes[j], c0, c1);
+                    int8::columns(jobs[j], rounded[j], qtypes[j], c0, c1);
                 b += c1 - c0;
             }
         },
@@ -120,7 +120,6 @@ std::vector<at::Tensor> qmatmuls(const at::Tensor& x, const std::vector<at::Tens
     check_2d_f32(x, "x", 0);
     TORCH_CHECK(!ws.empty() && ws.size() == qtypes.size() && ws.size() == ns.size(), "qmatmuls: ", ws.size(),
                 " weights, ", qtypes.size(), " qtypes, ", ns.size(), " row counts");
-    TORCH_CHECK(!int8 || int8_supported(), "qmatmuls: int8 activations need AVX-512 VNNI, which this CPU lacks");
     const int64_t m = x.size(0), k = x.size(1);
     std::vector<at::Tensor> outs;
     std::vector<Problem> jobs;

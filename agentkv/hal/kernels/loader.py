@@ -30,6 +30,8 @@ SOURCES = (
     "qmatmul.cpp",
     "qmatmul512.cpp",
     "qmatmul_vnni.cpp",
+    "qmatmul_int8.cpp",
+    "int8_rows.cpp",
     "attention.cpp",
     "attention512.cpp",
     "attention_ranges.cpp",

@@ -277,7 +277,6 @@ MoEExperts moe_experts(std::vector<at::Tensor> gate, std::vector<at::Tensor> up,
     TORCH_CHECK(biases.empty() || biases.size() == 3, "biases must be [] or [gate, up, down], got ", biases.size(),
                 " lists");
     TORCH_CHECK(d > 0 && f > 0, "d=", d, " and f=", f, " must be > 0");
-    TORCH_CHECK(!int8 || int8_supported(), "int8 activations need AVX-512 VNNI, which this CPU lacks");
     biases.resize(3);
     return MoEExperts{bank(std::move(gate), std::move(biases[0]), qtypes[0], f, d, "gate"),
                       bank(std::move(up), std::move(biases[1]), qtypes[1], f, d, "up"),

@@ -433,27 +433,38 @@ bool override_isa_unchecked(int isa) {
     return true;
 }
 
-bool int8_supported() { return vnni::cpu_supports(); }
+bool int8_qtype_supported(int qtype) { return int8::qtype_supported(qtype); }
 
-bool int8_qtype_supported(int qtype) { return vnni::qtype_supported(qtype); }
+// The VNNI build runs under the AVX-512 one where the CPU has VNNI; the AVX2 build otherwise.
+static bool int8_on_vnni(int isa) {
+    static const bool vnni_here = vnni::cpu_supports();
+    return vnni_here && isa == ISA_AVX512;
+}
+
+const char* int8_build() { return int8_on_vnni(active_isa()) ? "avx512-vnni" : "avx2"; }
+
+void int8::columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1) {
+    if (int8_on_vnni(fix_isa()))
+        vnni::columns(p, x, qtype, c0, c1);
+    else
+        int8avx2::columns(p, x, qtype, c0, c1);
+}
 
 // The int8-activation path: rows quantized once (split over threads by rows, each row's codes
 // its own), then threads split columns as the decode path does.
 static void run_int8(const Problem& p, int qtype) {
-    thread_local vnni::RowBuffers buffers;
-    const vnni::QuantRows rows = buffers.size_for(p.m, p.k);
-    const int rounding = vnni::rounding_of(qtype);
+    thread_local RowBuffers buffers;
+    const QuantRows rows = buffers.size_for(p.m, p.k);
+    const int rounding = int8::rounding_of(qtype);
     parallel_chunks(p.m, std::max<int64_t>(1, 32768 / p.k),
-                    [&](int64_t b, int64_t e) { vnni::quantize_rows(p.x, b, e, p.k, rounding, rows); });
-    decode_columns(p, [&](int64_t b, int64_t e) { vnni::columns(p, rows, qtype, b, e); });
+                    [&](int64_t b, int64_t e) { int8::quantize_rows(p.x, b, e, p.k, rounding, rows); });
+    decode_columns(p, [&](int64_t b, int64_t e) { int8::columns(p, rows, qtype, b, e); });
 }
 
 void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_t n, int64_t k,
                  int64_t row_bytes, int qtype, bool int8_activations) {
     const Problem p{x, w, out, m, n, k, row_bytes};
-    if (int8_activations && vnni::qtype_supported(qtype)) {
-        if (!vnni::cpu_supports())
-            throw std::invalid_argument("agentkv kernels: int8 activations need AVX-512 VNNI, which this CPU lacks");
+    if (int8_activations && int8::qtype_supported(qtype)) {
         run_int8(p, qtype);
         return;
     }

@@ -23,13 +23,14 @@ SetIsa set_isa(int isa);
 bool override_isa_unchecked(int isa);
 
 // out[m, n] = x[m, k] @ dequant(w[n, row_bytes]).T; k a multiple of 32.
-// int8_activations: x rounded to int8 per row and 32-wide block, integer dot products
-// (qmatmul_vnni.cpp) for the qtypes int8_qtype_supported names; other qtypes take the f32
-// path. Needs int8_supported() (the caller checks; std::invalid_argument otherwise).
+// int8_activations: x rounded to int8 per row and 32-wide block (256 for the K-quants),
+// integer dot products (qmatmul_vnni.cpp on AVX-512 VNNI, qmatmul_int8.cpp on AVX2: the same
+// bits) for the qtypes int8_qtype_supported names; other qtypes take the f32 path.
 void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_t n, int64_t k,
                  int64_t row_bytes, int qtype, bool int8_activations = false);
-bool int8_supported();
 bool int8_qtype_supported(int qtype);
+// Which build of the int8 kernels the active ISA runs: "avx512-vnni" or "avx2" (the same bits).
+const char* int8_build();
 
 // out[n, k] = dequant(w), bit-identical to gguf.quants.dequantize.
 void dequantize_raw(const uint8_t* w, float* out, int64_t n, int64_t k, int64_t row_bytes, int qtype);

@@ -1,4 +1,6 @@
-// What the matmul driver (qmatmul.cpp) shares with the int8-activation build (qmatmul_vnni.cpp).
+// What the matmul driver (qmatmul.cpp) shares with the two builds of the int8-activation
+// matmul: qmatmul_vnni.cpp (AVX-512 VNNI) and qmatmul_int8.cpp (AVX2), one arithmetic and so
+// the same bits, over activations rounded once by int8_rows.cpp.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +9,6 @@
 #include "qmatmul_impl.h"
 
 namespace agentkv {
-namespace vnni {
 
 // Rows of activations rounded to int8, with what the dot products need, k padded to a
 // multiple of 64 with zero blocks (ld_q = that padded k, ld_lane = ld_q / 4, ld_sub = ld_q / 32):
@@ -53,15 +54,24 @@ struct RowBuffers {
     }
 };
 
-bool cpu_supports();             // AVX-512 F/BW/VL/DQ and VNNI
-bool qtype_supported(int qtype);  // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4
+namespace int8 {
+bool qtype_supported(int qtype);  // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4 (qmatmul_int8.cpp)
 // How the format wants its activations rounded (code offset, block width, code order) as one
 // key: two formats with the same key can share a rounding; -1 if unsupported.
 int rounding_of(int qtype);
 // Rows [r0, r1) of x [*, k] into out (which holds all rows), rounded as `rounding` says.
 void quantize_rows(const float* x, int64_t r0, int64_t r1, int64_t k, int rounding, const QuantRows& out);
-// Columns [c0, c1) of p.out for all p.m rows of x.
+// Columns [c0, c1) of p.out for all p.m rows of x: the VNNI build where the process runs the
+// AVX-512 build and the CPU has VNNI, else the AVX2 one (qmatmul.cpp chooses).
 void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1);
+}  // namespace int8
 
+namespace vnni {
+bool cpu_supports();  // AVX-512 F/BW/VL/DQ and VNNI
+void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1);
 }  // namespace vnni
+
+namespace int8avx2 {
+void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1);
+}  // namespace int8avx2
 }  // namespace agentkv
