@@ -321,12 +321,15 @@ def run(args: argparse.Namespace) -> int:
 
 def isa_facts() -> dict[str, Any]:
     """The ISA agentkv's kernels run — AGENTKV_CPU_ISA when set (the servers inherit it), else
-    the best the CPU has, as the kernels choose it (qmatmul512.cpp's cpu_supports) — and the
-    CPU's SIMD flags. Read from /proc/cpuinfo: never loads (or compiles) the kernels."""
+    the best the CPU has, as the kernels choose it (qmatmul512.cpp's cpu_supports) — the build
+    of its int8 kernels under that ISA (qmatmul.cpp's int8_build) and the CPU's SIMD flags.
+    Read from /proc/cpuinfo: never loads (or compiles) the kernels."""
     from agentkv.hal.kernels.loader import ISA_ENV, _cpu_flags
 
     flags = _cpu_flags(None) or set()
     best = "avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags else "avx2"
     forced = os.environ.get(ISA_ENV)
     simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
-    return {"agentkv_kernels": forced or best, "forced": forced, "cpu_flags": simd}
+    isa = forced or best
+    int8 = "avx512-vnni" if isa == "avx512" and "avx512_vnni" in flags else "avx2"
+    return {"agentkv_kernels": isa, "agentkv_int8_kernels": int8, "forced": forced, "cpu_flags": simd}

@@ -32,7 +32,8 @@ def header(payload: dict) -> list[str]:
         f"memory bandwidth {bw['best_gbs']:.1f} GB/s (best of before and after); load average before "
         f"{load['before'][0]:.2f}, after {load['after'][0]:.2f}; {THREADS} threads per server; "
         f"CPU: {payload['machine']['cpu']}; agentkv kernels: {payload['isa']['agentkv_kernels']}"
-        f"{' (forced by AGENTKV_CPU_ISA)' if payload['isa']['forced'] else ''}",
+        f"{' (forced by AGENTKV_CPU_ISA)' if payload['isa']['forced'] else ''}"
+        f", int8 kernels: {payload['isa'].get('agentkv_int8_kernels', 'avx512-vnni')}",
         "",
         f"llama-server: {_server_line(payload)}",
         "",

@@ -152,6 +152,7 @@ def test_long_bench_llama_server_tiny(tmp_path):
     assert len(peer["fleet"]["agent_s"]) == AGENTS and max(peer["fleet"]["agent_s"]) <= peer["fleet"]["wall_s"]
     assert peer["ttft"]["prompt_tokens"] == 32 and peer["decode"]["tokens"] == 4
     assert payload["isa"]["agentkv_kernels"] in ("avx2", "avx512")
+    assert payload["isa"]["agentkv_int8_kernels"] in ("avx2", "avx512-vnni")
     # with llama_cpp.server's result beside it, llama-server stays the peer of the ratios
     results = {"agentkv": peer, "llama-server": peer, "llamacpp": {**peer, "replay": {"wall_s": 1e9}}}
     derived = long_bench.derive("smollm2", results, 10.0)
