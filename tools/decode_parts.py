@@ -1,5 +1,5 @@
 """Where one decode step's time goes, in process: `python tools/decode_parts.py [MODEL]
-[--depth 256] [--steps 40]` (run from the checkout with `PYTHONPATH` pointing at it). On one
+[--depth 256] [--steps 40] [--activation-dtype int8]` (run from the checkout with `PYTHONPATH` pointing at it). On one
 and on two kernel threads it times the whole step at DEPTH (a store of zeroed slots: attention
 costs the same whatever the values), then the same step's layer matmuls alone (every
 projection weight, one row, in model order) and the head alone; the rest is attention, norms,
@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("model", nargs="?", default="smollm2")
     parser.add_argument("--depth", type=int, default=256)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--activation-dtype", choices=("f32", "int8"), default="f32")
     args = parser.parse_args()
     import torch
 
@@ -31,8 +32,13 @@ def main() -> None:
     kernels = load()
     blocks = args.depth // 16 + 2
     config = engine_config(
-        args.model, enable_prefix_cache=False, kv_cache_blocks=blocks + 2, max_model_len=args.depth + 32
+        args.model,
+        enable_prefix_cache=False,
+        kv_cache_blocks=blocks + 2,
+        max_model_len=args.depth + 32,
+        activation_dtype=args.activation_dtype,
     )
+    int8 = args.activation_dtype == "int8"
     runner = Engine(config).runner
     model = runner.model
     chunk = Chunk([100], args.depth, list(range(blocks)), "last")
@@ -54,13 +60,13 @@ def main() -> None:
             step.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             for w in weights:
-                kernels.qmatmul(xs[w.shape[1]], w.raw, w.qtype, w.shape[0], w.shape[1])
+                kernels.qmatmul(xs[w.shape[1]], w.raw, w.qtype, w.shape[0], w.shape[1], int8)
             mm.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            kernels.qmatmul(head_x, head.raw, head.qtype, head.shape[0], head.shape[1])
+            kernels.qmatmul(head_x, head.raw, head.qtype, head.shape[0], head.shape[1], int8)
             hd.append(time.perf_counter() - t0)
         print(
-            f"{args.model} depth {args.depth}, {threads} thread(s): step {p20(step):.2f} ms; layer matmuls "
+            f"{args.model} {args.activation_dtype} depth {args.depth}, {threads} thread(s): step {p20(step):.2f} ms; layer matmuls "
             f"{p20(mm):.2f} ms ({layer_mb:.1f} MB, {layer_mb / p20(mm):.1f} GB/s); head {p20(hd):.2f} ms; "
             f"the rest {p20(step) - p20(mm) - p20(hd):.2f} ms",
             flush=True,

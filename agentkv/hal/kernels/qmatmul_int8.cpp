@@ -308,7 +308,7 @@ static void cols_range(const Problem& p, const QuantRows& x, int64_t c0, int64_t
 template <class F>
 static void group(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
     switch (p.m) {
-        case 1: cols_range<F, 1, 2>(p, x, c0, c1); break;
+        case 1: cols_range<F, 1, 4>(p, x, c0, c1); break;
         case 2: cols_range<F, 2, F::QK == 256 ? 1 : 2>(p, x, c0, c1); break;
         case 3: cols_range<F, 3, 1>(p, x, c0, c1); break;
         default: cols_range<F, 4, 1>(p, x, c0, c1); break;
