@@ -66,7 +66,8 @@ def main() -> None:
             kernels.qmatmul(head_x, head.raw, head.qtype, head.shape[0], head.shape[1], int8)
             hd.append(time.perf_counter() - t0)
         print(
-            f"{args.model} {args.activation_dtype} depth {args.depth}, {threads} thread(s): step {p20(step):.2f} ms; layer matmuls "
+            f"{args.model} {args.activation_dtype} depth {args.depth}, {threads} thread(s): "
+            f"step {p20(step):.2f} ms; layer matmuls "
             f"{p20(mm):.2f} ms ({layer_mb:.1f} MB, {layer_mb / p20(mm):.1f} GB/s); head {p20(hd):.2f} ms; "
             f"the rest {p20(step) - p20(mm) - p20(hd):.2f} ms",
             flush=True,
