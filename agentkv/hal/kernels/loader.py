@@ -50,6 +50,7 @@ HEADERS = (
     "qmatmul.h",
     "qmatmul_impl.h",
     "qmatmul_vnni.h",
+    "int8_sweep.h",
     "attention_impl.h",
     "fused.h",
     "pool.h",

@@ -367,18 +367,7 @@ static void cols_super(const Problem& p, const QuantRows& x, int64_t c0, int64_t
     store_columns<M, G>(p, c0, stride, acc);
 }
 
-// G long streams, then single-column tails, as row_groups.h's decode_cols_range.
-template <class F, int M, int G>
-static void cols_range(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
-    const int64_t streams = (c1 - c0) / G;
-    if constexpr (F::QK == 256) {
-        for (int64_t i = 0; i < streams; ++i) cols_super<F, M, G>(p, x, c0 + i, streams);
-        for (int64_t c = c0 + G * streams; c < c1; ++c) cols_super<F, M, 1>(p, x, c, 1);
-    } else {
-        for (int64_t i = 0; i < streams; ++i) cols<F, M, G>(p, x, c0 + i, streams);
-        for (int64_t c = c0 + G * streams; c < c1; ++c) cols<F, M, 1>(p, x, c, 1);
-    }
-}
+#include "int8_sweep.h"
 
 // One group of <= GROUP_ROWS rows: M x G accumulators and G decoded pairs fit 32 registers.
 template <class F>
@@ -407,45 +396,6 @@ static void group(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) 
         case 6: cols_range<F, 6, 2>(p, x, c0, c1); break;
         case 7: cols_range<F, 7, 2>(p, x, c0, c1); break;
         default: cols_range<F, 8, 2>(p, x, c0, c1); break;
-    }
-}
-
-// Rows in chunks of ROW_CHUNK (their activations stay in L2), each chunk's rows in balanced
-// groups of <= GROUP_ROWS taking turns on COL_BLOCK columns (those weights stay in L1); one
-// group (a decode) streams its whole range.
-template <class F>
-static void rows_range(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) {
-    if (p.m <= GROUP_ROWS) {
-        group<F>(p, x, c0, c1);
-        return;
-    }
-    for (int64_t r0 = 0; r0 < p.m; r0 += ROW_CHUNK) {
-        const int64_t chunk = p.m - r0 < ROW_CHUNK ? p.m - r0 : ROW_CHUNK;
-        const int64_t groups = (chunk + GROUP_ROWS - 1) / GROUP_ROWS;
-        for (int64_t cb = c0; cb < c1; cb += COL_BLOCK) {
-            const int64_t ce = cb + COL_BLOCK < c1 ? cb + COL_BLOCK : c1;
-            int64_t r = r0;
-            for (int64_t gi = 0; gi < groups; ++gi) {
-                const int64_t left = groups - gi, rows = (r0 + chunk - r + left - 1) / left;
-                const Problem sub{nullptr, p.w, p.out + r * p.n, rows, p.n, p.k, p.row_bytes};
-                group<F>(sub, x.offset(r), cb, ce);
-                r += rows;
-            }
-        }
-    }
-}
-
-template <class Fn>
-static bool dispatch(int qtype, Fn&& fn) {
-    switch (qtype) {
-        case 8: fn(Q8_0{}); return true;
-        case 2: fn(Q4_0{}); return true;
-        case 3: fn(Q4_1{}); return true;
-        case 6: fn(Q5_0{}); return true;
-        case 12: fn(Q4_K{}); return true;
-        case 14: fn(Q6_K{}); return true;
-        case agentkv::MXFP4: fn(MXFP4{}); return true;  // the qtype (mxfp4.h), then the format
-        default: return false;
     }
 }
 
