@@ -53,7 +53,7 @@ constexpr int64_t COL_BLOCK = 24;  // columns a row group sweeps before the next
 // out[0 .. C) = the sums of acc[0 .. C), C <= 4, through simd512.h's reduce4 (the one
 // horizontal sum of this build: decode, prefill and tail columns alike).
 template <int C>
-static inline void store_sums(const __m512* acc, float* out) {
+__attribute__((always_inline)) static inline void store_sums(const __m512* acc, float* out) {
     static_assert(C >= 1 && C <= 4, "store_sums reduces at most four accumulators");
     const __m512 z = _mm512_setzero_ps();
     const __m128 s = reduce4(acc[0], C > 1 ? acc[1] : z, C > 2 ? acc[2] : z, C > 3 ? acc[3] : z);
@@ -95,7 +95,7 @@ struct W8_0 {
     using Ctx = NoCtx;
     static inline void prepare(const uint8_t*, Ctx&) {}
     static inline void decode(const uint8_t* b, int, const Ctx&, __m512 out[2]) {
-        const __m512 d = _mm512_set1_ps(fp16_to_f32(b));
+        const __m512 d = _mm512_set1_ps(fp16_at(b));  // a broadcast load (fp16_table.h)
         out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 2))), d);
         out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b + 18))), d);
     }
@@ -237,7 +237,7 @@ static inline void start_cols(const Problem& p, int64_t c0, int64_t stride, __m5
 
 // Row r's G sums into columns c0 + g * stride (adjacent columns: one 4-lane store).
 template <int G>
-static inline void store_cols(const __m512* acc, float* out, int64_t stride) {
+__attribute__((always_inline)) static inline void store_cols(const __m512* acc, float* out, int64_t stride) {
     if (stride == 1) {
         store_sums<G>(acc, out);
         return;
