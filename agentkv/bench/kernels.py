@@ -3,7 +3,8 @@ F.linear, same run; m=1 (decode) and m=512 (prefill): ms per call, GB/s of weigh
 (quantized bytes for ours, f32 bytes for torch) and GFLOP/s. The last rows sweep every linear
 weight of the real model once per "token" (more than L3): the decode ceiling the kernels give
 the model; then paged attention against torch SDPA. Uses the packaged real weights when
-installed, else random weights of the same shapes. `--clock cpu` times with process CPU time
+installed, else random weights of the same shapes; last, the f32 prefill GFLOP/s against the
+FMA peak on every ISA the CPU runs (kernels_peak.py). `--clock cpu` times with process CPU time
 (honest per-core figures on a shared machine, but only with --threads 1: it sums threads)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from agentkv.bench.common import bar_plot, envelope, print_paths, table, write_outputs
 from agentkv.bench.kernels_mxfp4 import bench_mxfp4, mxfp4_lines
+from agentkv.bench.kernels_peak import bench_peak, peak_lines
 
 Q4_1, Q8_0 = 3, 8
 SHAPES = [  # label, tensor name in the GGUF, n, k, qtype
@@ -219,6 +221,14 @@ def steps_lines(steps: list[dict]) -> list[str]:
     return ["- SmolLM2 engine step, ms by rows: " + ", ".join(f"{r['rows']}: {r['step_ms']:.1f}" for r in steps)]
 
 
+def shapes_table(shapes: list[dict]) -> list[str]:
+    keys = ["shape", "m", "ours_ms", "ours_gbs", "ours_gflops", "torch_ms", "torch_gbs", "torch_gflops", "speedup"]
+    return table(
+        ["shape", "m", "ours ms", "GB/s", "GFLOP/s", "torch ms", "GB/s", "GFLOP/s", "speedup"],
+        [[r[key] for key in keys] for r in shapes],
+    )
+
+
 def check_args(args: argparse.Namespace) -> None:
     if args.threads < 1 or args.seconds <= 0:
         raise ValueError(f"--threads {args.threads} must be >= 1 and --seconds {args.seconds} > 0")
@@ -241,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
     steps = bench_steps(timer, args.seconds * 3, args.step_rows) if args.step_rows else []
     attn["long_decode"] = bench_long_decode(K, timer, args.seconds)
     mxfp4 = bench_mxfp4(K, timer, args.seconds * 3, args.m)
+    peak = bench_peak(K, args.threads, args.clock, args.seconds)
     payload = envelope(
         "kernels",
         threads=args.threads,
@@ -252,26 +263,11 @@ def run(args: argparse.Namespace) -> int:
         attention=attn,
         steps=steps,
         mxfp4=mxfp4,
+        prefill_peak=peak,
     )
     out = Path(args.out)
     md = [f"{source}; {args.threads} threads; {args.clock} clock; kernels {K.isa()}", ""]
-    md += table(
-        ["shape", "m", "ours ms", "GB/s", "GFLOP/s", "torch ms", "GB/s", "GFLOP/s", "speedup"],
-        [
-            [
-                r["shape"],
-                r["m"],
-                r["ours_ms"],
-                r["ours_gbs"],
-                r["ours_gflops"],
-                r["torch_ms"],
-                r["torch_gbs"],
-                r["torch_gflops"],
-                r["speedup"],
-            ]
-            for r in shapes
-        ],
-    ) + [""]
+    md += shapes_table(shapes) + [""]
     md.append(
         f"- whole-model sweep, m=1, {sweep['matrices']} matrices: ours {sweep['ours_ms']:.1f} ms "
         f"({sweep['ours_tok_s']:.0f} tok/s linear-only ceiling), torch f32 {sweep['torch_ms']:.1f} ms"
@@ -279,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
     md += attention_lines(attn)
     md += steps_lines(steps)
     md += mxfp4_lines(mxfp4)
+    md += peak_lines(peak)
     groups = {f"m={m}": {r["shape"].split()[0]: r["speedup"] for r in shapes if r["m"] == m} for m in args.m}
     png = bar_plot(out / "kernels.png", "compiled qmatmul speedup over torch f32 F.linear", groups, "×")
     md.append(f"\n![kernels]({png.name})" if png else "")

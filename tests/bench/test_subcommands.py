@@ -119,6 +119,13 @@ def test_kernels_tiny(tmp_path):
     assert long["context"] == 8192 and long["decode_f32_us"] > 0 and long["decode_f16_us"] > 0
     mxfp4 = {(r["format"], r["m"]): r for r in payload["mxfp4"]["rows"]}
     assert set(mxfp4) == {("MXFP4", 1), ("Q4_0", 1)} and all(r["gbs"] > 0 for r in mxfp4.values())
+    # the prefill figure on every ISA the CPU runs, each run on its own ISA
+    peak = payload["prefill_peak"]
+    runs = {r["isa"]: r for r in peak["runs"]}
+    assert set(runs) == {isa for isa in ("avx2", "avx512") if load().isa_supported(isa)}
+    for run in runs.values():
+        assert run["fma_peak_gflops"] > 0 and run["model_gflops"] > 0 and run["shapes"]
+        assert all(r["layers"] >= 1 and r["gflops"] > 0 for r in run["shapes"])
 
 
 def test_missing_peer_is_skipped_not_passed(tmp_path, monkeypatch):
@@ -152,3 +159,16 @@ def test_timeout_is_skipped_and_a_finished_arm_returns(tmp_path):
 def test_bad_flags_name_the_value(argv, bad, capsys):
     assert main(["bench", *argv, "--out", "/nonexistent/never-written"]) == 2
     assert bad in capsys.readouterr().err
+
+
+def test_prefill_peak_counts_each_layer_matrix_and_leaves_out_the_output():
+    from agentkv.bench.kernels_peak import layer_shapes
+
+    weights = {
+        "token_embd.weight": (None, 8, 49152, 576),
+        "output.weight": (None, 8, 49152, 576),
+        "blk.0.attn_q.weight": (None, 3, 576, 576),
+        "blk.1.attn_q.weight": (None, 3, 576, 576),
+        "blk.0.ffn_down.weight": (None, 3, 576, 1536),
+    }
+    assert layer_shapes(weights) == {(3, 576, 576): 2, (3, 576, 1536): 1}

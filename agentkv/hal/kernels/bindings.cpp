@@ -304,6 +304,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("int8_qtype_supported", &agentkv::int8_qtype_supported,
           "whether qtype has an int8-activation kernel (others take the f32 path in int8 mode)", py::arg("qtype"));
     m.def("int8_build", &agentkv::int8_build, "the int8 kernels the active ISA runs: avx512-vnni or avx2 (the same bits)");
+    m.def("fma_peak_gflops", &agentkv::fma_peak_gflops, nogil,
+          "f32 FMA peak of the active ISA on the kernels' threads, GFLOP/s (register fmas only, best of repeats)",
+          py::arg("iterations") = 20000000, py::arg("repeats") = 5);
     m.def("isa", &agentkv::ops::isa_name, "instruction set the matmul kernels use: avx2 or avx512");
     m.def("set_isa", &agentkv::ops::set_isa_by_name,
           "choose the kernel ISA (avx2 or avx512) before the first kernel call; after it, only the same one",

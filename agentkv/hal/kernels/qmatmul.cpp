@@ -15,9 +15,12 @@
 //                     (L2-resident), then R x C register tiles sweep it for every row.
 #include "qmatmul.h"
 
+#include <ATen/Parallel.h>
+
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <stdexcept>
@@ -431,6 +434,46 @@ bool override_isa_unchecked(int isa) {
     while (!g_isa.compare_exchange_weak(state, isa | (state >= 0 ? state & FIXED : 0))) {
     }
     return true;
+}
+
+// The AVX2 build's FMA peak loop: 12 independent 8-lane accumulators (two fma pipes of
+// latency 4-5 need 8-10), acc = acc * a + b with values that stay normal; returns the flops.
+static double fma_loop_avx2(int64_t iterations) {
+    __m256 acc[12];
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(1.0f + 0.001f * static_cast<float>(i));
+    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-6f);
+    for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+    }
+    alignas(32) float lanes[8];
+    __m256 s = acc[0];
+    for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+    _mm256_store_ps(lanes, s);
+    volatile float sink = lanes[0];
+    (void)sink;
+    return 2.0 * 8 * 12 * static_cast<double>(iterations);
+}
+
+double fma_peak_gflops(int64_t iterations, int repeats) {
+    const bool wide = active_isa() == ISA_AVX512;
+    const int64_t threads = std::max(1, at::get_num_threads());
+    std::vector<double> flops(static_cast<size_t>(threads));
+    double best = 0.0;
+    for (int r = 0; r < std::max(1, repeats); ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        // one chunk per thread: a worker that starts late leaves its chunk to the caller, which
+        // then runs two in a row and this repeat reads low; the best repeat is the peak
+        parallel_chunks(threads, 1, [&](int64_t b, int64_t e) {
+            for (int64_t c = b; c < e; ++c)
+                flops[c] = wide ? avx512::fma_loop(iterations) : fma_loop_avx2(iterations);
+        }, 1);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        double total = 0.0;
+        for (double f : flops) total += f;
+        best = std::max(best, total / seconds / 1e9);
+    }
+    return best;
 }
 
 bool int8_qtype_supported(int qtype) { return int8::qtype_supported(qtype); }

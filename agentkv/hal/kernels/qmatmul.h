@@ -32,6 +32,11 @@ bool int8_qtype_supported(int qtype);
 // Which build of the int8 kernels the active ISA runs: "avx512-vnni" or "avx2" (the same bits).
 const char* int8_build();
 
+// The f32 FMA peak of the active ISA on the kernels' threads, GFLOP/s: every thread runs
+// `iterations` rounds of independent register fmas (no memory traffic), best of `repeats`.
+// What a prefill's matmul GFLOP/s is measured against.
+double fma_peak_gflops(int64_t iterations, int repeats);
+
 // out[n, k] = dequant(w), bit-identical to gguf.quants.dequantize.
 void dequantize_raw(const uint8_t* w, float* out, int64_t n, int64_t k, int64_t row_bytes, int qtype);
 

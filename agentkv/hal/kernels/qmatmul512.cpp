@@ -415,6 +415,23 @@ void prefill_panel(const Problem& p, int qtype, int64_t c0, int64_t cols, float*
     dispatch(qtype, [&](auto fmt) { prefill_t<decltype(fmt)>(p, c0, cols, scratch); });
 }
 
+// The FMA peak's loop: 16 independent accumulators (two fma pipes of latency 4 need 8; more
+// hides a late issue), each acc = acc * a + b with values that stay normal.
+double fma_loop(int64_t iterations) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(1.0f + 0.001f * static_cast<float>(i));
+    const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-6f);
+    for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+    }
+    __m512 s = acc[0];
+    for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return 2.0 * 16 * 16 * static_cast<double>(iterations);
+}
+
 }  // namespace avx512
 }  // namespace agentkv
 

@@ -34,6 +34,8 @@ int64_t panel_cols(int64_t k);
 // Columns [c0, c0 + cols) for all m rows: decode the panel into `scratch`
 // (panel_cols(k) * k floats), then register tiles sweep it.
 void prefill_panel(const Problem& p, int qtype, int64_t c0, int64_t cols, float* scratch);
+// `iterations` rounds of independent 16-lane fmas (the FMA peak's loop); returns the flops done.
+double fma_loop(int64_t iterations);
 
 // Attention (attention512.cpp; its unit is declared in attention_impl.h): query heads per
 // unit (one kv head) and how far ahead K and V rows are prefetched.
