@@ -17,7 +17,6 @@
 
 #include <ATen/Parallel.h>
 
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
