@@ -6,9 +6,9 @@ Peers are imported inside the arm that needs them, so the core never depends on 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from agentkv.bench import peers
 from agentkv.bench.engine import build_engine
+from agentkv.commands.ports import free_port
 
 THREADS = peers.THREADS
 
@@ -131,12 +132,6 @@ class AgentkvArm(Arm):
         return {k: getattr(now, k) - (getattr(base, k) if base else 0) for k in keys}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class HttpArm(Arm):
     """`agentkv serve` as a subprocess on 127.0.0.1; streamed /v1/completions with token-id
     prompts, one HTTP request per agent, the turn's requests sent concurrently."""
@@ -176,7 +171,7 @@ class HttpArm(Arm):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                 return r.status == 200
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return False
 
     def _one(self, prompt: list[int], max_tokens: int) -> Result:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import NamedTuple
+
+from agentkv.commands.ports import free_port
 
 # The admission-control flag is newer than this benchmark: it is passed only where `serve`
 # has it, and the report says whether it was.
@@ -43,12 +44,6 @@ def serve_has_flag(flag: str) -> bool:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return flag in parser._option_string_actions  # pylint: disable=protected-access
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

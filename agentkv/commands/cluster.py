@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import http.client
 import os
 import signal
 import subprocess
@@ -217,7 +218,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, deadline: float, *, what: str
     while True:
         if proc.poll() is not None:
             raise ClusterError(f"{what} at {url} exited with code {proc.returncode} before it was healthy")
-        with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
+        # HTTPException: a reply that is not HTTP yet (a socket still coming up, or a poll that
+        # connected to itself on a port in the ephemeral range: see agentkv.commands.ports)
+        with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
             with urllib.request.urlopen(url + path, timeout=2) as resp:
                 if resp.status == 200:
                     return

@@ -4,37 +4,19 @@ processes on free 127.0.0.1 ports. Router tests skip, with the reason, without t
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from agentkv.commands.cluster import Cluster, ClusterSpec, launch_router, router_available
+from agentkv.commands.ports import free_ports
 
 WORKER_ARGS = ("--max-model-len", "2048", "--kv-cache-blocks", "1024")
 
 needs_router = pytest.mark.skipif(
     not router_available(), reason="sglang-router is not installed (pip install 'agentkv[cluster]')"
 )
-
-
-def free_port_run(count: int) -> int:
-    """The first of `count` consecutive free ports on 127.0.0.1."""
-    for base in range(34000, 60000, 97):
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +30,7 @@ def kernels_built() -> None:
 @pytest.fixture(scope="module")
 def fleet(kernels_built: None) -> Iterator[Cluster]:
     """Three smollm2 workers behind a cache_aware router."""
-    base = free_port_run(8)
+    base = free_ports(8)
     spec = ClusterSpec(model="smollm2", replicas=3, router_port=base, worker_args=WORKER_ARGS)
     with Cluster(spec) as cluster:
         yield cluster
@@ -57,7 +39,7 @@ def fleet(kernels_built: None) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def solo(kernels_built: None) -> Iterator[Cluster]:
     """One smollm2 worker (reached directly, not through its router): the reference fleet."""
-    base = free_port_run(4)
+    base = free_ports(4)
     spec = ClusterSpec(model="smollm2", replicas=1, router_port=base, worker_args=WORKER_ARGS)
     with Cluster(spec) as cluster:
         yield cluster
@@ -69,7 +51,7 @@ def extra_router(fleet: Cluster) -> Iterator[Callable[[str], str]]:
     procs = []
 
     def start(policy: str) -> str:
-        base = free_port_run(2)
+        base = free_ports(2)
         spec = dataclasses.replace(
             fleet.spec,
             policy=policy,

@@ -13,13 +13,14 @@ import psutil
 import pytest
 
 from agentkv.bench.cluster import post_chat
-from tests.cluster.conftest import free_port_run, needs_router
+from agentkv.commands.ports import free_ports
+from tests.cluster.conftest import needs_router
 
 pytestmark = [needs_router, pytest.mark.timeout(900)]
 
 
 def test_cluster_command_starts_serves_and_stops_all(kernels_built) -> None:
-    port = free_port_run(4)
+    port = free_ports(4)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -65,7 +66,7 @@ def test_cluster_command_starts_serves_and_stops_all(kernels_built) -> None:
 def test_sigterm_while_starting_stops_the_workers_and_exits_zero(kernels_built) -> None:
     """A supervisor may stop the launcher before the router is up (CI once sent SIGTERM while
     the router was still registering its worker, and the launcher died by the signal)."""
-    port = free_port_run(4)
+    port = free_ports(4)
     cmd = [sys.executable, "-m", "agentkv.cli", "cluster", "--replicas", "1", "--router-port", str(port), "smollm2"]
     proc = subprocess.Popen(cmd)
     launcher = psutil.Process(proc.pid)

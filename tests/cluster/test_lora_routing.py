@@ -18,10 +18,11 @@ import uvicorn
 
 from agentkv.commands.cluster import ClusterSpec, launch_router
 from agentkv.commands.cluster_front import front_app
+from agentkv.commands.ports import free_ports
 from agentkv.formats.chat_template import ChatTemplate
 from agentkv.runtime.async_engine import AsyncEngine
 from agentkv.server.app import create_app
-from tests.cluster.conftest import free_port_run, needs_router
+from tests.cluster.conftest import needs_router
 from tests.models.test_lora import peft_adapter
 from tests.runtime.test_exactness import byte_level_tokenizer, tiny_hf_model
 from tests.server.test_lora_api import TEMPLATE
@@ -52,7 +53,7 @@ def routed(tmp_path_factory):
     tiny_hf_model(root / "base", "llama", seed=5, vocab_size=256, max_position_embeddings=512)
     byte_level_tokenizer(root / "base")
     peft_adapter(root / "base", root / "a", 7, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    base = free_port_run(5)
+    base = free_ports(5)
     spec = ClusterSpec(
         model="tiny", replicas=2, router_port=base, metrics_port=base + 3, front_port=base + 4, router_args=BALANCE
     )

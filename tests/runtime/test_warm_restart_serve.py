@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,16 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from agentkv.commands.ports import free_port
 from tests.runtime.test_exactness import qwen2_dir  # noqa: F401  (fixture)
 from tests.runtime.test_warm_restart import ROOT, engine, run, transcript
 
 AGENTKV = [sys.executable, "-m", "agentkv.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(port: int, body: dict) -> dict:

@@ -3,7 +3,6 @@ driven over real HTTP. One smollm2 engine is shared by every server in the sessi
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import openai
 import pytest
 import uvicorn
 
+from agentkv.commands.ports import free_port
 from agentkv.runtime.async_engine import AsyncEngine
 from agentkv.server.app import create_app
 
@@ -26,14 +26,8 @@ class LiveServer(NamedTuple):
     app: Any
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(app: Any, *, wait_ready: bool = True) -> tuple[uvicorn.Server, str]:
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     base = f"http://127.0.0.1:{port}"

@@ -17,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from agentkv.commands.ports import free_port
 from agentkv.commands.serve import serve_app
 from agentkv.runtime.async_engine import AsyncEngine
 from agentkv.runtime.config import engine_config
@@ -24,7 +25,7 @@ from agentkv.runtime.errors import EngineDeadError
 from agentkv.runtime.params import SamplingParams
 from agentkv.server.app import create_app
 from tests.runtime.test_exactness import qwen2_dir  # noqa: F401
-from tests.server.conftest import _free_port, start_server
+from tests.server.conftest import start_server
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +80,7 @@ def test_health_is_503_once_the_engine_died_and_requests_get_503():
 
 
 def test_serve_exits_1_after_failing_the_requests_in_flight():
-    engine, port = new_engine(), _free_port()
+    engine, port = new_engine(), free_port()
     codes: list[int] = []
     thread = threading.Thread(
         target=lambda: codes.append(
@@ -132,7 +133,7 @@ def cli(*args: str, port: int) -> subprocess.Popen:
 
 
 def test_a_pool_too_small_for_an_explicit_max_model_len_exits_2():
-    proc = cli("--kv-cache-blocks", "8", "--max-model-len", "1024", port=_free_port())
+    proc = cli("--kv-cache-blocks", "8", "--max-model-len", "1024", port=free_port())
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2, err
     assert "agentkv serve:" in err and "--kv-cache-blocks" in err and "1024" in err
@@ -141,7 +142,7 @@ def test_a_pool_too_small_for_an_explicit_max_model_len_exits_2():
 def test_a_small_pool_clamps_refuses_what_cannot_fit_and_serves_on():
     """The reported repro: --kv-cache-blocks 8 (128 tokens), max_tokens 400 -> a 400, and then
     a normal request, whose default max_tokens is what the pool has room for, succeeds."""
-    port = _free_port()
+    port = free_port()
     proc = cli("--kv-cache-blocks", "8", port=port)
     base = f"http://127.0.0.1:{port}"
     try:
