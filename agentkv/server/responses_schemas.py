@@ -16,11 +16,12 @@ from agentkv.server.schemas import Closed, Open, Request
 
 
 def _kind(tags: dict[str, str], default: str | None = None) -> Any:
-    """A discriminator: the tag `tags` gives the object's `type`, else "other"."""
+    """A discriminator: the tag `tags` gives the object's `type`, else "other" (whose schema
+    then refuses a `type` that is not a string: a 400, never a TypeError on an unhashable one)."""
 
     def kind(value: Any) -> str:
         tag = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
-        return tags.get(tag, "other")
+        return tags.get(tag, "other") if isinstance(tag, str) else "other"
 
     return Discriminator(kind)
 

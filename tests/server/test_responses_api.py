@@ -167,6 +167,22 @@ def test_errors_in_openai_shape(http, body, param):
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]},
+        {"input": [{"type": ["message"], "role": "user", "content": "x"}]},
+        {"input": "x", "tools": [{"type": {"function": 1}, "name": "f"}]},
+    ],
+)
+def test_a_type_that_is_not_a_string_is_a_400(http, body):
+    """Found by the schema fuzzer: an object whose `type` was a dict reached the union's
+    discriminator, which looked it up in a dict (TypeError, a 500)."""
+    r = http.post("/v1/responses", json={"model": "smollm2", **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError) as exc:
         client.responses.create(model="gpt-x", input="hi")
