@@ -297,6 +297,8 @@ def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str,
     ratios = {"vs_llama_server": vs}
     if "agentkv-int8" in results:
         ratios["int8_vs_llama_server"] = speed_ratios(results, speeds, "agentkv-int8")
+    default = default_arm()
+    default_vs = ratios.get("int8_vs_llama_server" if default == "agentkv-int8" else "vs_llama_server", {})
     if rounds > 1:  # each round's own ratios: how far the medians' ratio is from any one round's
         for arm in (a for a in results if a != "llama-server"):
             turns = zip(results[arm].get("rounds", []), results["llama-server"].get("rounds", []))
@@ -318,7 +320,18 @@ def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str,
         ratios=ratios,
         targets={"speed_vs_llama_server": SPEED_TARGET, "rss_over_file": 1.1},
         speed_verdict=verdict(vs) if vs else "not measured",
+        default_arm=default,
+        default_speed_verdict=verdict(default_vs) if default_vs else "not measured",
     )
+
+
+def default_arm() -> str:
+    """The arm that runs as `agentkv serve` does by default here: `--activation-dtype auto`
+    is int8 where the int8 kernels are the AVX-512 VNNI build (read from /proc/cpuinfo and
+    AGENTKV_CPU_ISA, as the arms' processes see them), else f32."""
+    from agentkv.bench.long import isa_facts
+
+    return "agentkv-int8" if isa_facts()["agentkv_int8_kernels"] == "avx512-vnni" else "agentkv"
 
 
 def publish(payload: dict, md: list[str], title: str, speeds: tuple[str, ...], out: Path) -> None:
@@ -360,6 +373,11 @@ def arm_ratio_lines(payload: dict, keys: tuple[str, ...]) -> list[str]:
     if int8:
         ratio = ", ".join(f"{k.replace('_tok_s', '')} ×{v:.2f}" for k, v in int8.items())
         lines.append(f"- agentkv-int8 (int8 matmul activations) ÷ llama-server: {ratio}")
+    if "default_arm" in payload:
+        lines.append(
+            f"- the default (`--activation-dtype auto`) here is arm {payload['default_arm']}: "
+            f"{payload['default_speed_verdict']}"
+        )
     for name, by_round in payload["ratios"].items():
         if not name.endswith("_by_round") or not by_round:
             continue

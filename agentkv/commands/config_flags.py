@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from agentkv.runtime.config import (
-    ACTIVATION_DTYPES,
+    ACTIVATION_CHOICES,
     DEFAULT_KV_DISK,
     DEFAULT_KV_MEMORY,
     KV_DTYPES,
@@ -77,8 +77,9 @@ FLAGS: dict[str, Flag] = {
         Flag("kv_write_through", "write KV blocks to disk when they are cached, not when evicted from RAM"),
         Flag(
             "activation_dtype",
-            "matmul activations: int8 rounds them per 32-wide block (integer dot products); cache hits stay exact",
-            choices=ACTIVATION_DTYPES,
+            "matmul activations: int8 rounds them per 32-wide block (integer dot products); cache hits "
+            "stay exact; auto: int8 where the CPU has AVX-512 VNNI, else f32",
+            choices=ACTIVATION_CHOICES,
         ),
         Flag(
             "kv_cache_dtype",

@@ -70,28 +70,27 @@ class Backend(ABC):
         return self
 
     def set_activation_dtype(self, dtype: str) -> Backend:
-        """Choose what the matmuls take as activations (ACTIVATION_DTYPES; mutates, returns self).
-        Part of the fingerprint. A backend without int8 kernels refuses "int8" with a ValueError
-        naming why; set it before the first forward, as KV bits depend on it."""
+        """Choose what the matmuls take as activations (ACTIVATION_DTYPES, or "auto": the first
+        of `activation_dtypes()`; mutates, returns self; part of the fingerprint, so set it before
+        the first forward). A type without kernels here is a ValueError naming why."""
         dtype = check_activation_dtype(dtype)
+        dtype = self.activation_dtypes()[0] if dtype == "auto" else dtype
         if dtype not in self.activation_dtypes():
             raise ValueError(f"activation_dtype={dtype!r}: backend {self.name!r} has no {dtype} matmul kernels")
         self.activation_dtype = dtype
         return self
 
     def activation_dtypes(self) -> tuple[str, ...]:
-        """The activation types this backend's matmuls can take here."""
+        """The activation types this backend's matmuls can take here, the faster first."""
         return ("f32",)
 
     def check_kv_spec(self, spec: KVSpec) -> KVSpec:
         """`spec` when its dtype is this backend's `kv_dtype` (the one in the fingerprint);
         a ValueError naming both otherwise, so no store holds bits the fingerprint denies."""
-        if spec.dtype != self.kv_dtype:
-            raise ValueError(
-                f"KVSpec.dtype={spec.dtype!r} but backend {self.name!r} has kv_dtype={self.kv_dtype!r}; "
-                f"call set_kv_dtype({spec.dtype!r}) first"
-            )
-        return spec
+        if spec.dtype == self.kv_dtype:
+            return spec
+        have = f"backend {self.name!r} has kv_dtype={self.kv_dtype!r}"
+        raise ValueError(f"KVSpec.dtype={spec.dtype!r} but {have}; call set_kv_dtype({spec.dtype!r}) first")
 
     @property
     def fingerprint(self) -> str:

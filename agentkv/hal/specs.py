@@ -54,12 +54,16 @@ def check_kv_dtype(dtype: object, name: str = "kv_dtype") -> str:
 # What a backend's matmuls take as activations: f32, or int8 rounded per row and 32-wide block
 # (integer dot products; the cpu backend: AVX-512 VNNI or AVX2). Part of the fingerprint.
 ACTIVATION_DTYPES = ("f32", "int8")
+# What a config may ask for: one of those, or "auto", the backend's own choice
+# (`Backend.preferred_activation_dtype`), resolved when the backend is set up.
+ACTIVATION_CHOICES = ("auto", *ACTIVATION_DTYPES)
 
 
 def check_activation_dtype(dtype: object, name: str = "activation_dtype") -> str:
-    """`dtype` when it is an activation type; a ValueError naming the value and the choices."""
-    if not isinstance(dtype, str) or dtype not in ACTIVATION_DTYPES:
-        raise ValueError(f"{name}={dtype!r} is not allowed: use one of {', '.join(map(repr, ACTIVATION_DTYPES))}")
+    """`dtype` when it is an activation type or "auto"; a ValueError naming the value and the
+    choices."""
+    if not isinstance(dtype, str) or dtype not in ACTIVATION_CHOICES:
+        raise ValueError(f"{name}={dtype!r} is not allowed: use one of {', '.join(map(repr, ACTIVATION_CHOICES))}")
     return dtype
 
 

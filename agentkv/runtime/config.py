@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from agentkv.hal.specs import (  # noqa: F401  (the dtype tuples: re-exported for the CLI)
-    ACTIVATION_DTYPES,
+    ACTIVATION_CHOICES,
     KV_DTYPES,
     check_activation_dtype,
     check_kv_dtype,
@@ -94,9 +94,10 @@ class EngineConfig:
     model: str
     backend: str = DEFAULT_BACKEND
     weights: str = "resident"  # "resident" keeps quantized weights quantized; "f32" dequantizes
-    # What the matmuls take as activations (ACTIVATION_DTYPES): "int8" rounds them per row and
-    # 32-wide block for integer dot products (the cpu backend, VNNI or AVX2); cache hits stay exact.
-    activation_dtype: str = "f32"
+    # What the matmuls take as activations (ACTIVATION_CHOICES): "int8" rounds them per row and
+    # 32-wide block for integer dot products (the cpu backend, VNNI or AVX2); cache hits stay
+    # exact. "auto": the backend's choice (int8 where the cpu backend has AVX-512 VNNI, else f32).
+    activation_dtype: str = "auto"
     max_model_len: int | None = None  # None = the model's context length
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

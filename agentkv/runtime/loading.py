@@ -33,7 +33,10 @@ def load(config: EngineConfig) -> Loaded:
     """Open the model `config` names on its backend (blocking; reads the weights)."""
     source = open_model(config.model)
     backend = lookup(config.backend, config.cache.dtype, config.activation_dtype)
-    log.info("%s, kv %s, activations %s", describe(backend.identity), backend.kv_dtype, backend.activation_dtype)
+    chosen = " (auto)" if config.activation_dtype == "auto" else ""
+    log.info(
+        "%s, kv %s, activations %s%s", describe(backend.identity), backend.kv_dtype, backend.activation_dtype, chosen
+    )
     check_weights_fit(source, backend, resident=config.weights == "resident")
     model = load_model(source, backend, LoadOptions(weights=config.weights))
     try:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agentkv.hal.kernels.loader import _cpu_flags
 from agentkv.hal.registry import lookup
 from agentkv.runtime.config import EngineConfig
 from agentkv.runtime.engine import Engine
+from tests.hal.subproc import run_python
 from tests.models.helpers import tiny_hf_model, write_gguf
 from tests.runtime.test_exactness import check_contract, make_engine, run, tokens
 
@@ -60,3 +62,37 @@ def test_bad_activation_dtypes_are_refused_with_their_name():
         lookup("reference").set_activation_dtype("int8")
     with pytest.raises(ValueError, match="has no int8"):
         Engine(EngineConfig(model="smollm2", backend="reference", activation_dtype="int8"))
+
+
+AUTO = """
+from agentkv.hal.registry import lookup
+print(lookup("cpu", "f32", "auto").activation_dtype, lookup("reference", "f32", "auto").activation_dtype)
+"""
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_auto_is_int8_exactly_where_the_int8_kernels_have_avx512_vnni(isa):
+    """What "auto" (the config's default) picks, in a process fixed to `isa`, read against
+    /proc/cpuinfo rather than the kernels: int8 on the AVX-512 build of a CPU with VNNI, f32 on
+    the AVX2 build (whose many-row int8 costs more than f32) and on backends without int8."""
+    flags = _cpu_flags(None) or set()
+    if isa == "avx512" and not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        pytest.skip("this CPU has no AVX-512")
+    expected = "int8" if isa == "avx512" and "avx512_vnni" in flags else "f32"
+    cpu, reference = run_python(AUTO, AGENTKV_CPU_ISA=isa).stdout.split()
+    assert (cpu, reference) == (expected, "f32")
+    assert EngineConfig(model="smollm2").activation_dtype == "auto"
+
+
+def test_an_engine_on_auto_gives_the_bits_of_the_type_it_chose(q4_gguf):
+    """An engine on "auto" (the default) gives the logits of the type "auto" resolved to, and not those of
+    the other type (the control: the two differ on this Q4_1 model)."""
+    prompt = tokens(24, 2, 257)
+    engine = make_engine(q4_gguf, activation_dtype="auto")
+    chosen = engine.backend.activation_dtype
+    other = {"f32": "int8", "int8": "f32"}[chosen]
+    auto = run(engine, {"p": prompt})[0]["p"]
+    same = run(make_engine(q4_gguf, activation_dtype=chosen), {"p": prompt})[0]["p"]
+    different = run(make_engine(q4_gguf, activation_dtype=other), {"p": prompt})[0]["p"]
+    assert all(np.array_equal(a, b) for a, b in zip(auto, same))
+    assert not all(np.array_equal(a, b) for a, b in zip(auto, different))
