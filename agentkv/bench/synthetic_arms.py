@@ -326,12 +326,11 @@ def measured_payload(benchmark: str, shape, path: Path, args, speeds: tuple[str,
 
 
 def default_arm() -> str:
-    """The arm that runs as `agentkv serve` does by default here: `--activation-dtype auto`
-    is int8 where the int8 kernels are the AVX-512 VNNI build (read from /proc/cpuinfo and
-    AGENTKV_CPU_ISA, as the arms' processes see them), else f32."""
-    from agentkv.bench.long import isa_facts
+    """The arm that runs as `agentkv serve` does by default here: the cpu backend's own "auto"
+    choice (under the same AGENTKV_CPU_ISA as the arms' processes)."""
+    from agentkv.hal.registry import lookup
 
-    return "agentkv-int8" if isa_facts()["agentkv_int8_kernels"] == "avx512-vnni" else "agentkv"
+    return "agentkv-int8" if lookup("cpu", "f32", "auto").activation_dtype == "int8" else "agentkv"
 
 
 def publish(payload: dict, md: list[str], title: str, speeds: tuple[str, ...], out: Path) -> None:

@@ -73,9 +73,9 @@ class Backend(ABC):
         """Choose what the matmuls take as activations (ACTIVATION_DTYPES, or "auto": the first
         of `activation_dtypes()`; mutates, returns self; part of the fingerprint, so set it before
         the first forward). A type without kernels here is a ValueError naming why."""
-        dtype = check_activation_dtype(dtype)
-        dtype = self.activation_dtypes()[0] if dtype == "auto" else dtype
-        if dtype not in self.activation_dtypes():
+        dtype, offered = check_activation_dtype(dtype), self.activation_dtypes()
+        dtype = offered[0] if dtype == "auto" else dtype
+        if dtype not in offered:
             raise ValueError(f"activation_dtype={dtype!r}: backend {self.name!r} has no {dtype} matmul kernels")
         self.activation_dtype = dtype
         return self

@@ -54,8 +54,8 @@ def check_kv_dtype(dtype: object, name: str = "kv_dtype") -> str:
 # What a backend's matmuls take as activations: f32, or int8 rounded per row and 32-wide block
 # (integer dot products; the cpu backend: AVX-512 VNNI or AVX2). Part of the fingerprint.
 ACTIVATION_DTYPES = ("f32", "int8")
-# What a config may ask for: one of those, or "auto", the backend's own choice
-# (`Backend.preferred_activation_dtype`), resolved when the backend is set up.
+# What a config may ask for: one of those, or "auto", the backend's own choice (the first of
+# its `activation_dtypes()`), resolved when the backend is set up.
 ACTIVATION_CHOICES = ("auto", *ACTIVATION_DTYPES)
 
 
