@@ -208,7 +208,7 @@ static void decode_group(const Problem& p, int64_t c0, int64_t c1) {
 // chunk rarely ends in single-column tails.
 static void decode_columns(const Problem& p, const std::function<void(int64_t, int64_t)>& body) {
     const int64_t grain = std::max<int64_t>(12, MIN_TASK_BYTES / p.row_bytes);
-    parallel_chunks(p.n, grain, body, 16, 12);
+    parallel_chunks(p.n, grain, body, column_chunks_per_thread(p.m, 16), 12);
 }
 
 // R x C register tile over rows r0.. and scratch columns (already decoded, stride k).
