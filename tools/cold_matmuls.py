@@ -75,9 +75,9 @@ def main() -> None:
     for role, weights in roles.items():
         nbytes = sum(w.raw.numel() * w.raw.element_size() for w in weights)
         dt = time_pass(be, weights, args.reps if len(weights) > 1 else max(1, args.reps // 4))
-        first = weights[0]
+        first, fmt = weights[0], GGMLQuantizationType(weights[0].qtype).name
         print(
-            f"{role:28s} {GGMLQuantizationType(first.qtype).name:6s} {first.shape[0]:>7d} x {first.shape[1]:<6d} x{len(weights):<3d}"
+            f"{role:28s} {fmt:6s} {first.shape[0]:>7d} x {first.shape[1]:<6d} x{len(weights):<3d}"
             f" {nbytes / 1e6:8.1f} MB {dt * 1e3:8.2f} ms {nbytes / dt / 1e9:6.1f} GB/s",
             flush=True,
         )
