@@ -28,6 +28,12 @@ from agentkv.hal.portable.steps import kernel_meta
 __all__ = ["F32", "CpuBackend"]
 
 LAYOUTS = frozenset({Layout.ROW_MAJOR_F32, Layout.GGUF_ROWS})
+_NO_ROWS = torch.zeros(0, dtype=torch.int64)  # delta_rule's `save` when no state is kept (never written)
+
+
+def _f32(a: np.ndarray) -> torch.Tensor:
+    """A contiguous f32 host array as a tensor sharing its memory (a copy only if it is not one)."""
+    return torch.from_numpy(np.ascontiguousarray(a, np.float32))
 
 
 class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
@@ -128,17 +134,18 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
 
     def delta_rule(self, q, k, v, decay, beta, state, rows, inplace=False):
         """recurrent.cpp: per head, column by column in one fixed order (threads split heads),
-        where dv is a multiple of 8; else the numpy default."""
+        where dv is a multiple of 8; else the numpy default. With no state to keep but the last
+        (a decode row) the call passes a shared empty `save`."""
         if v.shape[-1] % 8:
             return super().delta_rule(q, k, v, decay, beta, state, rows, inplace)
-        t = lambda a: torch.from_numpy(np.ascontiguousarray(a, np.float32))  # noqa: E731
         last = v.shape[0] - 1
         wanted = [r for r in rows if r != last]
         inplace = inplace and state.flags.c_contiguous and state.flags.writeable and state.dtype == np.float32
+        save = torch.from_numpy(np.array(wanted, np.int64)) if wanted else _NO_ROWS
         out, final, kept = self._kernels.gated_delta_rule(
-            t(q), t(k), t(v), t(decay), t(beta), t(state), torch.tensor(wanted, dtype=torch.int64), inplace
+            _f32(q), _f32(k), _f32(v), _f32(decay), _f32(beta), _f32(state), save, inplace
         )
-        states = [kept[i].numpy() for i in range(len(wanted))]
+        states = [kept[i].numpy() for i in range(len(wanted))] if wanted else []
         if rows and rows[-1] == last:
             states.append(final.numpy())
         return out.numpy(), states

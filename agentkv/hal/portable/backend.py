@@ -107,7 +107,7 @@ class TorchBackend(Backend):
         """A copy: from_numpy alone would alias the caller's array, and in-place ops (the cpu
         backend's add_norm) would then write into host memory the caller still owns."""
         if self.device.type == "cpu":
-            return Tensor(torch.tensor(np.asarray(array), dtype=torch.float32))
+            return Tensor(torch.from_numpy(np.array(array, dtype=np.float32, order="C")))  # np.array copies
         return Tensor(to_device(np.asarray(array, dtype=np.float32), self.device))
 
     def upload_weight(self, name, data, qtype, shape, resident=True) -> Weight:
