@@ -1,7 +1,7 @@
 """One-row matmuls over a model's layer weights as a decode step meets them, cold: `python
 tools/cold_matmuls.py MODEL [--activation-dtype f32|int8] [--reps 20]` (from the checkout,
 `PYTHONPATH` at it). Loads the model, gathers its quantized weights by role (the name without
-its `blk.N.`; a fused gate+up counts as one), and per role times `Backend.matmul` of one input
+its `blk.N.` and an expert's `[i]`; a fused gate+up counts as one), and per role times `Backend.matmul` of one input
 row over every layer's weight in turn (the set is larger than the caches, so each weight comes
 from memory, as in a decode step); prints MB, ms per pass and GB/s. The vocab head is timed on
 its own. What pool.h's chunks-per-thread comment quotes."""
@@ -70,7 +70,7 @@ def main() -> None:
     be = engine.backend
     roles = defaultdict(list)
     for name, w in sorted(quantized_weights(engine.runner.model).items()):
-        roles[re.sub(r"^blk\.\d+\.", "", name)].append(w)
+        roles[re.sub(r"^blk\.\d+\.|\[\d+\]$", "", name)].append(w)
     print(f"{args.model}: activations {be.activation_dtype}")
     for role, weights in roles.items():
         nbytes = sum(w.raw.numel() * w.raw.element_size() for w in weights)

@@ -24,7 +24,7 @@ namespace agentkv {
 // `busy` for balance. On a Zen 4, two threads, int8 activations, 24 cold weights each: Q4_K
 // 7168 x 1024 at 34 against 28 GB/s, Q6_K 1024 x 3584 at 36-39 against 26-27 GB/s with 16
 // chunks per thread (f32: 19 against 16). grouped.cpp's joined loops (a hybrid's input
-// projections, a MoE step's experts) keep 4: on gpt-oss's experts two measured no better. The
+// projections, a MoE step's experts) keep 4: on gpt-oss's decode step two measured no better. The
 // split never changes a bit (threads split columns only).
 constexpr int64_t STREAM_ROWS = 8;
 inline int64_t column_chunks_per_thread(int64_t rows, int64_t busy) { return rows <= STREAM_ROWS ? 2 : busy; }
