@@ -60,7 +60,7 @@ def main() -> None:
         base = None
         for value in args.values:
             nll, tops = score(model, value, args.knob, seqs)
-            base = base or tops
+            base = tops if base is None else base
             agree = sum(int((a == b).sum()) for a, b in zip(base, tops))
             print(
                 f"{model} {args.knob}={value}: {len(seqs)} x {args.window} tokens, NLL {nll:.5f}/token, "

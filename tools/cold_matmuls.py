@@ -1,10 +1,10 @@
 """One-row matmuls over a model's layer weights as a decode step meets them, cold: `python
 tools/cold_matmuls.py MODEL [--activation-dtype f32|int8] [--reps 20]` (from the checkout,
 `PYTHONPATH` at it). Loads the model, gathers its quantized weights by role (the name without
-its `blk.N.` and an expert's `[i]`; a fused gate+up counts as one), and per role times `Backend.matmul` of one input
-row over every layer's weight in turn (the set is larger than the caches, so each weight comes
-from memory, as in a decode step); prints MB, ms per pass and GB/s. The vocab head is timed on
-its own. What pool.h's chunks-per-thread comment quotes."""
+its `blk.N.` and an expert's `[i]`; a fused gate+up counts as one), and per role times
+`Backend.matmul` of one input row over every layer's weight in turn (where a role's weights
+together exceed the caches, each comes from memory, as in a decode step); prints MB, ms per
+pass and GB/s. The vocab head is timed on its own. What qmatmul.cpp's decode_columns quotes."""
 
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         out, final, kept = self._kernels.gated_delta_rule(
             _f32(q), _f32(k), _f32(v), _f32(decay), _f32(beta), _f32(state), save, inplace
         )
-        states = [kept[i].numpy() for i in range(len(wanted))] if wanted else []
+        states = [kept[i].numpy() for i in range(len(wanted))]
         if rows and rows[-1] == last:
             states.append(final.numpy())
         return out.numpy(), states

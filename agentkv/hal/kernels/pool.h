@@ -17,18 +17,6 @@
 
 namespace agentkv {
 
-// Chunks per thread for one matmul's column split (qmatmul.cpp's decode_columns): a decode (at
-// most STREAM_ROWS rows) streams its weights, and each chunk restarts its row streams cold
-// (the prefetchers and the software prefetch ramp up again), so it takes two chunks per thread
-// (a late worker's share can still move to the caller); more rows are compute-bound and take
-// `busy` for balance. On a Zen 4, two threads, int8 activations, 24 cold weights each: Q4_K
-// 7168 x 1024 at 34 against 28 GB/s, Q6_K 1024 x 3584 at 36-39 against 26-27 GB/s with 16
-// chunks per thread (f32: 19 against 16). grouped.cpp's joined loops (a hybrid's input
-// projections, a MoE step's experts) keep 4: on gpt-oss's decode step two measured no better. The
-// split never changes a bit (threads split columns only).
-constexpr int64_t STREAM_ROWS = 8;
-inline int64_t column_chunks_per_thread(int64_t rows, int64_t busy) { return rows <= STREAM_ROWS ? 2 : busy; }
-
 // body(begin, end) over [0, n) in equal chunks (a multiple of `align` elements, at least
 // `grain` unless n is smaller, about `per_thread` per thread), on the calling thread and up
 // to at::get_num_threads() - 1 pool workers. Returns when every chunk is done.

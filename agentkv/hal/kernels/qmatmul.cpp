@@ -205,10 +205,19 @@ static void decode_group(const Problem& p, int64_t c0, int64_t c1) {
 }
 
 // Threads split columns in chunks of a multiple of COL_BLOCK's divisors' lcm (12), so a
-// chunk rarely ends in single-column tails.
+// chunk rarely ends in single-column tails. A decode (at most STREAM_ROWS rows) streams its
+// weights, and each chunk restarts its row streams cold (the prefetchers and the software
+// prefetch ramp up again), so it takes two chunks per thread (a late worker's share can still
+// move to the caller); more rows are compute-bound and take sixteen for balance. On a Zen 4,
+// two threads, int8 activations, 24 cold weights each (tools/cold_matmuls.py): Q4_K 7168 x 1024
+// at 34 against 28 GB/s, Q6_K 1024 x 3584 at 36-39 against 26-27 GB/s with sixteen (f32: 19
+// against 16). grouped.cpp's joined loops (a hybrid's input projections, a MoE step's experts)
+// keep four: on gpt-oss's decode step two measured no better. Never changes a bit (threads
+// split columns only).
+constexpr int64_t STREAM_ROWS = 8;
 static void decode_columns(const Problem& p, const std::function<void(int64_t, int64_t)>& body) {
     const int64_t grain = std::max<int64_t>(12, MIN_TASK_BYTES / p.row_bytes);
-    parallel_chunks(p.n, grain, body, column_chunks_per_thread(p.m, 16), 12);
+    parallel_chunks(p.n, grain, body, p.m <= STREAM_ROWS ? 2 : 16, 12);
 }
 
 // R x C register tile over rows r0.. and scratch columns (already decoded, stride k).
