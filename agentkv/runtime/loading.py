@@ -49,18 +49,21 @@ def load(config: EngineConfig) -> Loaded:
 def weights_summary(source: Any, model: Any) -> str:
     """Which tensors stayed quantized and which fell back to f32 (for the load log)."""
     from agentkv.formats.quants import QUANT_NAMES
+    from agentkv.hal.kernels.qtypes import FILE_QTYPE
 
     infos = {n: source.tensor(n) for n in model.weight_formats}
     src = {n: info.qtype for n, info in infos.items()}
-    kept = sum(1 for n, q in model.weight_formats.items() if q == src[n] and q not in (0, 1))
+    held = {n: FILE_QTYPE.get(q, q) for n, q in model.weight_formats.items()}  # an interleaved copy is its file type
+    kept = sum(1 for n, q in held.items() if q == src[n] and q not in (0, 1))
+    moved = sorted({QUANT_NAMES.get(src[n], str(src[n])) for n, q in model.weight_formats.items() if q in FILE_QTYPE})
     fell = sorted(  # vectors (norms, biases) are f32 by design, whatever the file holds
-        {
-            QUANT_NAMES.get(src[n], str(src[n]))
-            for n, q in model.weight_formats.items()
-            if q != src[n] and len(infos[n].shape) > 1
-        }
+        {QUANT_NAMES.get(src[n], str(src[n])) for n, q in held.items() if q != src[n] and len(infos[n].shape) > 1}
     )
-    return f"{kept} weights resident quantized" + (f", dequantized to f32: {', '.join(fell)}" if fell else "")
+    return (
+        f"{kept} weights resident quantized"
+        + (f" ({', '.join(moved)} rows interleaved for the int8 kernels)" if moved else "")
+        + (f", dequantized to f32: {', '.join(fell)}" if fell else "")
+    )
 
 
 def pool_size(config: EngineConfig, model: Any, max_model_len: int, snapshot_every: int = 1) -> int:

@@ -25,6 +25,32 @@ def q4_gguf(tmp_path_factory) -> str:
     return str(write_gguf(model, folder / "tiny-q4_1.gguf", "qwen2", qtype="Q4_1", byte_vocab=True))
 
 
+@pytest.fixture(scope="module")
+def q8_gguf(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("q8")
+    model = tiny_hf_model(folder / "hf", "qwen2", seed=5, vocab_size=257, max_position_embeddings=512)
+    return str(write_gguf(model, folder / "tiny-q8_0.gguf", "qwen2", qtype="Q8_0", byte_vocab=True))
+
+
+def test_q8_0_is_held_interleaved_under_int8_and_keeps_the_contract(q8_gguf):
+    """Under int8 activations the backend holds Q8_0 weights as interleaved copies (qtype 2008),
+    the load log says so, the embedding table reads the same rows, and a cache hit, a batch or
+    a chunk still never moves a bit. Control: f32 activations keep the file's Q8_0 mapped."""
+    from agentkv.runtime.loading import weights_summary
+
+    int8, f32 = make_engine(q8_gguf, activation_dtype="int8"), make_engine(q8_gguf)
+    held, mapped = int8.model.weight_formats, f32.model.weight_formats
+    assert set(held.values()) - {0} == {2008} and set(mapped.values()) - {0} == {8}
+    assert "(Q8_0 rows interleaved for the int8 kernels)" in weights_summary(int8.source, int8.model)
+    assert "interleaved" not in weights_summary(f32.source, f32.model)
+    assert int8.backend.copies_weight(8) and not f32.backend.copies_weight(8)
+    ids = np.arange(0, 257, 7)
+    assert int8.model.token_embd.qtype == 2008
+    rows = [e.backend.read(e.backend.embedding(e.model.token_embd, ids)) for e in (int8, f32)]
+    assert np.array_equal(rows[0], rows[1])
+    assert check_contract(q8_gguf, "cpu", 257, 300, seed=6, activation_dtype="int8") == []
+
+
 def test_the_knob_reaches_the_backend_and_changes_the_logits(q4_gguf):
     """Control: int8 logits are not the f32 ones (the mode is real), yet a rerun repeats them."""
     prompt = tokens(40, 1, 257)

@@ -13,6 +13,8 @@ in their place.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import warnings
 
 import numpy as np
@@ -21,7 +23,7 @@ import torch
 from agentkv.hal.base import AttnMeta, Capabilities, Identity, Layout, RopeSpec, Tensor, Weight, check_layout
 from agentkv.hal.cpu.block import CompiledBlocks
 from agentkv.hal.cpu.moe import CompiledExperts
-from agentkv.hal.kernels import QTYPE_BLOCK, SUPPORTED_QTYPES, build_id, load
+from agentkv.hal.kernels import INTERLEAVED, QTYPE_BLOCK, SUPPORTED_QTYPES, build_id, load
 from agentkv.hal.portable.backend import F32, GLU_KINDS, TorchBackend, TorchKV, _stacked
 from agentkv.hal.portable.steps import kernel_meta
 
@@ -94,8 +96,22 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             # The file's own blocks, kept as they are: [out, bytes_per_row] uint8. The
             # memory-mapped file itself is the weight (like llama.cpp's mmap): no copy, so the
             # process holds each weight byte once.
-            return Weight(_mapped_tensor(data, shape[0]), shape, qtype, name, layout=Layout.GGUF_ROWS)
+            rows = _mapped_tensor(data, shape[0])
+            if self.copies_weight(qtype):
+                # Q8_0 under int8 activations: its rows interleaved (kernels.INTERLEAVED), a copy
+                # of the same size; the file's pages it was read from are handed back.
+                interleaved = self._kernels.interleave_q8_0(rows, shape[0], shape[1])
+                _release_mapped(data)
+                return Weight(interleaved, shape, INTERLEAVED[qtype], name, layout=Layout.GGUF_ROWS)
+            return Weight(rows, shape, qtype, name, layout=Layout.GGUF_ROWS)
         return super().upload_weight(name, data, qtype, shape, resident)
+
+    def copies_weight(self, qtype: int) -> bool:
+        """Whether a resident weight of this file qtype is held as a rearranged copy rather than
+        the mapped file: Q8_0 with int8 activations, whose interleaved rows (a SIMD lane per
+        32-wide block) let one float step serve 16 blocks (1.7-2.9x the file order's int8 matmul
+        at k >= 2048; docs/benchmarks.md, "Interleaved Q8_0")."""
+        return self.int8 and qtype in INTERLEAVED
 
     # -- ops ------------------------------------------------------------------------------
     def embedding(self, weight: Weight, ids) -> Tensor:
@@ -242,6 +258,27 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         the merged ranges as one last term (attention_ranges.cpp: `finish`)."""
         sink = None if sinks is None else sinks.raw
         return Tensor(_kernel_attention(self._kernels, q.raw, (kv, layer), meta, scale, window, softcap, sink))
+
+
+def _release_mapped(data) -> None:
+    """Drop the pages of `data` from this process when it is a read-only file mapping (gguf-py's
+    and the safetensors reader's np.memmap, mode "r"): its bytes now live in a copy, and the
+    file's pages would otherwise stay counted in the process's resident memory. Pages the range
+    shares with a neighbour at either end are kept; anything else (an array in memory) is left
+    alone, since MADV_DONTNEED would zero private memory."""
+    base = data
+    while isinstance(base, np.ndarray) and not isinstance(base, np.memmap):
+        base = base.base
+    if not (isinstance(base, np.memmap) and base.mode == "r"):
+        return
+    page = mmap.PAGESIZE
+    address = np.asarray(data).ctypes.data
+    start, end = -(-address // page) * page, (address + np.asarray(data).nbytes) // page * page
+    if end > start:
+        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def _mapped_tensor(data: np.ndarray, rows: int) -> torch.Tensor:

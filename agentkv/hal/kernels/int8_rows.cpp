@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "qmatmul_vnni.h"
 #include "simd.h"
@@ -64,6 +65,28 @@ static void quantize_row32(const float* xr, int64_t k, int off, const QuantRows&
     }
 }
 
+// A row in 32-wide rounding blocks for the interleaved kernels (ROUND 3): the codes of block
+// b = 16 gi + l go out as 8 dwords at 512 gi + 64 s + 4 l; init, dx and xs one per block.
+static void quantize_row_x16(const float* xr, int64_t k, int off, const QuantRows& out) {
+    for (int64_t b = 0; b < out.ld_q / 32; ++b) {
+        __m256i codes = _mm256_setzero_si256();
+        float d = 0.0f;
+        if (32 * b < k) {
+            d = amax(xr + 32 * b, 32) / 127.0f;
+            codes = codes32(xr + 32 * b, _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f));
+        }
+        alignas(32) int32_t words[8], sums[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(words), codes);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sums), four_sums(codes));
+        int8_t* group = out.q + 512 * (b / 16) + 4 * (b % 16);
+        for (int step = 0; step < 8; ++step) std::memcpy(group + 64 * step, &words[step], 4);
+        const int32_t sum = ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
+        out.init[b] = -off * sum;
+        out.dx[b] = d;
+        out.xs[b] = d * static_cast<float>(sum);
+    }
+}
+
 // A row of a K-quant's k (a multiple of 256) in 256-wide rounding blocks; block j of each
 // super-block goes to slot SLOT[j] (Q4_K's order when `q4k`, else k order), sub[j] is d * the
 // sum of its codes and gsum its two 16-wide halves' sums (the K-quant kernels read no init or xs).
@@ -92,6 +115,8 @@ void quantize_rows(const float* x, int64_t r0, int64_t r1, int64_t k, int roundi
     for (int64_t r = r0; r < r1; ++r) {
         if (round == 0)
             quantize_row32(x + r * k, k, off, out.offset(r));
+        else if (round == 3)
+            quantize_row_x16(x + r * k, k, off, out.offset(r));
         else
             quantize_row256(x + r * k, k, round == 2, out.offset(r));
     }

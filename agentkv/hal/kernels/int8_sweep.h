@@ -18,6 +18,9 @@ static void cols_range(const Problem& p, const QuantRows& x, int64_t c0, int64_t
     if constexpr (F::QK == 256) {
         for (int64_t i = 0; i < streams; ++i) cols_super<F, M, G>(p, x, c0 + i, streams);
         for (int64_t c = c0 + G * streams; c < c1; ++c) cols_super<F, M, 1>(p, x, c, 1);
+    } else if constexpr (F::ROUND == 3) {
+        for (int64_t i = 0; i < streams; ++i) cols_x16<F, M, G>(p, x, c0 + i, streams);
+        for (int64_t c = c0 + G * streams; c < c1; ++c) cols_x16<F, M, 1>(p, x, c, 1);
     } else {
         for (int64_t i = 0; i < streams; ++i) cols<F, M, G>(p, x, c0 + i, streams);
         for (int64_t c = c0 + G * streams; c < c1; ++c) cols<F, M, 1>(p, x, c, 1);
@@ -58,6 +61,7 @@ template <class Fn>
 static bool dispatch(int qtype, Fn&& fn) {
     switch (qtype) {
         case 8: fn(Q8_0{}); return true;
+        case agentkv::Q8_0X: fn(Q8_0X{}); return true;  // Q8_0 rows interleaved at load
         case 2: fn(Q4_0{}); return true;
         case 3: fn(Q4_1{}); return true;
         case 6: fn(Q5_0{}); return true;

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -384,6 +385,7 @@ bool qtype_info(int qtype, int& block_weights, int& block_bytes) {
         case I8G32: block_weights = FmtI8G32::QK; block_bytes = FmtI8G32::BYTES; return true;
         case F8G32: block_weights = FmtF8G32::QK; block_bytes = FmtF8G32::BYTES; return true;
         case MXFP4: block_weights = FmtMXFP4::QK; block_bytes = FmtMXFP4::BYTES; return true;
+        case Q8_0X: block_weights = FmtQ8_0::QK; block_bytes = FmtQ8_0::BYTES; return true;
         default: return false;
     }
 }
@@ -519,6 +521,7 @@ void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_
         run_int8(p, qtype);
         return;
     }
+    if (qtype == Q8_0X) throw std::invalid_argument("agentkv kernels: interleaved Q8_0 rows need int8 activations");
     if (fix_isa() == ISA_AVX512) {
         int qk = 0, bytes = 0;
         if (!qtype_info(qtype, qk, bytes))
@@ -529,7 +532,48 @@ void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_
     dispatch(qtype, [&](auto fmt) { run<typename formats_avx2::Matmul<decltype(fmt)>::type>(p); });
 }
 
+// Q8_0X's layout (qmatmul_vnni.h): per group of t <= 16 blocks, the t scales, then for step
+// s = 0..7 each block's codes 4s .. 4s + 4. The same bytes per row as Q8_0.
+void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k) {
+    const int64_t blocks = k / 32, row_bytes = blocks * 34;
+    parallel_chunks(n, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
+                const int64_t t = std::min<int64_t>(16, blocks - b0);
+                const uint8_t* in = src + r * row_bytes + b0 * 34;
+                uint8_t* out = dst + r * row_bytes + b0 * 34;
+                for (int64_t l = 0; l < t; ++l) {
+                    std::memcpy(out + 2 * l, in + 34 * l, 2);
+                    for (int64_t step = 0; step < 8; ++step)
+                        std::memcpy(out + 2 * t + 4 * (t * step + l), in + 34 * l + 2 + 4 * step, 4);
+                }
+            }
+    });
+}
+
+void deinterleave_row(const uint8_t* src, uint8_t* dst, int64_t k) {
+    const int64_t blocks = k / 32;
+    for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
+        const int64_t t = std::min<int64_t>(16, blocks - b0);
+        const uint8_t* in = src + b0 * 34;
+        uint8_t* out = dst + b0 * 34;
+        for (int64_t l = 0; l < t; ++l) {
+            std::memcpy(out + 34 * l, in + 2 * l, 2);
+            for (int64_t step = 0; step < 8; ++step)
+                std::memcpy(out + 34 * l + 2 + 4 * step, in + 2 * t + 4 * (t * step + l), 4);
+        }
+    }
+}
+
 void dequantize_raw(const uint8_t* w, float* out, int64_t n, int64_t k, int64_t row_bytes, int qtype) {
+    if (qtype == Q8_0X) {
+        std::vector<uint8_t> row(row_bytes);
+        for (int64_t r = 0; r < n; ++r) {
+            deinterleave_row(w + r * row_bytes, row.data(), k);
+            dequant_rows<FmtQ8_0>(row.data(), row_bytes, 1, k, out + r * k);
+        }
+        return;
+    }
     dispatch(qtype, [&](auto fmt) { dequant_rows<decltype(fmt)>(w, row_bytes, n, k, out); });
 }
 

@@ -76,6 +76,26 @@ struct Q8_0 {
     static inline Block decode(const uint8_t* b) { return {load32(b + 2), half_scale(b), _mm256_setzero_ps()}; }
 };
 
+// Q8_0 rows interleaved at load (qmatmul_vnni.cpp's Q8_0X: a lane is a block), each of its
+// 16 lanes as lane l % 8 of half l / 8; its codes stay signed (dot4<true>).
+struct Q8_0X {
+    static constexpr int QK = 32, BYTES = 34, OFF = 128, ROUND = 3;
+    static constexpr bool MIN = false, SIGNED = true;
+    // half h of the group's codes for step s, lanes past t zero
+    static inline __m256i codes(const uint8_t* group, int t, int h, int s) {
+        const uint8_t* at = group + 2 * t + 4 * t * s + 32 * h;
+        if (t == 16) return load32(at);
+        const int live = t - 8 * h < 0 ? 0 : (t - 8 * h > 8 ? 8 : t - 8 * h);
+        return _mm256_maskload_epi32(reinterpret_cast<const int*>(at), lane_mask(live));
+    }
+    static inline __m256 scales(const uint8_t* group, int t, int h) {
+        if (t == 16) return _mm256_cvtph_ps(load16(group + 16 * h));
+        alignas(16) uint16_t half[8] = {};
+        for (int l = 8 * h; l < t && l < 8 * h + 8; ++l) std::memcpy(&half[l - 8 * h], group + 2 * l, 2);
+        return _mm256_cvtph_ps(load16(half));
+    }
+};
+
 struct Q4_0 {
     static constexpr int QK = 32, BYTES = 18, OFF = 8, ROUND = 0;
     static constexpr bool MIN = false, SIGNED = false;
@@ -249,6 +269,44 @@ static void cols(const Problem& p, const QuantRows& x, int64_t c0, int64_t strid
                     if (F::MIN)
                         acc[r][g][i] = _mm256_fmadd_ps(w[i].m, _mm256_loadu_ps(x.xs + r * x.ld_lane + lane), acc[r][g][i]);
                 }
+        }
+    }
+    store_columns<M, G>(p, c0, stride, acc);
+}
+
+// Interleaved 32-wide rows: the VNNI build's cols_x16, one half of the 16 block lanes at a time
+// (a last group of at most 8 blocks: the first half only, as the VNNI build's half width).
+template <class F, int M, int G>
+static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t stride) {
+    __m256 acc[M][G][2];
+    const uint8_t* rows[G];
+    start_columns<M, G>(p, c0, stride, acc, rows);
+    const int64_t blocks = p.k / F::QK, groups = (blocks + 15) / 16;
+    const NextInStreams<G> ahead(rows, p.row_bytes, groups);
+    for (int64_t gi = 0; gi < groups; ++gi) {
+        const int t = blocks - 16 * gi < 16 ? static_cast<int>(blocks - 16 * gi) : 16;
+        ahead.at(gi);
+        for (int g = 0; g < G; ++g) {
+            const uint8_t* group = rows[g] + gi * 16 * F::BYTES;
+#pragma GCC unroll 2
+            for (int h = 0; h < (t > 8 ? 2 : 1); ++h) {  // a last group of t <= 8: lanes 8..15 untouched
+                __m256i dot[M];
+#pragma GCC unroll 4
+                for (int r = 0; r < M; ++r) dot[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int s = 0; s < 8; ++s) {
+                    const __m256i w = F::codes(group, t, h, s);
+#pragma GCC unroll 4
+                    for (int r = 0; r < M; ++r)
+                        dot[r] = _mm256_add_epi32(dot[r], dot4<F::SIGNED>(w, load32(x.q + r * x.ld_q + 512 * gi + 64 * s + 32 * h)));
+                }
+                const __m256 d = F::scales(group, t, h);
+#pragma GCC unroll 4
+                for (int r = 0; r < M; ++r) {
+                    const __m256 sc = _mm256_mul_ps(d, _mm256_loadu_ps(x.dx + r * x.ld_lane + 16 * gi + 8 * h));
+                    acc[r][g][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), sc, acc[r][g][h]);
+                }
+            }
         }
     }
     store_columns<M, G>(p, c0, stride, acc);

@@ -152,6 +152,32 @@ struct Q5_0 {
     }
 };
 
+// Q8_0 with its rows interleaved at load (qmatmul.cpp's interleave_rows, qtype Q8_0X): per
+// group of 16 blocks (t < 16 for a row's last group), the t scales, then for each 4-weight
+// step s = 0..7 the t blocks' codes 4s .. 4s + 3, one dword per block. So a lane is a block:
+// eight vpdpbusd give each lane its block's whole integer sum, and one float step serves 16
+// blocks where the pairs above spend one per 64 weights.
+struct Q8_0X {
+    static constexpr int QK = 32, BYTES = 34, OFF = 128, ROUND = 3;
+    static constexpr bool MIN = false;
+    // the group's codes for step s, as u8 (+ 128; init folds it out), lanes past t zero
+    static inline __m512i codes(const uint8_t* group, int t, __mmask16 lanes, int s) {
+        const __m512i w = _mm512_maskz_loadu_epi32(lanes, group + 2 * t + 4 * t * s);
+        return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+    }
+    static inline __m512 scales(const uint8_t* group, __mmask16 lanes) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, group));
+    }
+    // the same for a last group of t <= 8 blocks, in lanes 0..7
+    static inline __m256i codes8(const uint8_t* group, int t, __mmask8 lanes, int s) {
+        const __m256i w = _mm256_maskz_loadu_epi32(lanes, group + 2 * t + 4 * t * s);
+        return _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+    }
+    static inline __m256 scales8(const uint8_t* group, __mmask8 lanes) {
+        return _mm256_cvtph_ps(_mm_maskz_loadu_epi16(lanes, group));
+    }
+};
+
 // MXFP4 (gpt-oss's experts): the doubled E2M1 value of each code plus 12, as u8 (one vpshufb
 // per pair; init folds the -12 back out), Q4_0's nibble order, and a's and b's E8M0 scale
 // (E8M0_HALF, mxfp4.h: the halved power of two that matches the doubled values).
@@ -320,6 +346,72 @@ static void cols(const Problem& p, const QuantRows& x, int64_t c0, int64_t strid
                     acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r][g]);
                     if (F::MIN) acc[r][g] = _mm512_fmadd_ps(w.m, _mm512_loadu_ps(x.xs + r * x.ld_lane + lane), acc[r][g]);
                 }
+            }
+        }
+    }
+    store_columns<M, G>(p, c0, stride, acc);
+}
+
+// Interleaved 32-wide rows (ROUND 3) at columns c0 + g * stride: per group of 16 blocks,
+// lane l holds block 16 gi + l: I = init + eight vpdpbusd (exact), acc = fma(float(I), d * dx,
+// acc). A short last group of t blocks: if t > 8, lanes t..15 meet zero codes, scales and
+// activations (an fma adding +0); if t <= 8, lanes 8..15 are left as they are and lanes 0..7
+// take the same steps at half width (the AVX2 build skips its second half). out = the sum of
+// acc (reduce4).
+template <class F, int M, int G>
+static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t stride) {
+    __m512 acc[M][G];
+    const uint8_t* rows[G];
+    start_columns<M, G>(p, c0, stride, acc, rows);
+    const int64_t blocks = p.k / F::QK, groups = (blocks + 15) / 16;
+    const NextInStreams<G> ahead(rows, p.row_bytes, groups);
+    for (int64_t gi = 0; gi < groups; ++gi) {
+        const int t = blocks - 16 * gi < 16 ? static_cast<int>(blocks - 16 * gi) : 16;
+        ahead.at(gi);
+        if (t <= 8) {
+            const __mmask8 lanes = static_cast<__mmask8>((1u << t) - 1);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g) {
+                const uint8_t* group = rows[g] + gi * 16 * F::BYTES;
+                __m256i dot[M];
+#pragma GCC unroll 8
+                for (int r = 0; r < M; ++r) dot[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.init + r * x.ld_lane + 16 * gi));
+#pragma GCC unroll 8
+                for (int s = 0; s < 8; ++s) {
+                    const __m256i w = F::codes8(group, t, lanes, s);
+#pragma GCC unroll 8
+                    for (int r = 0; r < M; ++r)
+                        dot[r] = _mm256_dpbusd_epi32(dot[r], w, load32(reinterpret_cast<const uint8_t*>(x.q + r * x.ld_q + 512 * gi + 64 * s)));
+                }
+                const __m256 d = F::scales8(group, lanes);
+#pragma GCC unroll 8
+                for (int r = 0; r < M; ++r) {
+                    const __m256 sc = _mm256_mul_ps(d, _mm256_loadu_ps(x.dx + r * x.ld_lane + 16 * gi));
+                    const __m512 prod = _mm512_castps256_ps512(_mm256_cvtepi32_ps(dot[r]));
+                    acc[r][g] = _mm512_mask3_fmadd_ps(prod, _mm512_castps256_ps512(sc), acc[r][g], static_cast<__mmask16>(0x00FF));
+                }
+            }
+            continue;
+        }
+        const __mmask16 lanes = static_cast<__mmask16>((1u << t) - 1);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+            const uint8_t* group = rows[g] + gi * 16 * F::BYTES;
+            __m512i dot[M];
+#pragma GCC unroll 8
+            for (int r = 0; r < M; ++r) dot[r] = _mm512_loadu_si512(x.init + r * x.ld_lane + 16 * gi);
+#pragma GCC unroll 8
+            for (int s = 0; s < 8; ++s) {
+                const __m512i w = F::codes(group, t, lanes, s);
+#pragma GCC unroll 8
+                for (int r = 0; r < M; ++r)
+                    dot[r] = _mm512_dpbusd_epi32(dot[r], w, _mm512_loadu_si512(x.q + r * x.ld_q + 512 * gi + 64 * s));
+            }
+            const __m512 d = F::scales(group, lanes);
+#pragma GCC unroll 8
+            for (int r = 0; r < M; ++r) {
+                const __m512 sc = _mm512_mul_ps(d, _mm512_loadu_ps(x.dx + r * x.ld_lane + 16 * gi));
+                acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), sc, acc[r][g]);
             }
         }
     }

@@ -11,7 +11,7 @@
 namespace agentkv {
 
 // Rows of activations rounded to int8, with what the dot products need, k padded to a
-// multiple of 64 with zero blocks (ld_q = that padded k, ld_lane = ld_q / 4, ld_sub = ld_q / 32):
+// multiple of 512 with zero blocks (ld_q = that padded k, ld_lane = ld_q / 4, ld_sub = ld_q / 32):
 //   q    [m, ld_q]     int8 codes, round-to-nearest-even of x / d, d = max|x| / 127 of its
 //                      rounding block (32 wide, or 256 for the K-quants, as llama.cpp's q8_K),
 //                      in the order the format's kernel reads them (rounding_of)
@@ -22,6 +22,9 @@ namespace agentkv {
 //   sub  [m, ld_sub]   d * (the sum of the codes of k's 32-wide block j, in k order), for Q4_K's
 //                      mins (256-wide rounding only, as gsum)
 //   gsum [m, 2 ld_sub] the sum of the codes of k's 16-wide group j (k order), for Q6_K's offset
+// except for the interleaved rows (ROUND 3, Q8_0X), whose kernel reads a 512-wide group gi's
+// codes in its weights' order (block l's codes 4s .. 4s + 4 at q[512 gi + 64 s + 4 l]) and one
+// init, dx and xs per 32-wide block (slot 16 gi + l of the same arrays).
 struct QuantRows {
     int8_t* q;
     int32_t* init;
@@ -43,7 +46,7 @@ struct RowBuffers {
     std::vector<int16_t> gsum;
 
     QuantRows size_for(int64_t m, int64_t k) {
-        const int64_t ld_q = (k + 63) / 64 * 64, ld_lane = ld_q / 4, ld_sub = ld_q / 32;
+        const int64_t ld_q = (k + 511) / 512 * 512, ld_lane = ld_q / 4, ld_sub = ld_q / 32;
         q.resize(m * ld_q);
         init.resize(m * ld_lane);
         dx.resize(m * ld_lane);
@@ -53,6 +56,13 @@ struct RowBuffers {
         return {q.data(), init.data(), dx.data(), xs.data(), sub.data(), gsum.data(), ld_q, ld_lane, ld_sub};
     }
 };
+
+// Q8_0 with each row's blocks interleaved 16 at a time for the int8 kernels (a lane is a
+// block: qmatmul_vnni.cpp's Q8_0X); the same bytes per row as Q8_0. interleave_rows makes it
+// from Q8_0 rows at load, and only the int8 kernels and dequantize read it.
+constexpr int Q8_0X = 2008;
+void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k);
+void deinterleave_row(const uint8_t* src, uint8_t* dst, int64_t k);
 
 namespace int8 {
 bool qtype_supported(int qtype);  // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4 (qmatmul_int8.cpp)

@@ -20,8 +20,15 @@ QTYPE_BLOCK: dict[int, tuple[int, int]] = {
     1004: (32, 24),  # I4G32
     1008: (32, 40),  # I8G32
     1016: (32, 36),  # F8G32
+    2008: (32, 34),  # Q8_0 rows interleaved at load for the int8 kernels (INTERLEAVED)
 }
 SUPPORTED_QTYPES = frozenset(QTYPE_BLOCK)
+# The forms the CPU backend rearranges a file's rows into when its activations are int8, by the
+# file's qtype: Q8_0 -> 2008 (qmatmul_vnni.h's Q8_0X: each row's blocks interleaved 16 at a
+# time, so a SIMD lane is a block). The same bytes per row; only the int8 kernels and
+# `dequantize` read them.
+INTERLEAVED: dict[int, int] = {8: 2008}
+FILE_QTYPE: dict[int, int] = {v: k for k, v in INTERLEAVED.items()}
 
 
 def row_bytes(qtype: int, k: int) -> int:
