@@ -2,7 +2,9 @@
 `python tools/int8_shapes.py [--m 1 8 64] [--json PATH]` (run from the checkout with `PYTHONPATH`
 pointing at it). One kernel thread, timed by that thread's CPU time (best of 7), so other load
 on the machine does not land in the figures; per tensor shape of SmolLM2-135M Q4_1 and
-Gemma-3-270M Q4_K_M, the ms per call of each mode and their ratio."""
+Gemma-3-270M Q4_K_M, the ms per call of each mode and their ratio, and for the formats the
+backend interleaves under int8 (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4: `kernels.INTERLEAVED`) the int8 ms of the file's
+order, which is what the backend ran before it interleaved them."""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def rows(model: str, ms: list[int]) -> list[dict]:
     import torch
 
     from agentkv.formats.resolve import resolve_model_path
-    from agentkv.hal.kernels import load
+    from agentkv.hal.kernels import INTERLEAVED, load
 
     K = load()
     reader = gguf.GGUFReader(str(resolve_model_path(model)))
@@ -66,14 +68,16 @@ def rows(model: str, ms: list[int]) -> list[dict]:
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
             f32 = cpu_ms(lambda x=x, w=w, q=qtype, n=n, k=k: K.qmatmul(x, w, q, n, k))
             int8 = cpu_ms(lambda x=x, w=w, q=qtype, n=n, k=k: K.qmatmul(x, w, q, n, k, int8=True))
-            out.append(
-                dict(model=model, tensor=label, format=t.tensor_type.name, n=n, k=k, m=m, f32_ms=f32, int8_ms=int8)
-            )
-            print(
-                f"{model} {label} {t.tensor_type.name} {n}x{k} m={m}: f32 {f32:.3f} ms, int8 {int8:.3f} ms, "
-                f"x{f32 / int8:.2f}",
-                flush=True,
-            )
+            row = dict(model=model, tensor=label, format=t.tensor_type.name, n=n, k=k, m=m, f32_ms=f32, int8_ms=int8)
+            line = f"{model} {label} {t.tensor_type.name} {n}x{k} m={m}: f32 {f32:.3f} ms, int8 {int8:.3f} ms"
+            if qtype in INTERLEAVED:  # what the backend holds under int8, against the file's order
+                wx = K.interleave_rows(w, qtype, n, k)
+                row["int8_file_order_ms"], row["int8_ms"] = int8, cpu_ms(
+                    lambda x=x, w=wx, q=INTERLEAVED[qtype], n=n, k=k: K.qmatmul(x, w, q, n, k, int8=True)
+                )
+                line = f"{line} in the file's order, {row['int8_ms']:.3f} interleaved"
+            out.append(row)
+            print(f"{line}, x{f32 / row['int8_ms']:.2f}", flush=True)
     return out
 
 

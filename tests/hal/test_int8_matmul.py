@@ -11,12 +11,14 @@ import torch
 
 from tests.hal.test_kernels import LEGACY, QTYPES, K, gguf_dequant, random_quant
 
-INT8 = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q8_0X", "Q4_K", "Q6_K", "MXFP4"]
+INT8 = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_0X", "Q4_1X", "Q5_0X", "Q8_0X", "MXFP4X", "Q4_K", "Q6_K", "MXFP4"]
 MXFP4 = int(gguf.GGMLQuantizationType.MXFP4)
-Q8_0X = 2008  # Q8_0 rows interleaved at load for the int8 kernels (qmatmul_vnni.h)
-# 32-weight blocks (an odd k / 32 tests the unpaired last block; for Q8_0X, k = 544 is one full
-# group of 16 blocks and a one-block last group, k = 256 a short group alone)
-BLOCK_32 = LEGACY | {"MXFP4", "Q8_0X"}
+# rows interleaved at load for the int8 kernels (qmatmul_vnni.h), by their file's format
+INTERLEAVED = {"Q4_0X": ("Q4_0", 2002), "Q4_1X": ("Q4_1", 2003), "Q5_0X": ("Q5_0", 2006), "Q8_0X": ("Q8_0", 2008),
+               "MXFP4X": ("MXFP4", 2039)}
+# 32-weight blocks (an odd k / 32 tests the unpaired last block; interleaved, k = 544 is one
+# full group of 16 blocks and a one-block last group, k = 256 a short group alone)
+BLOCK_32 = LEGACY | {"MXFP4"} | set(INTERLEAVED)
 
 
 def weights(name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, int, np.ndarray]:
@@ -26,10 +28,10 @@ def weights(name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, int, np.n
 
         raw = random_blocks(n, k, seed, scales=(112, 136))
         return raw, MXFP4, gguf.quants.dequantize(raw, MXFP4).astype(np.float64)
-    if name == "Q8_0X":
-        raw = random_quant("Q8_0", n, k, seed)
-        interleaved = K.interleave_q8_0(torch.from_numpy(raw), n, k).numpy()
-        return interleaved, Q8_0X, gguf_dequant(raw, "Q8_0").astype(np.float64)
+    if name in INTERLEAVED:
+        file, qtype = INTERLEAVED[name]
+        raw, file_qtype, values = weights(file, n, k, seed)
+        return K.interleave_rows(torch.from_numpy(raw), file_qtype, n, k).numpy(), qtype, values
     raw = random_quant(name, n, k, seed)
     return raw, QTYPES[name], gguf_dequant(raw, name).astype(np.float64)
 
@@ -99,9 +101,9 @@ def test_the_avx2_build_has_the_vnni_builds_bits(name, runnable_isas):
         for isa_name in ("avx512", "avx2"):
             K.override_isa_unchecked(isa_name)
             runs[isa_name] = [K.qmatmul(x[:m].contiguous(), w, qtype, n, k, int8=True) for m in (1, 2, 3, 5, 8, 13, 70)]
-            if name == "Q8_0X":  # f32 kernels do not read interleaved rows: the control uses Q8_0's
-                plain = torch.from_numpy(weights("Q8_0", n, k, seed=21)[0])
-                runs[isa_name + "-f32"] = K.qmatmul(x, plain, QTYPES["Q8_0"], n, k)
+            if name in INTERLEAVED:  # f32 kernels do not read interleaved rows: the control uses the file's
+                plain, file_qtype, _ = weights(INTERLEAVED[name][0], n, k, seed=21)
+                runs[isa_name + "-f32"] = K.qmatmul(x, torch.from_numpy(plain), file_qtype, n, k)
             else:
                 runs[isa_name + "-f32"] = K.qmatmul(x, w, qtype, n, k)
     finally:
@@ -150,19 +152,27 @@ def test_the_witness_floor_passes_int8_and_fails_coarser_rounding():
     assert cosine(ref, coarse @ weights.T) < COSINE_FLOOR_INT8
 
 
+@pytest.mark.parametrize("name", sorted(INTERLEAVED))
 @pytest.mark.parametrize("k", [32, 256, 512, 544, 1600])
-def test_interleaved_q8_0_keeps_its_values_and_refuses_f32(k, isa):
-    """Q8_0X holds Q8_0's bytes per row, rearranged: dequantized it is Q8_0 bit for bit (so an
-    interleaved embedding table reads the same), its int8 matmul meets the oracle of the 32-wide
-    rounding at every group shape (k / 32 = 1, 8, 16, 17 and 50 blocks), and the f32 path, which
-    reads the file's order, refuses it rather than read it wrongly."""
-    n = 19
-    raw = random_quant("Q8_0", n, k, seed=k)
-    w = K.interleave_q8_0(torch.from_numpy(raw), n, k)
-    assert w.shape == (n, raw.shape[1]) and not torch.equal(w, torch.from_numpy(raw)) or k == 32
-    assert torch.equal(K.dequantize(w, Q8_0X, n, k), K.dequantize(torch.from_numpy(raw), QTYPES["Q8_0"], n, k))
+def test_interleaved_rows_keep_their_values_and_refuse_f32(name, k, isa):
+    """An interleaved form holds its file format's bytes per row, rearranged: dequantized it is
+    the file's bit for bit (so an interleaved embedding table reads the same), its int8 matmul
+    meets the oracle of the 32-wide rounding at every group shape (k / 32 = 1, 8, 16, 17 and 50
+    blocks), and the f32 path, which reads the file's order, refuses it rather than read it
+    wrongly."""
+    n, (file, qtype) = 19, INTERLEAVED[name]
+    raw, file_qtype, values = weights(file, n, k, seed=k)
+    w = K.interleave_rows(torch.from_numpy(raw), file_qtype, n, k)
+    assert w.shape == (n, raw.shape[1]) and (k == 32 or not torch.equal(w, torch.from_numpy(raw)))
+    assert torch.equal(K.dequantize(w, qtype, n, k), K.dequantize(torch.from_numpy(raw), file_qtype, n, k))
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(k + 1))
-    ref = quantized_activations(x.numpy()) @ gguf_dequant(raw, "Q8_0").astype(np.float64).T
-    check_matches(K.qmatmul(x, w, Q8_0X, n, k, int8=True), ref)
-    with pytest.raises(ValueError, match="interleaved Q8_0 rows need int8 activations"):
-        K.qmatmul(x, w, Q8_0X, n, k)
+    ref = quantized_activations(x.numpy()) @ values.T
+    check_matches(K.qmatmul(x, w, qtype, n, k, int8=True), ref)
+    with pytest.raises(ValueError, match="need int8 activations"):
+        K.qmatmul(x, w, qtype, n, k)
+
+
+def test_only_the_32_wide_formats_with_an_interleaved_kernel_are_interleaved():
+    raw = random_quant("Q5_1", 4, 64, seed=1)
+    with pytest.raises(RuntimeError, match="qtype 7 has no interleaved form"):
+        K.interleave_rows(torch.from_numpy(raw), QTYPES["Q5_1"], 4, 64)

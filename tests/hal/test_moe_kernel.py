@@ -80,12 +80,13 @@ def test_int8_mode_bits_equal_the_per_expert_path(qtypes):
     experts keep f32 activations in both."""
     int8 = lookup("cpu", activation_dtype="int8")
     weights, spec = layer(int8, qtypes, shared=True), MoEFFNSpec(E, 2, True)
+    f32_weights = layer(CPU, qtypes, shared=True)  # the same values, held as the f32 backend holds them
     x = np.random.default_rng(7).standard_normal((23, D)).astype(np.float32)
     for rows in (slice(0, 23), slice(4, 5), slice(0, 3)):
         xs = int8.upload(x[rows])
         got = int8.read(ffn_op(weights, int8, xs, spec))
         assert np.array_equal(got, int8.read(grouped_moe(int8, xs, weights, spec))), rows
-        f32 = CPU.read(ffn_op(weights, CPU, CPU.upload(x[rows]), spec))
+        f32 = CPU.read(ffn_op(f32_weights, CPU, CPU.upload(x[rows]), spec))
         assert np.array_equal(got, f32) == (qtypes[0] == "Q5_1"), rows
         assert np.abs(got - f32).max() <= 0.05 * np.abs(f32).max()  # int8 rounding, not a wrong expert
     assert int8._compiled_experts(weights.experts, spec) is not None

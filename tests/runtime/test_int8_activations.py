@@ -33,7 +33,8 @@ def q8_gguf(tmp_path_factory) -> str:
 
 
 def test_q8_0_is_held_interleaved_under_int8_and_keeps_the_contract(q8_gguf):
-    """Under int8 activations the backend holds Q8_0 weights as interleaved copies (qtype 2008),
+    """Under int8 activations the backend holds Q8_0 weights as interleaved copies (qtype 2008;
+    Q4_0, Q4_1, Q5_0 and MXFP4 likewise),
     the load log says so, the embedding table reads the same rows, and a cache hit, a batch or
     a chunk still never moves a bit. Control: f32 activations keep the file's Q8_0 mapped."""
     from agentkv.runtime.loading import weights_summary

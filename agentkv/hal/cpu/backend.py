@@ -98,9 +98,9 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             # process holds each weight byte once.
             rows = _mapped_tensor(data, shape[0])
             if self.copies_weight(qtype):
-                # Q8_0 under int8 activations: its rows interleaved (kernels.INTERLEAVED), a copy
-                # of the same size; the file's pages it was read from are handed back.
-                interleaved = self._kernels.interleave_q8_0(rows, shape[0], shape[1])
+                # Q4_0, Q4_1, Q5_0, Q8_0, MXFP4 under int8 activations: rows interleaved (kernels.INTERLEAVED),
+                # a copy of the same size; the file's pages it was read from are handed back.
+                interleaved = self._kernels.interleave_rows(rows, qtype, shape[0], shape[1])
                 _release_mapped(data)
                 return Weight(interleaved, shape, INTERLEAVED[qtype], name, layout=Layout.GGUF_ROWS)
             return Weight(rows, shape, qtype, name, layout=Layout.GGUF_ROWS)
@@ -108,9 +108,9 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
 
     def copies_weight(self, qtype: int) -> bool:
         """Whether a resident weight of this file qtype is held as a rearranged copy rather than
-        the mapped file: Q8_0 with int8 activations, whose interleaved rows (a SIMD lane per
-        32-wide block) let one float step serve 16 blocks (1.7-2.9x the file order's int8 matmul
-        at k >= 2048; docs/benchmarks.md, "Interleaved Q8_0")."""
+        the mapped file: Q4_0, Q4_1, Q5_0, Q8_0 and MXFP4 with int8 activations, whose interleaved rows (a
+        SIMD lane per 32-wide block) let one float step serve 16 blocks (docs/benchmarks.md,
+        "Interleaved 32-wide rows")."""
         return self.int8 and qtype in INTERLEAVED
 
     # -- ops ------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ int64_t row_bytes_of(int64_t qtype, int64_t k) {
     int qk = 0, bytes = 0;
     TORCH_CHECK(qtype_info(static_cast<int>(qtype), qk, bytes), "unsupported qtype ", qtype,
                 " (supported: 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K,"
-                " 30 BF16, 39 MXFP4, 1004 I4G32, 1008 I8G32, 1016 F8G32, 2008 Q8_0 interleaved)");
+                " 30 BF16, 39 MXFP4, 1004 I4G32, 1008 I8G32, 1016 F8G32, 2002/2003/2006/2008/2039 those interleaved)");
     TORCH_CHECK(k > 0 && k % qk == 0, "k=", k, " must be a positive multiple of ", qk, " for qtype ", qtype);
     return k / qk * bytes;
 }
@@ -96,12 +96,14 @@ at::Tensor matmul_f32(const at::Tensor& x, const at::Tensor& w) {
     return out;
 }
 
-// Q8_0 rows [n, row_bytes] -> a new tensor of the same rows interleaved for the int8 kernels
-// (qtype Q8_0X, qmatmul_vnni.h).
-at::Tensor interleave_q8_0(const at::Tensor& w, int64_t n, int64_t k) {
-    check_weight(w, 8, n, k);
+// A file's Q4_0, Q4_1, Q5_0, Q8_0 or MXFP4 rows [n, row_bytes] -> a new tensor of the same rows interleaved
+// for the int8 kernels (the qtype + 2000: qmatmul_vnni.h).
+at::Tensor interleave_rows(const at::Tensor& w, int64_t qtype, int64_t n, int64_t k) {
+    check_weight(w, qtype, n, k);
+    TORCH_CHECK(qtype == 2 || qtype == 3 || qtype == 6 || qtype == 8 || qtype == 39, "interleave_rows: qtype ", qtype,
+                " has no interleaved form (2 Q4_0, 3 Q4_1, 6 Q5_0, 8 Q8_0, 39 MXFP4 do)");
     auto out = at::empty_like(w);
-    interleave_rows(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), n, k);
+    agentkv::interleave_rows(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), n, k, static_cast<int>(qtype));
     return out;
 }
 
@@ -311,9 +313,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "agentkv batch-invariant CPU kernels (AVX2/FMA, AVX-512 where the CPU has it)";
     m.def("qmatmul", &agentkv::ops::qmatmul, nogil, "x[m,k] @ dequant(w).T -> [m,n]",
           py::arg("x"), py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("int8") = false);
-    m.def("interleave_q8_0", &agentkv::ops::interleave_q8_0,
-          "Q8_0 rows [n, row_bytes] interleaved for the int8 kernels (qtype 2008): the same bytes per row",
-          py::arg("w"), py::arg("n"), py::arg("k"));
+    m.def("interleave_rows", &agentkv::ops::interleave_rows,
+          "a file's Q4_0/Q4_1/Q5_0/Q8_0/MXFP4 rows [n, row_bytes] interleaved for the int8 kernels (qtype + 2000)",
+          py::arg("w"), py::arg("qtype"), py::arg("n"), py::arg("k"));
     m.def("int8_qtype_supported", &agentkv::int8_qtype_supported,
           "whether qtype has an int8-activation kernel (others take the f32 path in int8 mode)", py::arg("qtype"));
     m.def("int8_build", &agentkv::int8_build, "the int8 kernels the active ISA runs: avx512-vnni or avx2 (the same bits)");

@@ -61,7 +61,11 @@ template <class Fn>
 static bool dispatch(int qtype, Fn&& fn) {
     switch (qtype) {
         case 8: fn(Q8_0{}); return true;
-        case agentkv::Q8_0X: fn(Q8_0X{}); return true;  // Q8_0 rows interleaved at load
+        case agentkv::Q4_0X: fn(Q4_0X{}); return true;  // rows interleaved at load (qmatmul_vnni.h)
+        case agentkv::Q4_1X: fn(Q4_1X{}); return true;
+        case agentkv::Q5_0X: fn(Q5_0X{}); return true;
+        case agentkv::Q8_0X: fn(Q8_0X{}); return true;
+        case agentkv::MXFP4X: fn(MXFP4X{}); return true;
         case 2: fn(Q4_0{}); return true;
         case 3: fn(Q4_1{}); return true;
         case 6: fn(Q5_0{}); return true;

@@ -86,7 +86,8 @@ def load() -> ModuleType:
       qmatmul(x f32 [m, k], w uint8 [n, row_bytes], qtype, n, k) -> f32 [m, n]
       matmul_f32(x f32 [m, k], w f32 [n, k]) -> f32 [m, n]
       dequantize(w uint8 [n, row_bytes], qtype, n, k) -> f32 [n, k]   (== gguf-py, bit for bit)
-      interleave_q8_0(w uint8 [n, row_bytes], n, k) -> the rows interleaved for the int8 kernels (qtype 2008)
+      interleave_rows(w uint8 [n, row_bytes], qtype, n, k) -> the rows interleaved for the int8 kernels
+                      (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4 -> qtype + 2000)
       paged_attention(q f32 [n, h, hd], k_cache, v_cache f32 [num_blocks, block_size, kvh, hd],
                       block_tables int32 [num_seqs, max_blocks], row_seq int32 [n],
                       row_pos int32 [n], scale, window=0, softcap=0.0,

@@ -385,6 +385,10 @@ bool qtype_info(int qtype, int& block_weights, int& block_bytes) {
         case I8G32: block_weights = FmtI8G32::QK; block_bytes = FmtI8G32::BYTES; return true;
         case F8G32: block_weights = FmtF8G32::QK; block_bytes = FmtF8G32::BYTES; return true;
         case MXFP4: block_weights = FmtMXFP4::QK; block_bytes = FmtMXFP4::BYTES; return true;
+        case Q4_0X: block_weights = FmtQ4_0::QK; block_bytes = FmtQ4_0::BYTES; return true;
+        case Q4_1X: block_weights = FmtQ4_1::QK; block_bytes = FmtQ4_1::BYTES; return true;
+        case Q5_0X: block_weights = FmtQ5_0::QK; block_bytes = FmtQ5_0::BYTES; return true;
+        case MXFP4X: block_weights = FmtMXFP4::QK; block_bytes = FmtMXFP4::BYTES; return true;
         case Q8_0X: block_weights = FmtQ8_0::QK; block_bytes = FmtQ8_0::BYTES; return true;
         default: return false;
     }
@@ -521,7 +525,9 @@ void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_
         run_int8(p, qtype);
         return;
     }
-    if (qtype == Q8_0X) throw std::invalid_argument("agentkv kernels: interleaved Q8_0 rows need int8 activations");
+    if (interleaved_source(qtype))
+        throw std::invalid_argument("agentkv kernels: interleaved rows (qtype " + std::to_string(qtype) +
+                                    ") need int8 activations");
     if (fix_isa() == ISA_AVX512) {
         int qk = 0, bytes = 0;
         if (!qtype_info(qtype, qk, bytes))
@@ -532,45 +538,101 @@ void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_
     dispatch(qtype, [&](auto fmt) { run<typename formats_avx2::Matmul<decltype(fmt)>::type>(p); });
 }
 
-// Q8_0X's layout (qmatmul_vnni.h): per group of t <= 16 blocks, the t scales, then for step
-// s = 0..7 each block's codes 4s .. 4s + 4. The same bytes per row as Q8_0.
-void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k) {
-    const int64_t blocks = k / 32, row_bytes = blocks * 34;
-    parallel_chunks(n, 64, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-            for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
-                const int64_t t = std::min<int64_t>(16, blocks - b0);
-                const uint8_t* in = src + r * row_bytes + b0 * 34;
-                uint8_t* out = dst + r * row_bytes + b0 * 34;
-                for (int64_t l = 0; l < t; ++l) {
-                    std::memcpy(out + 2 * l, in + 34 * l, 2);
-                    for (int64_t step = 0; step < 8; ++step)
-                        std::memcpy(out + 2 * t + 4 * (t * step + l), in + 34 * l + 2 + 4 * step, 4);
-                }
-            }
-    });
+int interleaved_source(int qtype, int* fields) {
+    int file = 0, f = 1;
+    switch (qtype) {
+        case Q4_0X: file = Q4_0; break;
+        case Q4_1X: file = Q4_1; f = 2; break;
+        case Q5_0X: file = Q5_0; break;
+        case Q8_0X: file = Q8_0; break;
+        case MXFP4X: file = MXFP4; break;
+        default: return 0;
+    }
+    if (fields) *fields = f;
+    return file;
 }
 
-void deinterleave_row(const uint8_t* src, uint8_t* dst, int64_t k) {
-    const int64_t blocks = k / 32;
+// The interleaved layout (qmatmul_vnni.h): per group of t <= 16 blocks, each header field of
+// the t blocks (f16 d, m; MXFP4's one scale byte), for Q5_0 its fifth bits as eight step masks
+// (a 4t-bit mask per 4-weight step s at bit 4ts: bit 4l + b is weight 4s + b of block l), then
+// dword j of every block's codes for j = 0, 1, ... The same bytes per row as the file's form.
+// `forward`: file -> interleaved, else back.
+struct RowLayout {
+    int block_bytes, fields, field_bytes;
+    bool fifth;
+};
+
+static RowLayout layout_of(int qtype) {
+    int fields = 1, qk = 0, bytes = 0;
+    const int file = interleaved_source(qtype, &fields);
+    qtype_info(file, qk, bytes);
+    return {bytes, fields, qtype == MXFP4X ? 1 : 2, qtype == Q5_0X};
+}
+
+static void interleave_row(const uint8_t* src, uint8_t* dst, int64_t k, const RowLayout& f, bool forward) {
+    const int64_t blocks = k / 32, fb = f.field_bytes, file_header = f.fields * fb + (f.fifth ? 4 : 0);
+    const int64_t dwords = (f.block_bytes - file_header) / 4;
     for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
-        const int64_t t = std::min<int64_t>(16, blocks - b0);
-        const uint8_t* in = src + b0 * 34;
-        uint8_t* out = dst + b0 * 34;
+        const int64_t t = std::min<int64_t>(16, blocks - b0), masks = f.fields * fb * t, codes = file_header * t;
+        const uint8_t* in = src + b0 * f.block_bytes;
+        uint8_t* out = dst + b0 * f.block_bytes;
+        if (f.fifth && forward) std::memset(out + masks, 0, 4 * t);
         for (int64_t l = 0; l < t; ++l) {
-            std::memcpy(out + 34 * l, in + 2 * l, 2);
-            for (int64_t step = 0; step < 8; ++step)
-                std::memcpy(out + 34 * l + 2 + 4 * step, in + 2 * t + 4 * (t * step + l), 4);
+            const int64_t block = f.block_bytes * l;
+            for (int64_t i = 0; i < f.fields; ++i) {
+                const int64_t a = block + fb * i, x = fb * (t * i + l);
+                std::memcpy(forward ? out + x : out + a, forward ? in + a : in + x, fb);
+            }
+            if (f.fifth) {
+                const int64_t a = block + f.fields * fb;  // the file's u32 of fifth bits
+                uint32_t qh = 0;
+                if (forward) std::memcpy(&qh, in + a, 4);
+                for (int64_t step = 0; step < 8; ++step) {
+                    const int64_t bit = 4 * t * step + 4 * l;  // a multiple of 4: one nibble of a byte
+                    if (forward)
+                        out[masks + bit / 8] |= static_cast<uint8_t>(((qh >> (4 * step)) & 0xF) << (bit % 8));
+                    else
+                        qh |= static_cast<uint32_t>((in[masks + bit / 8] >> (bit % 8)) & 0xF) << (4 * step);
+                }
+                if (!forward) std::memcpy(out + a, &qh, 4);
+            }
+            for (int64_t j = 0; j < dwords; ++j) {
+                const int64_t a = block + file_header + 4 * j, x = codes + 4 * (t * j + l);
+                std::memcpy(forward ? out + x : out + a, forward ? in + a : in + x, 4);
+            }
         }
     }
 }
 
+static int interleaved_of(int file_qtype) {
+    switch (file_qtype) {
+        case Q4_0: return Q4_0X;
+        case Q4_1: return Q4_1X;
+        case Q5_0: return Q5_0X;
+        case Q8_0: return Q8_0X;
+        case MXFP4: return MXFP4X;
+        default: throw std::invalid_argument("agentkv kernels: no interleaved form of qtype " + std::to_string(file_qtype));
+    }
+}
+
+void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k, int file_qtype) {
+    const RowLayout f = layout_of(interleaved_of(file_qtype));
+    const int64_t row_bytes = k / 32 * f.block_bytes;
+    parallel_chunks(n, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) interleave_row(src + r * row_bytes, dst + r * row_bytes, k, f, true);
+    });
+}
+
+void deinterleave_row(const uint8_t* src, uint8_t* dst, int64_t k, int qtype) {
+    interleave_row(src, dst, k, layout_of(qtype), false);
+}
+
 void dequantize_raw(const uint8_t* w, float* out, int64_t n, int64_t k, int64_t row_bytes, int qtype) {
-    if (qtype == Q8_0X) {
+    if (const int file = interleaved_source(qtype)) {  // back to the file's order, a row at a time
         std::vector<uint8_t> row(row_bytes);
         for (int64_t r = 0; r < n; ++r) {
-            deinterleave_row(w + r * row_bytes, row.data(), k);
-            dequant_rows<FmtQ8_0>(row.data(), row_bytes, 1, k, out + r * k);
+            deinterleave_row(w + r * row_bytes, row.data(), k, qtype);
+            dequantize_raw(row.data(), out + r * k, 1, k, row_bytes, file);
         }
         return;
     }

@@ -76,25 +76,80 @@ struct Q8_0 {
     static inline Block decode(const uint8_t* b) { return {load32(b + 2), half_scale(b), _mm256_setzero_ps()}; }
 };
 
-// Q8_0 rows interleaved at load (qmatmul_vnni.cpp's Q8_0X: a lane is a block), each of its
-// 16 lanes as lane l % 8 of half l / 8; its codes stay signed (dot4<true>).
-struct Q8_0X {
-    static constexpr int QK = 32, BYTES = 34, OFF = 128, ROUND = 3;
-    static constexpr bool MIN = false, SIGNED = true;
-    // half h of the group's codes for step s, lanes past t zero
-    static inline __m256i codes(const uint8_t* group, int t, int h, int s) {
-        const uint8_t* at = group + 2 * t + 4 * t * s + 32 * h;
+// The rows interleaved at load (qmatmul_vnni.cpp's Interleaved: a lane is a block), each of
+// its 16 lanes as lane l % 8 of half l / 8; Q8_0's codes stay signed (dot4<true>).
+template <int BYTES_, int OFF_, int FIELDS, bool NIBBLES, bool FIFTH = false, bool E8M0 = false>
+struct Interleaved {
+    static constexpr int QK = 32, BYTES = BYTES_, OFF = OFF_, ROUND = 3;
+    static constexpr bool MIN = FIELDS == 2, SIGNED = !NIBBLES;
+    static constexpr int HEADER = E8M0 ? 1 : 2 * FIELDS + (FIFTH ? 4 : 0);
+    // Q5_0: 16 where half h's codes of step s have their fifth bit (the VNNI build's masks)
+    static inline __m256i fifth(const uint8_t* group, int t, int h, int s) {
+        uint64_t bits;
+        std::memcpy(&bits, group + 2 * FIELDS * t + (t * s) / 2, 8);
+        bits >>= (4 * t * s) & 7;
+        if (t < 16) bits &= (1ull << (4 * t)) - 1;
+        return _mm256_and_si256(bit_bytes(static_cast<uint32_t>(bits >> (32 * h))), _mm256_set1_epi8(16));
+    }
+    // dword j of half h's lanes (lanes past t zero)
+    static inline __m256i dword(const uint8_t* group, int t, int h, int j) {
+        const uint8_t* at = group + HEADER * t + 4 * t * j + 32 * h;
         if (t == 16) return load32(at);
         const int live = t - 8 * h < 0 ? 0 : (t - 8 * h > 8 ? 8 : t - 8 * h);
         return _mm256_maskload_epi32(reinterpret_cast<const int*>(at), lane_mask(live));
     }
-    static inline __m256 scales(const uint8_t* group, int t, int h) {
-        if (t == 16) return _mm256_cvtph_ps(load16(group + 16 * h));
+    // step(s, w) for s = 0..7: half h's codes of step s
+    template <class Step>
+    static inline void steps(const uint8_t* group, int t, int h, Step&& step) {
+        if constexpr (NIBBLES) {
+            const __m256i low = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+                const __m256i v = dword(group, t, h, j);
+                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                if constexpr (FIFTH) {
+                    lo = _mm256_add_epi8(lo, fifth(group, t, h, j));
+                    hi = _mm256_add_epi8(hi, fifth(group, t, h, j + 4));
+                }
+                if constexpr (E8M0) {
+                    const __m256i kv = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+                    lo = _mm256_shuffle_epi8(kv, lo);
+                    hi = _mm256_shuffle_epi8(kv, hi);
+                }
+                step(j, lo);
+                step(j + 4, hi);
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) step(j, dword(group, t, h, j));
+        }
+    }
+    // header field f (0: d, 1: m) of half h's lanes
+    static inline __m256 field(const uint8_t* group, int t, int h, int f) {
+        if constexpr (E8M0) {  // the VNNI build's e8m0_half of the scale bytes
+            alignas(16) uint8_t bytes[16] = {};
+            if (t == 16)
+                std::memcpy(bytes, group + 8 * h, 8);
+            else
+                for (int l = 8 * h; l < t && l < 8 * h + 8; ++l) bytes[l - 8 * h] = group[l];
+            const __m256i e = _mm256_cvtepu8_epi32(load16(bytes));
+            const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+            const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+            const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+            return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, small));
+        }
+        const uint8_t* at = group + 2 * t * f;
+        if (t == 16) return _mm256_cvtph_ps(load16(at + 16 * h));
         alignas(16) uint16_t half[8] = {};
-        for (int l = 8 * h; l < t && l < 8 * h + 8; ++l) std::memcpy(&half[l - 8 * h], group + 2 * l, 2);
+        for (int l = 8 * h; l < t && l < 8 * h + 8; ++l) std::memcpy(&half[l - 8 * h], at + 2 * l, 2);
         return _mm256_cvtph_ps(load16(half));
     }
 };
+using Q4_0X = Interleaved<18, 8, 1, true>;
+using Q4_1X = Interleaved<20, 0, 2, true>;
+using Q5_0X = Interleaved<22, 16, 1, true, true>;
+using Q8_0X = Interleaved<34, 128, 1, false>;
+using MXFP4X = Interleaved<17, 12, 0, true, false, true>;
 
 struct Q4_0 {
     static constexpr int QK = 32, BYTES = 18, OFF = 8, ROUND = 0;
@@ -290,21 +345,27 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
             const uint8_t* group = rows[g] + gi * 16 * F::BYTES;
 #pragma GCC unroll 2
             for (int h = 0; h < (t > 8 ? 2 : 1); ++h) {  // a last group of t <= 8: lanes 8..15 untouched
+                const int64_t slot = 16 * gi + 8 * h;
                 __m256i dot[M];
 #pragma GCC unroll 4
                 for (int r = 0; r < M; ++r) dot[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int s = 0; s < 8; ++s) {
-                    const __m256i w = F::codes(group, t, h, s);
+                F::steps(group, t, h, [&](int s, __m256i w) {
 #pragma GCC unroll 4
                     for (int r = 0; r < M; ++r)
                         dot[r] = _mm256_add_epi32(dot[r], dot4<F::SIGNED>(w, load32(x.q + r * x.ld_q + 512 * gi + 64 * s + 32 * h)));
-                }
-                const __m256 d = F::scales(group, t, h);
+                });
+                const __m256 d = F::field(group, t, h, 0);
 #pragma GCC unroll 4
                 for (int r = 0; r < M; ++r) {
-                    const __m256 sc = _mm256_mul_ps(d, _mm256_loadu_ps(x.dx + r * x.ld_lane + 16 * gi + 8 * h));
+                    if (F::OFF != 0 && !F::SIGNED) dot[r] = _mm256_add_epi32(load32(x.init + r * x.ld_lane + slot), dot[r]);
+                    const __m256 sc = _mm256_mul_ps(d, _mm256_loadu_ps(x.dx + r * x.ld_lane + slot));
                     acc[r][g][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), sc, acc[r][g][h]);
+                }
+                if (F::MIN) {
+                    const __m256 m = F::field(group, t, h, 1);
+#pragma GCC unroll 4
+                    for (int r = 0; r < M; ++r)
+                        acc[r][g][h] = _mm256_fmadd_ps(m, _mm256_loadu_ps(x.xs + r * x.ld_lane + slot), acc[r][g][h]);
                 }
             }
         }

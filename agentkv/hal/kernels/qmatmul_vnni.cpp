@@ -152,31 +152,111 @@ struct Q5_0 {
     }
 };
 
-// Q8_0 with its rows interleaved at load (qmatmul.cpp's interleave_rows, qtype Q8_0X): per
-// group of 16 blocks (t < 16 for a row's last group), the t scales, then for each 4-weight
-// step s = 0..7 the t blocks' codes 4s .. 4s + 3, one dword per block. So a lane is a block:
-// eight vpdpbusd give each lane its block's whole integer sum, and one float step serves 16
-// blocks where the pairs above spend one per 64 weights.
-struct Q8_0X {
-    static constexpr int QK = 32, BYTES = 34, OFF = 128, ROUND = 3;
-    static constexpr bool MIN = false;
-    // the group's codes for step s, as u8 (+ 128; init folds it out), lanes past t zero
-    static inline __m512i codes(const uint8_t* group, int t, __mmask16 lanes, int s) {
-        const __m512i w = _mm512_maskz_loadu_epi32(lanes, group + 2 * t + 4 * t * s);
-        return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+// The 32-wide formats with their rows interleaved at load (qmatmul.cpp's interleave_rows,
+// qtypes Q4_0X, Q4_1X, Q5_0X, Q8_0X, MXFP4X): per group of 16 blocks (t < 16 for a row's last group), each
+// f16 header field of the t blocks (d; Q4_1: d, then m), then the t blocks' code bytes a dword
+// at a time (dword j of every block, then j + 1). So a lane is a block: eight vpdpbusd give
+// each lane its block's whole integer sum (Q8_0: dwords j = steps j, codes 4j .. 4j + 3; the
+// 4-bit formats: dword j's low nibbles are step j, its high nibbles step j + 4), and one float
+// step serves 16 blocks where the pairs above spend one per 64 weights.
+//
+// Q5_0's fifth bits come after its d fields as eight step masks, a bit per code (step s: 4t
+// bits, bit 4l + b is weight 4s + b of block l; mask s starts at bit 4ts), which add 16 to the
+// codes they mark.
+//
+// MXFP4 (E8M0) has one scale byte per block for a header, and its codes become the doubled
+// E2M1 value plus 12 (one vpshufb, as MXFP4 above; init folds the 12 out).
+template <int BYTES_, int OFF_, int FIELDS, bool NIBBLES, bool FIFTH = false, bool E8M0 = false>
+struct Interleaved {
+    static constexpr int QK = 32, BYTES = BYTES_, OFF = OFF_, ROUND = 3;
+    static constexpr bool MIN = FIELDS == 2;
+    static constexpr int HEADER = E8M0 ? 1 : 2 * FIELDS + (FIFTH ? 4 : 0);  // header bytes per block
+    static inline __m512i e2m1() {
+        return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
     }
-    static inline __m512 scales(const uint8_t* group, __mmask16 lanes) {
-        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, group));
+    // step s's fifth-bit mask: 4t bits
+    static inline uint64_t fifth(const uint8_t* group, int t, int s) {
+        uint64_t bits;
+        std::memcpy(&bits, group + 2 * FIELDS * t + (t * s) / 2, 8);
+        bits >>= (4 * t * s) & 7;
+        return t == 16 ? bits : bits & ((1ull << (4 * t)) - 1);
     }
-    // the same for a last group of t <= 8 blocks, in lanes 0..7
-    static inline __m256i codes8(const uint8_t* group, int t, __mmask8 lanes, int s) {
-        const __m256i w = _mm256_maskz_loadu_epi32(lanes, group + 2 * t + 4 * t * s);
-        return _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+    // step(s, w) for s = 0..7 with w the lanes' u8 codes of step s (Q8_0: + 128, which init
+    // folds out), lanes past t zero (V: __m512i or, half width, __m256i)
+    template <class V, class Mask, class Step>
+    static inline void steps(const uint8_t* group, int t, Mask lanes, Step&& step) {
+        const uint8_t* codes = group + HEADER * t;
+        if constexpr (sizeof(V) == 64) {
+            if constexpr (NIBBLES) {
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j) {
+                    const __m512i v = _mm512_maskz_loadu_epi32(lanes, codes + 4 * t * j), low = _mm512_set1_epi8(0x0F);
+                    __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    if constexpr (FIFTH) {
+                        const __m512i sixteen = _mm512_set1_epi8(16);
+                        lo = _mm512_mask_add_epi8(lo, static_cast<__mmask64>(fifth(group, t, j)), lo, sixteen);
+                        hi = _mm512_mask_add_epi8(hi, static_cast<__mmask64>(fifth(group, t, j + 4)), hi, sixteen);
+                    }
+                    if constexpr (E8M0) {
+                        lo = _mm512_shuffle_epi8(e2m1(), lo);
+                        hi = _mm512_shuffle_epi8(e2m1(), hi);
+                    }
+                    step(j, lo);
+                    step(j + 4, hi);
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j)
+                    step(j, _mm512_xor_si512(_mm512_maskz_loadu_epi32(lanes, codes + 4 * t * j),
+                                             _mm512_set1_epi8(static_cast<char>(0x80))));
+            }
+        } else {
+            if constexpr (NIBBLES) {
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j) {
+                    const __m256i v = _mm256_maskz_loadu_epi32(lanes, codes + 4 * t * j), low = _mm256_set1_epi8(0x0F);
+                    __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                    if constexpr (FIFTH) {
+                        const __m256i sixteen = _mm256_set1_epi8(16);
+                        lo = _mm256_mask_add_epi8(lo, static_cast<__mmask32>(fifth(group, t, j)), lo, sixteen);
+                        hi = _mm256_mask_add_epi8(hi, static_cast<__mmask32>(fifth(group, t, j + 4)), hi, sixteen);
+                    }
+                    if constexpr (E8M0) {
+                        lo = _mm256_shuffle_epi8(_mm512_castsi512_si256(e2m1()), lo);
+                        hi = _mm256_shuffle_epi8(_mm512_castsi512_si256(e2m1()), hi);
+                    }
+                    step(j, lo);
+                    step(j + 4, hi);
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j)
+                    step(j, _mm256_xor_si256(_mm256_maskz_loadu_epi32(lanes, codes + 4 * t * j),
+                                             _mm256_set1_epi8(static_cast<char>(0x80))));
+            }
+        }
     }
-    static inline __m256 scales8(const uint8_t* group, __mmask8 lanes) {
-        return _mm256_cvtph_ps(_mm_maskz_loadu_epi16(lanes, group));
+    // header field f (0: d, 1: m) of the lanes' blocks; E8M0: e8m0_half of the scale bytes
+    // (mxfp4.h's values: 2^(e - 128), e = 0, 1 subnormal)
+    static inline __m512 field(const uint8_t* group, int t, __mmask16 lanes, int f) {
+        if constexpr (E8M0) {
+            const __m512i e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, group));
+            const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+            return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, tiny));
+        }
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, group + 2 * t * f));
+    }
+    static inline __m256 field8(const uint8_t* group, int t, __mmask8 lanes, int f) {
+        if constexpr (E8M0) return _mm512_castps512_ps256(field(group, t, static_cast<__mmask16>(lanes), f));
+        return _mm256_cvtph_ps(_mm_maskz_loadu_epi16(lanes, group + 2 * t * f));
     }
 };
+using Q4_0X = Interleaved<18, 8, 1, true>;
+using Q4_1X = Interleaved<20, 0, 2, true>;
+using Q5_0X = Interleaved<22, 16, 1, true, true>;
+using Q8_0X = Interleaved<34, 128, 1, false>;
+using MXFP4X = Interleaved<17, 12, 0, true, false, true>;
 
 // MXFP4 (gpt-oss's experts): the doubled E2M1 value of each code plus 12, as u8 (one vpshufb
 // per pair; init folds the -12 back out), Q4_0's nibble order, and a's and b's E8M0 scale
@@ -354,10 +434,10 @@ static void cols(const Problem& p, const QuantRows& x, int64_t c0, int64_t strid
 
 // Interleaved 32-wide rows (ROUND 3) at columns c0 + g * stride: per group of 16 blocks,
 // lane l holds block 16 gi + l: I = init + eight vpdpbusd (exact), acc = fma(float(I), d * dx,
-// acc). A short last group of t blocks: if t > 8, lanes t..15 meet zero codes, scales and
-// activations (an fma adding +0); if t <= 8, lanes 8..15 are left as they are and lanes 0..7
-// take the same steps at half width (the AVX2 build skips its second half). out = the sum of
-// acc (reduce4).
+// acc) and, for Q4_1, acc = fma(m, xs, acc). A short last group of t blocks: if t > 8, lanes
+// t..15 meet zero codes, scales and activations (fmas adding +0); if t <= 8, lanes 8..15 are
+// left as they are and lanes 0..7 take the same steps at half width (the AVX2 build skips its
+// second half). out = the sum of acc (reduce4).
 template <class F, int M, int G>
 static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t stride) {
     __m512 acc[M][G];
@@ -367,28 +447,35 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
     const NextInStreams<G> ahead(rows, p.row_bytes, groups);
     for (int64_t gi = 0; gi < groups; ++gi) {
         const int t = blocks - 16 * gi < 16 ? static_cast<int>(blocks - 16 * gi) : 16;
+        const int64_t slot = 16 * gi;  // the group's first block: init, dx and xs
         ahead.at(gi);
         if (t <= 8) {
             const __mmask8 lanes = static_cast<__mmask8>((1u << t) - 1);
+            const __mmask16 low = static_cast<__mmask16>(0x00FF);
 #pragma GCC unroll 4
             for (int g = 0; g < G; ++g) {
                 const uint8_t* group = rows[g] + gi * 16 * F::BYTES;
                 __m256i dot[M];
 #pragma GCC unroll 8
-                for (int r = 0; r < M; ++r) dot[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.init + r * x.ld_lane + 16 * gi));
-#pragma GCC unroll 8
-                for (int s = 0; s < 8; ++s) {
-                    const __m256i w = F::codes8(group, t, lanes, s);
+                for (int r = 0; r < M; ++r) dot[r] = load32(reinterpret_cast<const uint8_t*>(x.init + r * x.ld_lane + slot));
+                F::template steps<__m256i>(group, t, lanes, [&](int s, __m256i w) {
 #pragma GCC unroll 8
                     for (int r = 0; r < M; ++r)
                         dot[r] = _mm256_dpbusd_epi32(dot[r], w, load32(reinterpret_cast<const uint8_t*>(x.q + r * x.ld_q + 512 * gi + 64 * s)));
-                }
-                const __m256 d = F::scales8(group, lanes);
+                });
+                const __m256 d = F::field8(group, t, lanes, 0);
 #pragma GCC unroll 8
                 for (int r = 0; r < M; ++r) {
-                    const __m256 sc = _mm256_mul_ps(d, _mm256_loadu_ps(x.dx + r * x.ld_lane + 16 * gi));
-                    const __m512 prod = _mm512_castps256_ps512(_mm256_cvtepi32_ps(dot[r]));
-                    acc[r][g] = _mm512_mask3_fmadd_ps(prod, _mm512_castps256_ps512(sc), acc[r][g], static_cast<__mmask16>(0x00FF));
+                    const __m256 sc = _mm256_mul_ps(d, _mm256_loadu_ps(x.dx + r * x.ld_lane + slot));
+                    acc[r][g] = _mm512_mask3_fmadd_ps(_mm512_castps256_ps512(_mm256_cvtepi32_ps(dot[r])),
+                                                      _mm512_castps256_ps512(sc), acc[r][g], low);
+                }
+                if (F::MIN) {
+                    const __m512 m = _mm512_castps256_ps512(F::field8(group, t, lanes, 1));
+#pragma GCC unroll 8
+                    for (int r = 0; r < M; ++r)
+                        acc[r][g] = _mm512_mask3_fmadd_ps(m, _mm512_castps256_ps512(_mm256_loadu_ps(x.xs + r * x.ld_lane + slot)),
+                                                          acc[r][g], low);
                 }
             }
             continue;
@@ -399,19 +486,23 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
             const uint8_t* group = rows[g] + gi * 16 * F::BYTES;
             __m512i dot[M];
 #pragma GCC unroll 8
-            for (int r = 0; r < M; ++r) dot[r] = _mm512_loadu_si512(x.init + r * x.ld_lane + 16 * gi);
-#pragma GCC unroll 8
-            for (int s = 0; s < 8; ++s) {
-                const __m512i w = F::codes(group, t, lanes, s);
+            for (int r = 0; r < M; ++r) dot[r] = _mm512_loadu_si512(x.init + r * x.ld_lane + slot);
+            F::template steps<__m512i>(group, t, lanes, [&](int s, __m512i w) {
 #pragma GCC unroll 8
                 for (int r = 0; r < M; ++r)
                     dot[r] = _mm512_dpbusd_epi32(dot[r], w, _mm512_loadu_si512(x.q + r * x.ld_q + 512 * gi + 64 * s));
-            }
-            const __m512 d = F::scales(group, lanes);
+            });
+            const __m512 d = F::field(group, t, lanes, 0);
 #pragma GCC unroll 8
             for (int r = 0; r < M; ++r) {
-                const __m512 sc = _mm512_mul_ps(d, _mm512_loadu_ps(x.dx + r * x.ld_lane + 16 * gi));
+                const __m512 sc = _mm512_mul_ps(d, _mm512_loadu_ps(x.dx + r * x.ld_lane + slot));
                 acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), sc, acc[r][g]);
+            }
+            if (F::MIN) {
+                const __m512 m = F::field(group, t, lanes, 1);
+#pragma GCC unroll 8
+                for (int r = 0; r < M; ++r)
+                    acc[r][g] = _mm512_fmadd_ps(m, _mm512_loadu_ps(x.xs + r * x.ld_lane + slot), acc[r][g]);
             }
         }
     }

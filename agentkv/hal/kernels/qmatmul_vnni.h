@@ -22,7 +22,7 @@ namespace agentkv {
 //   sub  [m, ld_sub]   d * (the sum of the codes of k's 32-wide block j, in k order), for Q4_K's
 //                      mins (256-wide rounding only, as gsum)
 //   gsum [m, 2 ld_sub] the sum of the codes of k's 16-wide group j (k order), for Q6_K's offset
-// except for the interleaved rows (ROUND 3, Q8_0X), whose kernel reads a 512-wide group gi's
+// except for the interleaved rows (ROUND 3: Q4_0X, Q4_1X, Q5_0X, Q8_0X, MXFP4X), whose kernel reads a 512-wide group gi's
 // codes in its weights' order (block l's codes 4s .. 4s + 4 at q[512 gi + 64 s + 4 l]) and one
 // init, dx and xs per 32-wide block (slot 16 gi + l of the same arrays).
 struct QuantRows {
@@ -57,12 +57,15 @@ struct RowBuffers {
     }
 };
 
-// Q8_0 with each row's blocks interleaved 16 at a time for the int8 kernels (a lane is a
-// block: qmatmul_vnni.cpp's Q8_0X); the same bytes per row as Q8_0. interleave_rows makes it
-// from Q8_0 rows at load, and only the int8 kernels and dequantize read it.
-constexpr int Q8_0X = 2008;
-void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k);
-void deinterleave_row(const uint8_t* src, uint8_t* dst, int64_t k);
+// Q4_0, Q4_1, Q5_0, Q8_0 and MXFP4 with each row's blocks interleaved 16 at a time for the int8 kernels (a
+// lane is a block: qmatmul_vnni.cpp's Interleaved); the same bytes per row as the file's form.
+// interleave_rows makes them from the file's rows at load (file qtype in, the X qtype's rows
+// out), and only the int8 kernels and dequantize read them.
+constexpr int Q4_0X = 2002, Q4_1X = 2003, Q5_0X = 2006, Q8_0X = 2008, MXFP4X = 2039;
+// The file qtype of an interleaved one (and its header fields per block); 0 if not one.
+int interleaved_source(int qtype, int* fields = nullptr);
+void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k, int file_qtype);
+void deinterleave_row(const uint8_t* src, uint8_t* dst, int64_t k, int qtype);
 
 namespace int8 {
 bool qtype_supported(int qtype);  // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4 (qmatmul_int8.cpp)

@@ -20,14 +20,18 @@ QTYPE_BLOCK: dict[int, tuple[int, int]] = {
     1004: (32, 24),  # I4G32
     1008: (32, 40),  # I8G32
     1016: (32, 36),  # F8G32
-    2008: (32, 34),  # Q8_0 rows interleaved at load for the int8 kernels (INTERLEAVED)
+    2002: (32, 18),  # Q4_0, Q4_1, Q5_0, Q8_0 and MXFP4 rows interleaved at load for the int8 kernels (INTERLEAVED)
+    2003: (32, 20),
+    2006: (32, 22),
+    2008: (32, 34),
+    2039: (32, 17),
 }
 SUPPORTED_QTYPES = frozenset(QTYPE_BLOCK)
 # The forms the CPU backend rearranges a file's rows into when its activations are int8, by the
-# file's qtype: Q8_0 -> 2008 (qmatmul_vnni.h's Q8_0X: each row's blocks interleaved 16 at a
-# time, so a SIMD lane is a block). The same bytes per row; only the int8 kernels and
-# `dequantize` read them.
-INTERLEAVED: dict[int, int] = {8: 2008}
+# file's qtype + 2000: Q4_0, Q4_1, Q5_0, Q8_0, MXFP4 (qmatmul_vnni.h: each row's blocks
+# interleaved 16 at a time, so a SIMD lane is a block). The same bytes per row; only the int8
+# kernels and `dequantize` read them.
+INTERLEAVED: dict[int, int] = {2: 2002, 3: 2003, 6: 2006, 8: 2008, 39: 2039}
 FILE_QTYPE: dict[int, int] = {v: k for k, v in INTERLEAVED.items()}
 
 
