@@ -72,8 +72,9 @@ def rows(model: str, ms: list[int]) -> list[dict]:
             line = f"{model} {label} {t.tensor_type.name} {n}x{k} m={m}: f32 {f32:.3f} ms, int8 {int8:.3f} ms"
             if qtype in INTERLEAVED:  # what the backend holds under int8, against the file's order
                 wx = K.interleave_rows(w, qtype, n, k)
-                row["int8_file_order_ms"], row["int8_ms"] = int8, cpu_ms(
-                    lambda x=x, w=wx, q=INTERLEAVED[qtype], n=n, k=k: K.qmatmul(x, w, q, n, k, int8=True)
+                row["int8_file_order_ms"], row["int8_ms"] = (
+                    int8,
+                    cpu_ms(lambda x=x, w=wx, q=INTERLEAVED[qtype], n=n, k=k: K.qmatmul(x, w, q, n, k, int8=True)),
                 )
                 line = f"{line} in the file's order, {row['int8_ms']:.3f} interleaved"
             out.append(row)

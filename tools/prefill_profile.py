@@ -42,7 +42,8 @@ def main() -> None:
         engine.step()
     profile.disable()
     seconds = time.perf_counter() - t0
-    print(f"{args.model}: prefill of {args.prompt} tokens {seconds:.2f} s, {args.prompt / seconds:.1f} tok/s (profiled)")
+    rate = args.prompt / seconds
+    print(f"{args.model}: prefill of {args.prompt} tokens {seconds:.2f} s, {rate:.1f} tok/s (profiled)")
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
 

@@ -14,8 +14,13 @@ from tests.hal.test_kernels import LEGACY, QTYPES, K, gguf_dequant, random_quant
 INT8 = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_0X", "Q4_1X", "Q5_0X", "Q8_0X", "MXFP4X", "Q4_K", "Q6_K", "MXFP4"]
 MXFP4 = int(gguf.GGMLQuantizationType.MXFP4)
 # rows interleaved at load for the int8 kernels (qmatmul_vnni.h), by their file's format
-INTERLEAVED = {"Q4_0X": ("Q4_0", 2002), "Q4_1X": ("Q4_1", 2003), "Q5_0X": ("Q5_0", 2006), "Q8_0X": ("Q8_0", 2008),
-               "MXFP4X": ("MXFP4", 2039)}
+INTERLEAVED = {
+    "Q4_0X": ("Q4_0", 2002),
+    "Q4_1X": ("Q4_1", 2003),
+    "Q5_0X": ("Q5_0", 2006),
+    "Q8_0X": ("Q8_0", 2008),
+    "MXFP4X": ("MXFP4", 2039),
+}
 # 32-weight blocks (an odd k / 32 tests the unpaired last block; interleaved, k = 544 is one
 # full group of 16 blocks and a one-block last group, k = 256 a short group alone)
 BLOCK_32 = LEGACY | {"MXFP4"} | set(INTERLEAVED)

@@ -79,11 +79,12 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
 
         int8 comes first ("auto" takes it) where the int8 kernels are the VNNI build (this fixes
         the kernels' ISA, as `identity` does): there int8 decodes a K-quant or MXFP4 model
-        1.1-1.8x faster than f32 and prefills about as fast (0.88-1.64x at 64 rows), while the
-        f32 one-row K-quant matmul is bound by the vector ports (~6 zmm operations per 32
-        weights), not by memory. The AVX2 build's many-row int8 takes 1.1x f32's time on the
-        K-quants and 1.4-1.8x on the 32-wide formats, so f32 comes first without VNNI
-        (docs/benchmarks.md, "int8 activations on AVX2")."""
+        1.1-1.8x faster than f32 and prefills as fast or faster (0.94-1.8x at 64 rows, the
+        32-wide formats interleaved), while the f32 one-row K-quant matmul is bound by the
+        vector ports (~6 zmm operations per 32 weights), not by memory. The AVX2 build's
+        many-row int8 takes 1.1x f32's time on the K-quants and up to 1.7x on the 32-wide
+        formats, so f32 comes first without VNNI (docs/benchmarks.md, "int8 activations on
+        AVX2", "Interleaved 32-wide rows")."""
         self._kernels.fix_isa()
         return ("int8", "f32") if self._kernels.int8_build() == "avx512-vnni" else ("f32", "int8")
 

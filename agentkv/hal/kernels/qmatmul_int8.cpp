@@ -76,6 +76,14 @@ struct Q8_0 {
     static inline Block decode(const uint8_t* b) { return {load32(b + 2), half_scale(b), _mm256_setzero_ps()}; }
 };
 
+// 0xFF in the first n bytes (0 <= n <= 16), zero after: cuts a 16-byte load of a short group's
+// header fields (the group's header is followed by its codes, so the load stays inside it).
+static inline __m128i first_bytes(int n) {
+    static const uint8_t edge[32] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+                                     0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+    return load16(edge + 16 - n);
+}
+
 // The rows interleaved at load (qmatmul_vnni.cpp's Interleaved: a lane is a block), each of
 // its 16 lanes as lane l % 8 of half l / 8; Q8_0's codes stay signed (dot4<true>).
 template <int BYTES_, int OFF_, int FIELDS, bool NIBBLES, bool FIFTH = false, bool E8M0 = false>
@@ -91,12 +99,13 @@ struct Interleaved {
         if (t < 16) bits &= (1ull << (4 * t)) - 1;
         return _mm256_and_si256(bit_bytes(static_cast<uint32_t>(bits >> (32 * h))), _mm256_set1_epi8(16));
     }
+    // the blocks of half h in a group of t
+    static inline int live(int t, int h) { return t - 8 * h < 0 ? 0 : (t - 8 * h > 8 ? 8 : t - 8 * h); }
     // dword j of half h's lanes (lanes past t zero)
     static inline __m256i dword(const uint8_t* group, int t, int h, int j) {
         const uint8_t* at = group + HEADER * t + 4 * t * j + 32 * h;
         if (t == 16) return load32(at);
-        const int live = t - 8 * h < 0 ? 0 : (t - 8 * h > 8 ? 8 : t - 8 * h);
-        return _mm256_maskload_epi32(reinterpret_cast<const int*>(at), lane_mask(live));
+        return _mm256_maskload_epi32(reinterpret_cast<const int*>(at), lane_mask(live(t, h)));
     }
     // step(s, w) for s = 0..7: half h's codes of step s
     template <class Step>
@@ -127,22 +136,15 @@ struct Interleaved {
     // header field f (0: d, 1: m) of half h's lanes
     static inline __m256 field(const uint8_t* group, int t, int h, int f) {
         if constexpr (E8M0) {  // the VNNI build's e8m0_half of the scale bytes
-            alignas(16) uint8_t bytes[16] = {};
-            if (t == 16)
-                std::memcpy(bytes, group + 8 * h, 8);
-            else
-                for (int l = 8 * h; l < t && l < 8 * h + 8; ++l) bytes[l - 8 * h] = group[l];
-            const __m256i e = _mm256_cvtepu8_epi32(load16(bytes));
+            const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(group + 8 * h));
+            const __m256i e = _mm256_cvtepu8_epi32(t == 16 ? raw : _mm_and_si128(raw, first_bytes(live(t, h))));
             const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
             const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
             const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
             return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, small));
         }
-        const uint8_t* at = group + 2 * t * f;
-        if (t == 16) return _mm256_cvtph_ps(load16(at + 16 * h));
-        alignas(16) uint16_t half[8] = {};
-        for (int l = 8 * h; l < t && l < 8 * h + 8; ++l) std::memcpy(&half[l - 8 * h], at + 2 * l, 2);
-        return _mm256_cvtph_ps(load16(half));
+        const __m128i raw = load16(group + 2 * t * f + 16 * h);  // a short group: within it, then cut
+        return _mm256_cvtph_ps(t == 16 ? raw : _mm_and_si128(raw, first_bytes(2 * live(t, h))));
     }
 };
 using Q4_0X = Interleaved<18, 8, 1, true>;
