@@ -84,11 +84,6 @@ class Backend(ABC):
         """The activation types this backend's matmuls can take here, the faster first."""
         return ("f32",)
 
-    def copies_weight(self, qtype: int) -> bool:
-        """Whether a resident weight of file qtype `qtype` is held as a copy of its own (counted
-        against memory before load) where the backend would otherwise map the file."""
-        return False
-
     def check_kv_spec(self, spec: KVSpec) -> KVSpec:
         """`spec` when its dtype is this backend's `kv_dtype` (the one in the fingerprint);
         a ValueError naming both otherwise, so no store holds bits the fingerprint denies."""

@@ -73,3 +73,6 @@ class Capabilities(NamedTuple):
     # where `upload_weight` puts a weight (WEIGHT_RESIDENCY): every weight is uploaded at load
     # and stays; the loader refuses a model whose resident bytes exceed the memory that holds them
     weights: str = "copied"
+    # file qtypes a "mapped" backend still holds as a copy of its own (the cpu backend's
+    # interleaved rows under int8 activations), counted against memory before load
+    copied_qtypes: frozenset[int] = frozenset()

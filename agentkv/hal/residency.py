@@ -18,15 +18,16 @@ class WeightsDoNotFit(ValueError):
 def held_bytes(source, backend: Backend, resident: bool) -> int:
     """Bytes the backend holds for `source`'s tensors: a quantized tensor it keeps in its
     blocks counts its file bytes, unless the backend maps the file (`weights == "mapped"`:
-    the pages stay the file's) and holds it as it is (`Backend.copies_weight`: the CPU backend's
-    interleaved Q8_0 under int8 activations is a copy); anything dequantized counts 4 bytes per element. A 3-D
+    the pages stay the file's) and holds it as it is (`Capabilities.copied_qtypes`: the cpu
+    backend's interleaved rows under int8 activations are copies); anything dequantized counts
+    4 bytes per element. A 3-D
     tensor is a bank of experts, each held in its blocks as a 2-D weight of its own."""
     caps = backend.capabilities
     total = 0
     for name in source.tensor_names():
         info = source.tensor(name)
         if resident and info.qtype in caps.resident_qtypes and len(info.shape) in (2, 3):
-            copied = caps.weights != "mapped" or backend.copies_weight(info.qtype)
+            copied = caps.weights != "mapped" or info.qtype in caps.copied_qtypes
             total += info.data.nbytes if copied else 0
         else:
             total += 4 * math.prod(info.shape)

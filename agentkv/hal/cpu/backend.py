@@ -63,6 +63,7 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             fused_attention=True,
             layouts=LAYOUTS,
             weights="mapped",  # the file's blocks are the weights (upload_weight)
+            copied_qtypes=frozenset(INTERLEAVED) if self.int8 else frozenset(),
         )
 
     @property
