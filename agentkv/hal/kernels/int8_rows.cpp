@@ -52,15 +52,19 @@ static inline float amax(const float* x, int64_t n) {
     return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 0x55)));
 }
 
+// Block b of a row rounded 32 wide: its codes and d (zero past k).
+static inline __m256i block32(const float* xr, int64_t k, int64_t b, float& d) {
+    d = 0.0f;
+    if (32 * b >= k) return _mm256_setzero_si256();
+    d = amax(xr + 32 * b, 32) / 127.0f;
+    return codes32(xr + 32 * b, _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f));
+}
+
 // A row (out: its own QuantRows) in 32-wide rounding blocks, blocks past k zero.
 static void quantize_row32(const float* xr, int64_t k, int off, const QuantRows& out) {
     for (int64_t b = 0; b < out.ld_q / 32; ++b) {
-        __m256i codes = _mm256_setzero_si256();
-        float d = 0.0f;
-        if (32 * b < k) {
-            d = amax(xr + 32 * b, 32) / 127.0f;
-            codes = codes32(xr + 32 * b, _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f));
-        }
+        float d;
+        const __m256i codes = block32(xr, k, b, d);
         store_block(codes, d, off, b, out);
     }
 }
@@ -69,12 +73,8 @@ static void quantize_row32(const float* xr, int64_t k, int off, const QuantRows&
 // b = 16 gi + l go out as 8 dwords at 512 gi + 64 s + 4 l; init, dx and xs one per block.
 static void quantize_row_x16(const float* xr, int64_t k, int off, const QuantRows& out) {
     for (int64_t b = 0; b < out.ld_q / 32; ++b) {
-        __m256i codes = _mm256_setzero_si256();
-        float d = 0.0f;
-        if (32 * b < k) {
-            d = amax(xr + 32 * b, 32) / 127.0f;
-            codes = codes32(xr + 32 * b, _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f));
-        }
+        float d;
+        const __m256i codes = block32(xr, k, b, d);
         alignas(32) int32_t words[8], sums[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(words), codes);
         _mm256_store_si256(reinterpret_cast<__m256i*>(sums), four_sums(codes));

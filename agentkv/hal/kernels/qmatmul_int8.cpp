@@ -338,10 +338,10 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
     __m256 acc[M][G][2];
     const uint8_t* rows[G];
     start_columns<M, G>(p, c0, stride, acc, rows);
-    const int64_t blocks = p.k / F::QK, groups = (blocks + 15) / 16;
+    const int64_t groups = x16_groups(p.k);
     const NextInStreams<G> ahead(rows, p.row_bytes, groups);
     for (int64_t gi = 0; gi < groups; ++gi) {
-        const int t = blocks - 16 * gi < 16 ? static_cast<int>(blocks - 16 * gi) : 16;
+        const int t = x16_blocks(p.k, gi);
         ahead.at(gi);
         for (int g = 0; g < G; ++g) {
             const uint8_t* group = rows[g] + gi * 16 * F::BYTES;

@@ -152,6 +152,30 @@ struct Q5_0 {
     }
 };
 
+// What the interleaved kernels do at either width (16 lanes in a zmm, or the half-width last
+// group's 8 in a ymm): masked dword loads, a 4-bit code's nibbles, Q8_0's codes + 128, +16 on
+// the bytes a mask marks (Q5_0's fifth bits), and a 16-entry byte table lookup.
+static inline __m512i lane_dwords(__mmask16 m, const uint8_t* p) { return _mm512_maskz_loadu_epi32(m, p); }
+static inline __m256i lane_dwords(__mmask8 m, const uint8_t* p) { return _mm256_maskz_loadu_epi32(m, p); }
+static inline __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+static inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+static inline __m512i high_nibbles(__m512i v) { return low_nibbles(_mm512_srli_epi16(v, 4)); }
+static inline __m256i high_nibbles(__m256i v) { return low_nibbles(_mm256_srli_epi16(v, 4)); }
+static inline __m512i plus_128(__m512i v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
+static inline __m256i plus_128(__m256i v) { return _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))); }
+static inline __m512i add16(__m512i v, uint64_t marked) {
+    return _mm512_mask_add_epi8(v, static_cast<__mmask64>(marked), v, _mm512_set1_epi8(16));
+}
+static inline __m256i add16(__m256i v, uint64_t marked) {
+    return _mm256_mask_add_epi8(v, static_cast<__mmask32>(marked), v, _mm256_set1_epi8(16));
+}
+static inline __m512i lookup16(__m128i table, __m512i v) { return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), v); }
+static inline __m256i lookup16(__m128i table, __m256i v) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), v);
+}
+// MXFP4's codes as the doubled E2M1 value plus 12
+static inline __m128i e2m1_plus_12() { return _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0); }
+
 // The 32-wide formats with their rows interleaved at load (qmatmul.cpp's interleave_rows,
 // qtypes Q4_0X, Q4_1X, Q5_0X, Q8_0X, MXFP4X): per group of 16 blocks (t < 16 for a row's last group), each
 // f16 header field of the t blocks (d; Q4_1: d, then m), then the t blocks' code bytes a dword
@@ -171,9 +195,6 @@ struct Interleaved {
     static constexpr int QK = 32, BYTES = BYTES_, OFF = OFF_, ROUND = 3;
     static constexpr bool MIN = FIELDS == 2;
     static constexpr int HEADER = E8M0 ? 1 : 2 * FIELDS + (FIFTH ? 4 : 0);  // header bytes per block
-    static inline __m512i e2m1() {
-        return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    }
     // step s's fifth-bit mask: 4t bits
     static inline uint64_t fifth(const uint8_t* group, int t, int s) {
         uint64_t bits;
@@ -182,58 +203,29 @@ struct Interleaved {
         return t == 16 ? bits : bits & ((1ull << (4 * t)) - 1);
     }
     // step(s, w) for s = 0..7 with w the lanes' u8 codes of step s (Q8_0: + 128, which init
-    // folds out), lanes past t zero (V: __m512i or, half width, __m256i)
-    template <class V, class Mask, class Step>
+    // folds out), lanes past t zero (Mask __mmask16: zmm lanes; __mmask8: half width, ymm)
+    template <class Mask, class Step>
     static inline void steps(const uint8_t* group, int t, Mask lanes, Step&& step) {
         const uint8_t* codes = group + HEADER * t;
-        if constexpr (sizeof(V) == 64) {
-            if constexpr (NIBBLES) {
+        if constexpr (NIBBLES) {
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j) {
-                    const __m512i v = _mm512_maskz_loadu_epi32(lanes, codes + 4 * t * j), low = _mm512_set1_epi8(0x0F);
-                    __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                    if constexpr (FIFTH) {
-                        const __m512i sixteen = _mm512_set1_epi8(16);
-                        lo = _mm512_mask_add_epi8(lo, static_cast<__mmask64>(fifth(group, t, j)), lo, sixteen);
-                        hi = _mm512_mask_add_epi8(hi, static_cast<__mmask64>(fifth(group, t, j + 4)), hi, sixteen);
-                    }
-                    if constexpr (E8M0) {
-                        lo = _mm512_shuffle_epi8(e2m1(), lo);
-                        hi = _mm512_shuffle_epi8(e2m1(), hi);
-                    }
-                    step(j, lo);
-                    step(j + 4, hi);
+            for (int j = 0; j < 4; ++j) {
+                const auto v = lane_dwords(lanes, codes + 4 * t * j);
+                auto lo = low_nibbles(v), hi = high_nibbles(v);
+                if constexpr (FIFTH) {
+                    lo = add16(lo, fifth(group, t, j));
+                    hi = add16(hi, fifth(group, t, j + 4));
                 }
-            } else {
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; ++j)
-                    step(j, _mm512_xor_si512(_mm512_maskz_loadu_epi32(lanes, codes + 4 * t * j),
-                                             _mm512_set1_epi8(static_cast<char>(0x80))));
+                if constexpr (E8M0) {
+                    lo = lookup16(e2m1_plus_12(), lo);
+                    hi = lookup16(e2m1_plus_12(), hi);
+                }
+                step(j, lo);
+                step(j + 4, hi);
             }
         } else {
-            if constexpr (NIBBLES) {
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j) {
-                    const __m256i v = _mm256_maskz_loadu_epi32(lanes, codes + 4 * t * j), low = _mm256_set1_epi8(0x0F);
-                    __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                    if constexpr (FIFTH) {
-                        const __m256i sixteen = _mm256_set1_epi8(16);
-                        lo = _mm256_mask_add_epi8(lo, static_cast<__mmask32>(fifth(group, t, j)), lo, sixteen);
-                        hi = _mm256_mask_add_epi8(hi, static_cast<__mmask32>(fifth(group, t, j + 4)), hi, sixteen);
-                    }
-                    if constexpr (E8M0) {
-                        lo = _mm256_shuffle_epi8(_mm512_castsi512_si256(e2m1()), lo);
-                        hi = _mm256_shuffle_epi8(_mm512_castsi512_si256(e2m1()), hi);
-                    }
-                    step(j, lo);
-                    step(j + 4, hi);
-                }
-            } else {
 #pragma GCC unroll 8
-                for (int j = 0; j < 8; ++j)
-                    step(j, _mm256_xor_si256(_mm256_maskz_loadu_epi32(lanes, codes + 4 * t * j),
-                                             _mm256_set1_epi8(static_cast<char>(0x80))));
-            }
+            for (int j = 0; j < 8; ++j) step(j, plus_128(lane_dwords(lanes, codes + 4 * t * j)));
         }
     }
     // header field f (0: d, 1: m) of the lanes' blocks; E8M0: e8m0_half of the scale bytes
@@ -443,10 +435,10 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
     __m512 acc[M][G];
     const uint8_t* rows[G];
     start_columns<M, G>(p, c0, stride, acc, rows);
-    const int64_t blocks = p.k / F::QK, groups = (blocks + 15) / 16;
+    const int64_t groups = x16_groups(p.k);
     const NextInStreams<G> ahead(rows, p.row_bytes, groups);
     for (int64_t gi = 0; gi < groups; ++gi) {
-        const int t = blocks - 16 * gi < 16 ? static_cast<int>(blocks - 16 * gi) : 16;
+        const int t = x16_blocks(p.k, gi);
         const int64_t slot = 16 * gi;  // the group's first block: init, dx and xs
         ahead.at(gi);
         if (t <= 8) {
@@ -458,7 +450,7 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
                 __m256i dot[M];
 #pragma GCC unroll 8
                 for (int r = 0; r < M; ++r) dot[r] = load32(reinterpret_cast<const uint8_t*>(x.init + r * x.ld_lane + slot));
-                F::template steps<__m256i>(group, t, lanes, [&](int s, __m256i w) {
+                F::steps(group, t, lanes, [&](int s, __m256i w) {
 #pragma GCC unroll 8
                     for (int r = 0; r < M; ++r)
                         dot[r] = _mm256_dpbusd_epi32(dot[r], w, load32(reinterpret_cast<const uint8_t*>(x.q + r * x.ld_q + 512 * gi + 64 * s)));
@@ -487,7 +479,7 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
             __m512i dot[M];
 #pragma GCC unroll 8
             for (int r = 0; r < M; ++r) dot[r] = _mm512_loadu_si512(x.init + r * x.ld_lane + slot);
-            F::template steps<__m512i>(group, t, lanes, [&](int s, __m512i w) {
+            F::steps(group, t, lanes, [&](int s, __m512i w) {
 #pragma GCC unroll 8
                 for (int r = 0; r < M; ++r)
                     dot[r] = _mm512_dpbusd_epi32(dot[r], w, _mm512_loadu_si512(x.q + r * x.ld_q + 512 * gi + 64 * s));

@@ -62,6 +62,9 @@ struct RowBuffers {
 // interleave_rows makes them from the file's rows at load (file qtype in, the X qtype's rows
 // out), and only the int8 kernels and dequantize read them.
 constexpr int Q4_0X = 2002, Q4_1X = 2003, Q5_0X = 2006, Q8_0X = 2008, MXFP4X = 2039;
+// The interleaved groups of a row of k weights, and the blocks of group gi (16, or fewer last).
+inline int64_t x16_groups(int64_t k) { return (k / 32 + 15) / 16; }
+inline int x16_blocks(int64_t k, int64_t gi) { return static_cast<int>(k / 32 - 16 * gi < 16 ? k / 32 - 16 * gi : 16); }
 // The file qtype of an interleaved one (and its header fields per block); 0 if not one.
 int interleaved_source(int qtype, int* fields = nullptr);
 void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k, int file_qtype);
