@@ -99,21 +99,16 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
             # memory-mapped file itself is the weight (like llama.cpp's mmap): no copy, so the
             # process holds each weight byte once.
             rows = _mapped_tensor(data, shape[0])
-            if self.copies_weight(qtype):
-                # Q4_0, Q4_1, Q5_0, Q8_0, MXFP4 under int8 activations: rows interleaved (kernels.INTERLEAVED),
-                # a copy of the same size; the file's pages it was read from are handed back.
+            if qtype in self.capabilities.copied_qtypes:
+                # Q4_0, Q4_1, Q5_0, Q8_0, MXFP4 under int8 activations: rows interleaved
+                # (kernels.INTERLEAVED: a SIMD lane per 32-wide block, so one float step serves 16
+                # blocks; docs/benchmarks.md, "Interleaved 32-wide rows"), a copy of the same
+                # size; the file's pages it was read from are handed back.
                 interleaved = self._kernels.interleave_rows(rows, qtype, shape[0], shape[1])
                 _release_mapped(data)
                 return Weight(interleaved, shape, INTERLEAVED[qtype], name, layout=Layout.GGUF_ROWS)
             return Weight(rows, shape, qtype, name, layout=Layout.GGUF_ROWS)
         return super().upload_weight(name, data, qtype, shape, resident)
-
-    def copies_weight(self, qtype: int) -> bool:
-        """Whether a resident weight of this file qtype is held as a rearranged copy rather than
-        the mapped file: Q4_0, Q4_1, Q5_0, Q8_0 and MXFP4 with int8 activations, whose interleaved rows (a
-        SIMD lane per 32-wide block) let one float step serve 16 blocks (docs/benchmarks.md,
-        "Interleaved 32-wide rows")."""
-        return self.int8 and qtype in INTERLEAVED
 
     # -- ops ------------------------------------------------------------------------------
     def embedding(self, weight: Weight, ids) -> Tensor:
@@ -273,9 +268,9 @@ def _release_mapped(data) -> None:
         base = base.base
     if not (isinstance(base, np.memmap) and base.mode == "r"):
         return
-    page = mmap.PAGESIZE
-    address = np.asarray(data).ctypes.data
-    start, end = -(-address // page) * page, (address + np.asarray(data).nbytes) // page * page
+    array, page = np.asarray(data), mmap.PAGESIZE
+    address = array.ctypes.data
+    start, end = -(-address // page) * page, (address + array.nbytes) // page * page
     if end > start:
         _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
 

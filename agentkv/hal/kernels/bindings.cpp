@@ -100,8 +100,8 @@ at::Tensor matmul_f32(const at::Tensor& x, const at::Tensor& w) {
 // for the int8 kernels (the qtype + 2000: qmatmul_vnni.h).
 at::Tensor interleave_rows(const at::Tensor& w, int64_t qtype, int64_t n, int64_t k) {
     check_weight(w, qtype, n, k);
-    TORCH_CHECK(qtype == 2 || qtype == 3 || qtype == 6 || qtype == 8 || qtype == 39, "interleave_rows: qtype ", qtype,
-                " has no interleaved form (2 Q4_0, 3 Q4_1, 6 Q5_0, 8 Q8_0, 39 MXFP4 do)");
+    TORCH_CHECK(agentkv::interleaved_source(static_cast<int>(qtype) + agentkv::INTERLEAVED_OFFSET), "interleave_rows: qtype ",
+                qtype, " has no interleaved form (2 Q4_0, 3 Q4_1, 6 Q5_0, 8 Q8_0, 39 MXFP4 do)");
     auto out = at::empty_like(w);
     agentkv::interleave_rows(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), n, k, static_cast<int>(qtype));
     return out;

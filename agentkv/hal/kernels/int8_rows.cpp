@@ -60,9 +60,10 @@ static inline __m256i block32(const float* xr, int64_t k, int64_t b, float& d) {
     return codes32(xr + 32 * b, _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f));
 }
 
-// A row (out: its own QuantRows) in 32-wide rounding blocks, blocks past k zero.
+// A row (out: its own QuantRows) in 32-wide rounding blocks, up to the kernels' last pair of
+// blocks (an odd last block's partner zero).
 static void quantize_row32(const float* xr, int64_t k, int off, const QuantRows& out) {
-    for (int64_t b = 0; b < out.ld_q / 32; ++b) {
+    for (int64_t b = 0; b < (k + 63) / 64 * 2; ++b) {
         float d;
         const __m256i codes = block32(xr, k, b, d);
         store_block(codes, d, off, b, out);

@@ -538,18 +538,9 @@ void qmatmul_raw(const float* x, const uint8_t* w, float* out, int64_t m, int64_
     dispatch(qtype, [&](auto fmt) { run<typename formats_avx2::Matmul<decltype(fmt)>::type>(p); });
 }
 
-int interleaved_source(int qtype, int* fields) {
-    int file = 0, f = 1;
-    switch (qtype) {
-        case Q4_0X: file = Q4_0; break;
-        case Q4_1X: file = Q4_1; f = 2; break;
-        case Q5_0X: file = Q5_0; break;
-        case Q8_0X: file = Q8_0; break;
-        case MXFP4X: file = MXFP4; break;
-        default: return 0;
-    }
-    if (fields) *fields = f;
-    return file;
+int interleaved_source(int qtype) {
+    const int file = qtype - INTERLEAVED_OFFSET;
+    return file == Q4_0 || file == Q4_1 || file == Q5_0 || file == Q8_0 || file == MXFP4 ? file : 0;
 }
 
 // The interleaved layout (qmatmul_vnni.h): per group of t <= 16 blocks, each header field of
@@ -562,11 +553,10 @@ struct RowLayout {
     bool fifth;
 };
 
-static RowLayout layout_of(int qtype) {
-    int fields = 1, qk = 0, bytes = 0;
-    const int file = interleaved_source(qtype, &fields);
-    qtype_info(file, qk, bytes);
-    return {bytes, fields, qtype == MXFP4X ? 1 : 2, qtype == Q5_0X};
+static RowLayout layout_of(int file_qtype) {
+    int qk = 0, bytes = 0;
+    qtype_info(file_qtype, qk, bytes);
+    return {bytes, file_qtype == Q4_1 ? 2 : 1, file_qtype == MXFP4 ? 1 : 2, file_qtype == Q5_0};
 }
 
 static void interleave_row(const uint8_t* src, uint8_t* dst, int64_t k, const RowLayout& f, bool forward) {
@@ -604,19 +594,10 @@ static void interleave_row(const uint8_t* src, uint8_t* dst, int64_t k, const Ro
     }
 }
 
-static int interleaved_of(int file_qtype) {
-    switch (file_qtype) {
-        case Q4_0: return Q4_0X;
-        case Q4_1: return Q4_1X;
-        case Q5_0: return Q5_0X;
-        case Q8_0: return Q8_0X;
-        case MXFP4: return MXFP4X;
-        default: throw std::invalid_argument("agentkv kernels: no interleaved form of qtype " + std::to_string(file_qtype));
-    }
-}
-
 void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k, int file_qtype) {
-    const RowLayout f = layout_of(interleaved_of(file_qtype));
+    if (!interleaved_source(file_qtype + INTERLEAVED_OFFSET))
+        throw std::invalid_argument("agentkv kernels: no interleaved form of qtype " + std::to_string(file_qtype));
+    const RowLayout f = layout_of(file_qtype);
     const int64_t row_bytes = k / 32 * f.block_bytes;
     parallel_chunks(n, 64, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) interleave_row(src + r * row_bytes, dst + r * row_bytes, k, f, true);
@@ -624,7 +605,7 @@ void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k, int
 }
 
 void deinterleave_row(const uint8_t* src, uint8_t* dst, int64_t k, int qtype) {
-    interleave_row(src, dst, k, layout_of(qtype), false);
+    interleave_row(src, dst, k, layout_of(interleaved_source(qtype)), false);
 }
 
 void dequantize_raw(const uint8_t* w, float* out, int64_t n, int64_t k, int64_t row_bytes, int qtype) {

@@ -350,14 +350,15 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
             const uint8_t* group = rows[g] + gi * 16 * F::BYTES;
             // Q8_0 in a decode: a whole group's two halves in one pass over its bytes (the 4-bit
             // formats share one load between two steps instead)
-            __m256i both[M <= 2 ? M : 1][2];
+            constexpr int B = M <= 2 ? M : 1;  // rows of such a pass (a placeholder one otherwise)
+            __m256i both[B][2];
             const bool together = !NIBBLES_OF<F> && M <= 2 && t > 8;
             if (together) {
-                for (int r = 0; r < (M <= 2 ? M : 1); ++r) both[r][0] = both[r][1] = _mm256_setzero_si256();
+                for (int r = 0; r < B; ++r) both[r][0] = both[r][1] = _mm256_setzero_si256();
                 F::steps(group, t, 0, [&](int s, __m256i w0) {
                     const __m256i w1 = F::dword(group, t, 1, s);  // Q8_0: dword s is step s
 #pragma GCC unroll 2
-                    for (int r = 0; r < (M <= 2 ? M : 1); ++r) {
+                    for (int r = 0; r < B; ++r) {
                         const int8_t* xq = x.q + r * x.ld_q + 512 * gi + 64 * s;
                         both[r][0] = _mm256_add_epi32(both[r][0], dot4<F::SIGNED>(w0, load32(xq)));
                         both[r][1] = _mm256_add_epi32(both[r][1], dot4<F::SIGNED>(w1, load32(xq + 32)));
@@ -369,7 +370,7 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
                 const int64_t slot = 16 * gi + 8 * h;
                 __m256i dot[M];
 #pragma GCC unroll 4
-                for (int r = 0; r < M; ++r) dot[r] = together ? both[r < (M <= 2 ? M : 1) ? r : 0][h] : _mm256_setzero_si256();
+                for (int r = 0; r < M; ++r) dot[r] = together ? both[r < B ? r : 0][h] : _mm256_setzero_si256();
                 if (!together)
                     F::steps(group, t, h, [&](int s, __m256i w) {
 #pragma GCC unroll 4

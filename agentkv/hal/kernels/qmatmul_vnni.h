@@ -10,8 +10,9 @@
 
 namespace agentkv {
 
-// Rows of activations rounded to int8, with what the dot products need, k padded to a
-// multiple of 512 with zero blocks (ld_q = that padded k, ld_lane = ld_q / 4, ld_sub = ld_q / 32):
+// Rows of activations rounded to int8, with what the dot products need, k padded with zero
+// blocks to what the format's kernel reads (64 in the file's order, 512 interleaved; ld_q = k
+// padded to 512, ld_lane = ld_q / 4, ld_sub = ld_q / 32):
 //   q    [m, ld_q]     int8 codes, round-to-nearest-even of x / d, d = max|x| / 127 of its
 //                      rounding block (32 wide, or 256 for the K-quants, as llama.cpp's q8_K),
 //                      in the order the format's kernel reads them (rounding_of)
@@ -61,12 +62,13 @@ struct RowBuffers {
 // lane is a block: qmatmul_vnni.cpp's Interleaved); the same bytes per row as the file's form.
 // interleave_rows makes them from the file's rows at load (file qtype in, the X qtype's rows
 // out), and only the int8 kernels and dequantize read them.
+constexpr int INTERLEAVED_OFFSET = 2000;  // interleaved qtype = file qtype + this
 constexpr int Q4_0X = 2002, Q4_1X = 2003, Q5_0X = 2006, Q8_0X = 2008, MXFP4X = 2039;
 // The interleaved groups of a row of k weights, and the blocks of group gi (16, or fewer last).
 inline int64_t x16_groups(int64_t k) { return (k / 32 + 15) / 16; }
 inline int x16_blocks(int64_t k, int64_t gi) { return static_cast<int>(k / 32 - 16 * gi < 16 ? k / 32 - 16 * gi : 16); }
-// The file qtype of an interleaved one (and its header fields per block); 0 if not one.
-int interleaved_source(int qtype, int* fields = nullptr);
+// The file qtype of an interleaved one; 0 if not one.
+int interleaved_source(int qtype);
 void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k, int file_qtype);
 void deinterleave_row(const uint8_t* src, uint8_t* dst, int64_t k, int qtype);
 
