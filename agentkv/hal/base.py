@@ -356,17 +356,7 @@ class Backend(ABC):
         already holds this step's rows). GQA when h > kvh. `window` keeps only the last
         `window` positions (key pos > query pos - window). -> `[n, h, hd]`."""
 
-    def delta_rule(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        decay: np.ndarray,
-        beta: np.ndarray,
-        state: np.ndarray,
-        rows: Sequence[int],
-        inplace: bool = False,
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
+    def delta_rule(self, q, k, v, decay, beta, state, rows: Sequence[int], inplace=False) -> tuple[Any, list]:
         """The gated delta rule (gated DeltaNet layers, hal/recurrent.py) over one sequence's
         rows, on host arrays: q, k `[n, Hv, dk]`, v `[n, Hv, dv]`, decay, beta `[n, Hv]`, the
         state before row 0 `[Hv, dk, dv]` -> (o `[n, Hv, dv]`, the states after each of the
@@ -392,6 +382,14 @@ class Backend(ABC):
         from agentkv.hal.recurrent import gated_rms_norm_reference
 
         return gated_rms_norm_reference(out, z, norm, eps)
+
+    def sparse_latent_attention(self, q_abs, q_index, head_w, kv, layer, meta, spec, ispec) -> np.ndarray:
+        """DeepSeek sparse attention of q_abs `[n, h, L]`, q_index `[n, H, D]`, head_w `[n, H]`
+        over layer `layer`'s latent rows -> `[n, h, kv_rank]` f32 (hal/mla_sparse.py; default:
+        `attend_sparse`, numpy on the host). `spec`: an MLASpec, `ispec` an IndexerSpec."""
+        from agentkv.hal.mla_sparse import attend_sparse, host_array, latent_store
+
+        return attend_sparse(*map(host_array, (q_abs, q_index, head_w)), latent_store(kv, layer), meta, spec, ispec)
 
     @abstractmethod
     def attention_dense(self, q: Tensor, k: Tensor, v: Tensor, seq_lens: tuple[int, ...], scale: float) -> Tensor:

@@ -12,11 +12,13 @@ For query row r at position p, over the keys t = 0..p of its sequence:
                (every key while p < top_k), then sorted by position
     out[h]   = softmax(q_abs[h] . [c, k_rope]_t * scale, t in chosen) @ c_t
 
-with `w = weights_proj(x) * index_n_heads^-0.5`. Each row is computed alone, on the host in
-numpy, in this fixed order (its keys' gather, one GEMM per row whose shape depends only on its
-own context), so a row's bits do not depend on the batch, the split or the chunk. The torch
-backends' tensors are read as numpy views of the same memory. This is the one implementation
-(the reference is its oracle through transformers); a compiled kernel is not written.
+with `w = weights_proj(x) * index_n_heads^-0.5`. Each row is computed alone, in one fixed order,
+so a row's bits do not depend on the batch, the split or the chunk: `Backend.sparse_latent_attention`,
+by default `attend_sparse` here (numpy on the host: its keys' gather, one GEMM per row whose shape
+depends only on its own context; the torch backends' tensors read as numpy views of the same
+memory), on the cpu backend the compiled kernel (kernels/sparse_mla.cpp: the same rule, its own
+fixed arithmetic order, rows split across threads). transformers is the oracle of both; the
+kernel's chosen keys and outputs are tested against `attend_sparse`.
 """
 
 from __future__ import annotations
@@ -75,8 +77,7 @@ def sparse_mla_attention(
     be.kv_store(kv, layer, row, row, meta.slot_mapping)
     q_index = be.rope(be.reshape(be.matmul(q_resid, iw.wq_b), (n, ispec.num_heads, dim)), meta.positions, ispec.rope)
     head_w = be.scale(be.matmul(x, iw.weights_proj), ispec.num_heads**-0.5)  # [n, H]
-    host = [_host(t) for t in (q_abs, q_index, head_w)]
-    out = attend_sparse(*host, _store(kv, layer), meta, spec, ispec)  # [n, h, kv_rank]
+    out = be.sparse_latent_attention(q_abs, q_index, head_w, kv, layer, meta, spec, ispec)  # [n, h, kv_rank]
     return output(be, be.upload(out), w, spec)
 
 
@@ -114,12 +115,12 @@ def choose_keys(q_index: np.ndarray, head_w: np.ndarray, keys: np.ndarray, scale
     return np.sort(np.argsort(-index, kind="stable")[:top_k])
 
 
-def _host(t: Tensor) -> np.ndarray:
+def host_array(t: Tensor) -> np.ndarray:
     """A numpy view (torch CPU tensors share memory; a device tensor is copied) or the array."""
     raw = t.raw
     return raw if isinstance(raw, np.ndarray) else raw.detach().contiguous().cpu().numpy()
 
 
-def _store(kv: Any, layer: int) -> np.ndarray:
+def latent_store(kv: Any, layer: int) -> np.ndarray:
     """The layer's latent store `[num_blocks, block_size, 1, row]` as numpy (f16 or f32)."""
     return kv.k[layer] if isinstance(kv.k, np.ndarray) else kv.k_blocks[layer].cpu().numpy()

@@ -250,6 +250,17 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
     ) -> Tensor:
         return Tensor(_kernel_attention(self._kernels, q.raw, (kv, layer), meta, scale, window, softcap))
 
+    def sparse_latent_attention(self, q_abs, q_index, head_w, kv: TorchKV, layer, meta, spec, ispec):
+        """sparse_mla.cpp: each row's index scores, top-k keys and latent attention in one fixed
+        order, rows split across threads (hal/mla_sparse.py)."""
+        tables, row_seq, row_pos = kernel_meta(meta)
+        t = lambda x: x.raw.contiguous()  # noqa: E731
+        out = self._kernels.sparse_latent_attention(
+            t(q_abs), t(q_index), t(head_w), kv.k_blocks[layer], tables, row_seq, row_pos,
+            spec.kv_rank, ispec.top_k, float(spec.scale), float(ispec.head_dim**-0.5),
+        )  # fmt: skip
+        return out.numpy()
+
     def attention_sinks(self, q: Tensor, kv: TorchKV, layer: int, meta: AttnMeta, scale, window, sinks, softcap=None):
         """`attention` with each head's learned logit `sinks` `[h]` (a Weight, or None) joining
         the merged ranges as one last term (attention_ranges.cpp: `finish`)."""

@@ -359,4 +359,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     agentkv::ops::bind_grouped(m);
     agentkv::ops::bind_lora(m);
     agentkv::ops::bind_recurrent(m);
+    agentkv::ops::bind_sparse(m);
 }

@@ -42,6 +42,7 @@ SOURCES = (
     "grouped.cpp",
     "lora.cpp",
     "recurrent.cpp",
+    "sparse_mla.cpp",
     "fp16_table.cpp",
 )
 HEADERS = (
@@ -104,6 +105,10 @@ def load() -> ModuleType:
         run(x f32 [n, d], chosen int64 [n, k], probs f32 [n, k]) -> f32 [n, d] (moe.cpp)
       lora_add(x f32 [n, k], y f32 [n, m] (updated in place), row_slot int32 [n], a [f32 [r, k]],
                bt [f32 [r, out]], slot [int], scale [float], col [int]) (lora.cpp)
+      sparse_latent_attention(q_abs f32 [n, h, L], q_index f32 [n, H, D], head_w f32 [n, H],
+                              store f32|f16 [num_blocks, block_size, 1, L + D], block_tables,
+                              row_seq, row_pos, kv_rank, top_k, scale, index_scale)
+                              -> f32 [n, h, kv_rank] (sparse_mla.cpp)
     Every output row's bits depend only on that row's inputs (batch-invariant). The ISA
     (isa, set_isa, fix_isa, isa_fixed, isa_supported) is fixed by the first kernel call."""
     global _cached

@@ -39,6 +39,8 @@ void bind_grouped(pybind11::module_& m);
 void bind_lora(pybind11::module_& m);
 // Registers gated_delta_rule (recurrent.cpp).
 void bind_recurrent(pybind11::module_& m);
+// Registers sparse_latent_attention (sparse_mla.cpp).
+void bind_sparse(pybind11::module_& m);
 // The f32 tensor check every op runs at its boundary (bindings.cpp).
 void check_f32(const at::Tensor& t, const char* name, int64_t dim);
 
