@@ -1,9 +1,10 @@
-"""The exactness contract on the hybrid families (gated DeltaNet + attention, Qwen3.5 text;
-Mamba-2 + attention, Granite-4.0-H with its experts and NoPE attention): logits
-bit-identical with the cache off and on (hits resumed from the recurrent-state snapshot at a
-block end, split points on and off the boundaries), across batch mixes, chunk sizes, f16 KV and
-a second turn that hits through decoded tokens, speculation with rejected drafts, a restart
-from the disk tier.
+"""The exactness contract on the hybrid families (gated DeltaNet + attention, Qwen3.5 text and
+Qwen3-Next with its experts and fused qkvz projection; Mamba-2 + attention, Granite-4.0-H with
+its experts and NoPE attention): logits bit-identical with the cache off and on (hits resumed
+from the recurrent-state snapshot at a block end, split points on and off the boundaries),
+across batch mixes, chunk sizes, f16 KV and a second turn that hits through decoded tokens,
+speculation with rejected drafts, a restart from the disk tier; and the pool's accounting of
+both memories (K/V blocks and state snapshots).
 `np.array_equal`, never a tolerance.
 
 Controls: a hit used token-exactly (no cut to the snapshot) resumes from a state that is not
@@ -32,12 +33,15 @@ VOCAB = 256
 PROMPT_LEN = 30
 
 
-@pytest.fixture(scope="module", params=["qwen35", "granite"])
+@pytest.fixture(scope="module", params=["qwen35", "qwen3next", "granite"])
 def hybrid_dir(request, tmp_path_factory):
-    """A tiny hybrid of each family: DeltaNet (Qwen3.5 text) or Mamba-2 (Granite-4.0-H, MoE)."""
+    """A tiny hybrid of each family: DeltaNet (Qwen3.5 text; Qwen3-Next, MoE) or Mamba-2
+    (Granite-4.0-H, MoE)."""
     folder = tmp_path_factory.mktemp(request.param)
     if request.param == "qwen35":
         tiny_hybrid(folder, "qwen3_5_text", seed=5, vocab_size=VOCAB)
+    elif request.param == "qwen3next":
+        tiny_hybrid(folder, "qwen3_next", seed=5, vocab_size=VOCAB)
     else:
         tiny_granite(folder, seed=5, vocab_size=VOCAB)
     byte_level_tokenizer(folder)
@@ -229,3 +233,24 @@ def test_sparse_snapshots_resume_exactly_and_hold_less(hybrid_dir, max_tokens, k
     control.scheduler.snapshots = replace(control.scheduler.snapshots, has=lambda block: True)
     with pytest.raises(KeyError):  # the step fails: no state to resume from (RuntimeError logged)
         run(control, {"t2": second[: 8 * BS + 1]})
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_pool_counts_both_memories_and_eviction_frees_the_snapshots(hybrid_dir, every):
+    """A memory budget buys blocks of K/V plus a snapshot's share (state bytes / snapshot_every
+    each); evicting the cache gives back the blocks and their snapshots' bytes. Control: the
+    same budget counted as K/V alone would hold more blocks than the pool got."""
+    probe = make_engine(hybrid_dir)
+    kv_block = probe.model.kv_spec(1, BS).bytes_per_block
+    per_block = kv_block + probe.model.state_bytes // every
+    budget = 200 * per_block + per_block // 2
+    cache = CacheConfig(memory_bytes=budget, block_size=BS, dtype="f32", snapshot_every=every)
+    engine = Engine(EngineConfig(model=hybrid_dir, cache=cache, max_model_len=64))
+    engine.record_logits = True
+    assert engine.num_blocks == budget // per_block == 200
+    assert budget // kv_block > engine.num_blocks  # the control: state bytes do take room
+    states = engine.runner.states
+    run(engine, {"t1": tokens(PROMPT_LEN, 3, VOCAB)}, SamplingParams(max_tokens=6, temperature=0.0))
+    assert states.bytes_held > 0 and engine.pool.num_used > 0  # the finished turn's blocks stay cached
+    engine.flush_cache()
+    assert states.bytes_held == 0 and engine.pool.num_used == 0
