@@ -134,6 +134,15 @@ void check_attention_indices(const at::Tensor& block_tables, const at::Tensor& r
     }
 }
 
+// A paged op's row indices: int32 block tables [num_seqs, width], row -> sequence and row ->
+// position for each of the n rows (their ranges: check_attention_indices).
+void check_paged_rows(const at::Tensor& block_tables, const at::Tensor& row_seq, const at::Tensor& row_pos, int64_t n) {
+    check_i32(block_tables, "block_tables", 2);
+    check_i32(row_seq, "row_seq", 1);
+    check_i32(row_pos, "row_pos", 1);
+    TORCH_CHECK(row_seq.size(0) == n && row_pos.size(0) == n, "row_seq/row_pos must have n=", n, " entries");
+}
+
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& row_seq,
                            const at::Tensor& row_pos, double scale, int64_t window, double softcap,
@@ -141,13 +150,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     fix_isa();  // every kernel entry fixes the ISA (qmatmul.h)
     check_f32(q, "q", 3);
     check_kv(k_cache, v_cache, 4);
-    check_i32(block_tables, "block_tables", 2);
-    check_i32(row_seq, "row_seq", 1);
-    check_i32(row_pos, "row_pos", 1);
     const int64_t n = q.size(0), h = q.size(1), hd = q.size(2), kvh = k_cache.size(2);
+    check_paged_rows(block_tables, row_seq, row_pos, n);
     TORCH_CHECK(k_cache.size(3) == hd, "k_cache head_dim ", k_cache.size(3), " != q head_dim ", hd);
     TORCH_CHECK(kvh > 0 && h % kvh == 0, "num heads ", h, " is not a multiple of kv heads ", kvh);
-    TORCH_CHECK(row_seq.size(0) == n && row_pos.size(0) == n, "row_seq/row_pos must have n=", n, " entries");
     TORCH_CHECK(window >= 0, "window must be >= 0, got ", window);
     TORCH_CHECK(softcap >= 0, "softcap must be >= 0, got ", softcap);
     check_indices_once(0, {block_tables, row_seq, row_pos}, {k_cache.size(0), k_cache.size(1)},

@@ -31,7 +31,7 @@ namespace agentkv {
 namespace ops {
 
 void check_kv(const at::Tensor& k, const at::Tensor& v, int64_t dim);  // bindings.cpp
-void check_i32(const at::Tensor& t, const char* name, int64_t dim);
+void check_paged_rows(const at::Tensor& block_tables, const at::Tensor& row_seq, const at::Tensor& row_pos, int64_t n);
 float* f32_of(const at::Tensor& t);
 uint16_t* half_of(const at::Tensor& t);
 void check_attention_indices(const at::Tensor& block_tables, const at::Tensor& row_seq, const at::Tensor& row_pos,
@@ -141,17 +141,14 @@ at::Tensor sparse_latent_attention(const at::Tensor& q_abs, const at::Tensor& q_
     check_f32(q_index, "q_index", 3);
     check_f32(head_w, "head_w", 2);
     check_kv(store, store, 4);
-    check_i32(block_tables, "block_tables", 2);
-    check_i32(row_seq, "row_seq", 1);
-    check_i32(row_pos, "row_pos", 1);
     const int64_t n = q_abs.size(0), L = q_abs.size(2), H = q_index.size(1), D = q_index.size(2);
+    check_paged_rows(block_tables, row_seq, row_pos, n);
     TORCH_CHECK(q_index.size(0) == n && head_w.size(0) == n && head_w.size(1) == H, "q_index ", q_index.sizes(),
                 " and head_w ", head_w.sizes(), " must have n=", n, " rows and H=", H, " index heads");
     TORCH_CHECK(store.size(2) == 1 && store.size(3) == L + D, "store row has ", store.size(3),
                 " columns, expected latent ", L, " + index key ", D, " (one latent head)");
     TORCH_CHECK(kv_rank > 0 && kv_rank <= L, "kv_rank=", kv_rank, " must be in [1, ", L, "]");
     TORCH_CHECK(top_k > 0, "top_k must be > 0, got ", top_k);
-    TORCH_CHECK(row_seq.size(0) == n && row_pos.size(0) == n, "row_seq/row_pos must have n=", n, " entries");
     check_attention_indices(block_tables, row_seq, row_pos, store.size(0), store.size(1));
     auto out = at::empty({n, q_abs.size(1), kv_rank}, q_abs.options());
     if (n == 0 || q_abs.size(1) == 0) return out;
