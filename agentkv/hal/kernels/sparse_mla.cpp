@@ -7,8 +7,8 @@
 //                while p < top_k), in position order
 //     out[h]   = softmax((q_abs[h] . latent[t]) * scale, t in chosen) @ c[t]             t in order
 //
-// A dot product runs in 8 lanes (fma, x[0..] in order) reduced in one fixed tree, then the
-// tail; the softmax takes the max, then exp(s - max) and their sum in position order, then
+// A dot product runs in 8 lanes (fma, x[0..] in order) reduced by simd.h's hsum8, then the
+// tail; the softmax takes the max, then simd.h's exp8 of s - max and their sum in position order, then
 // out = sum_t (e_t / sum) * c_t in position order. Rows are computed alone (threads split
 // rows), so a row's bits depend on its own inputs and keys only: not on the batch, the split,
 // the chunk or the thread count. One AVX2/FMA form serves both ISAs (the same bits on both).
@@ -26,6 +26,7 @@
 #include "ops.h"
 #include "pool.h"
 #include "qmatmul.h"
+#include "simd.h"
 
 namespace agentkv {
 namespace ops {
@@ -68,9 +69,7 @@ inline float dot(const float* x, const float* y, int64_t len) {
     __m256 acc = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= len; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j), acc);
-    alignas(32) float l[8];
-    _mm256_store_ps(l, acc);
-    float s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    float s = hsum8(acc);
     for (; j < len; ++j) s = std::fma(x[j], y[j], s);
     return s;
 }
@@ -110,7 +109,7 @@ void attend_row(const Sparse& a, int64_t r) {
     const int64_t seq = a.row_seq[r], ctx = static_cast<int64_t>(a.row_pos[r]) + 1;
     const std::vector<int64_t> chosen = choose(a, r, seq, ctx);
     const int64_t k = static_cast<int64_t>(chosen.size());
-    std::vector<float> keys(k * a.L), s(k);
+    std::vector<float> keys(k * a.L), s((k + 7) / 8 * 8, 0.0f);  // exp8 over whole lanes
     for (int64_t j = 0; j < k; ++j) a.key(seq, chosen[j], 0, a.L, keys.data() + j * a.L);
     for (int64_t hh = 0; hh < a.h; ++hh) {
         const float* q = a.q_abs + (r * a.h + hh) * a.L;
@@ -119,11 +118,10 @@ void attend_row(const Sparse& a, int64_t r) {
             s[j] = dot(q, keys.data() + j * a.L, a.L) * a.scale;
             m = std::max(m, s[j]);
         }
+        for (int64_t j = 0; j < k; j += 8)
+            _mm256_storeu_ps(s.data() + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(s.data() + j), _mm256_set1_ps(m))));
         float sum = 0.0f;
-        for (int64_t j = 0; j < k; ++j) {
-            s[j] = std::exp(s[j] - m);
-            sum += s[j];
-        }
+        for (int64_t j = 0; j < k; ++j) sum += s[j];
         float* o = a.out + (r * a.h + hh) * a.kv_rank;
         std::fill(o, o + a.kv_rank, 0.0f);
         for (int64_t j = 0; j < k; ++j) axpy(s[j] / sum, keys.data() + j * a.L, o, a.kv_rank);
