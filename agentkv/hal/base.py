@@ -25,6 +25,7 @@ from agentkv.hal.handles import (  # noqa: F401  (re-exported: the contract)
 )
 from agentkv.hal.identity import Identity, fingerprint_of
 from agentkv.hal.layout import Layout, LayoutError, check_layout  # noqa: F401  (re-exported: the contract)
+from agentkv.hal.recurrent_ops import RecurrentOps
 from agentkv.hal.specs import (  # noqa: F401
     ACTIVATION_DTYPES,
     KV_DTYPES,
@@ -44,8 +45,9 @@ if TYPE_CHECKING:
 BackendClass = Literal["reference", "approx"]
 
 
-class Backend(ABC):
-    """Whole-op compute backend. Subclasses set `name` and `klass` and implement every op.
+class Backend(RecurrentOps, ABC):
+    """Whole-op compute backend. Subclasses set `name` and `klass` and implement every op
+    (the recurrent layers' ops and their numpy defaults: hal/recurrent_ops.py).
 
     Shapes below: n = rows (tokens), d = hidden, h = heads, hd = head_dim."""
 
@@ -355,33 +357,6 @@ class Backend(ABC):
         """Causal attention of `[n, h, hd]` queries over each sequence's paged K/V (which
         already holds this step's rows). GQA when h > kvh. `window` keeps only the last
         `window` positions (key pos > query pos - window). -> `[n, h, hd]`."""
-
-    def delta_rule(self, q, k, v, decay, beta, state, rows: Sequence[int], inplace=False) -> tuple[Any, list]:
-        """The gated delta rule (gated DeltaNet layers, hal/recurrent.py) over one sequence's
-        rows, on host arrays: q, k `[n, Hv, dk]`, v `[n, Hv, dv]`, decay, beta `[n, Hv]`, the
-        state before row 0 `[Hv, dk, dv]` -> (o `[n, Hv, dv]`, the states after each of the
-        ascending `rows`). `state` is never written unless `inplace` (the caller no longer
-        needs it), where a backend may update it into the state after the last row. A row's
-        results may depend only on its inputs and the state before it. Default: numpy, one
-        row at a time (never in place)."""
-        from agentkv.hal.recurrent import delta_rule_reference
-
-        return delta_rule_reference(q, k, v, decay, beta, state, rows)
-
-    def delta_net_inputs(self, window: np.ndarray, conv_w: np.ndarray, spec: Any) -> tuple[np.ndarray, ...]:
-        """A gated DeltaNet layer's delta-rule inputs from its q|k|v rows (hal/recurrent.py
-        `delta_net_inputs_reference`, the default): host arrays, `window` `[K - 1 + n, C]`,
-        `conv_w` `[C, K]`, `spec` a DeltaNetSpec -> (q, k `[n, Hv, dk]`, v `[n, Hv, dv]`)."""
-        from agentkv.hal.recurrent import delta_net_inputs_reference
-
-        return delta_net_inputs_reference(window, conv_w, spec)
-
-    def gated_rms_norm(self, out: np.ndarray, z: np.ndarray, norm: np.ndarray, eps: float) -> np.ndarray:
-        """The gated RMSNorm after the delta rule (hal/recurrent.py `gated_rms_norm_reference`,
-        the default), host arrays: out `[n, H, dv]`, z `[n, H * dv]` -> `[n, H * dv]`."""
-        from agentkv.hal.recurrent import gated_rms_norm_reference
-
-        return gated_rms_norm_reference(out, z, norm, eps)
 
     def sparse_latent_attention(self, q_abs, q_index, head_w, kv, layer, meta, spec, ispec) -> np.ndarray:
         """DeepSeek sparse attention of q_abs `[n, h, L]`, q_index `[n, H, D]`, head_w `[n, H]`

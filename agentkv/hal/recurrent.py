@@ -138,6 +138,8 @@ def delta_net(
     qkv, z, b, a = _split_projections([be.read(t) for t in projections], spec)
     beta = _sigmoid(b)
     g = weights.a_neg * _softplus(a + weights.dt_bias)  # [n, Hv]
+    if all(num == 1 for num in meta.query_lens) and not store.recording:
+        return be.upload(_decode(be, (qkv, z, np.exp(g), beta), meta, weights, spec, (store, layer)))
     out = np.empty((qkv.shape[0], spec.num_v_heads, spec.head_v_dim), np.float32)
     spans = zip(meta.query_starts, meta.query_lens, meta.context_lens, meta.block_tables)
     for i, (start_row, num, ctx, table) in enumerate(spans):
@@ -198,6 +200,23 @@ def _sequence(be, rows, start, where, weights, spec, store, layer) -> np.ndarray
     for t, state in zip(rows, states):
         keep_state(store, where_state, (start, t, num), window[t + 1 : t + kernel], state)
     return out
+
+
+def _decode(be, rows, meta: AttnMeta, weights, spec, where) -> np.ndarray:
+    """A decode step (every sequence one row, none verifying a draft) in one backend call:
+    each sequence's state before its row (its running state is updated in place, a snapshot
+    copied first), `Backend.delta_net_decode`, then the states after the row kept as
+    `_sequence` keeps them. -> `[n, value_dim]`."""
+    store, layer = where
+    states = []
+    for table, ctx in zip(meta.block_tables, meta.context_lens):
+        conv, rec = resume_state(store, layer, table, ctx - 1, copy=False)
+        running = ctx == 1 or table[(ctx - 2) // store.block_size] not in store.snapshots
+        states.append((conv, rec if running else rec.copy()))
+    y, convs = be.delta_net_decode(rows, weights, spec, states)
+    for table, ctx, conv, (_, rec) in zip(meta.block_tables, meta.context_lens, convs, states):
+        keep_state(store, (layer, table, None), (ctx - 1, 0, 1), conv, rec)
+    return y
 
 
 def delta_rule_reference(q, k, v, decay, beta, state, rows) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -131,3 +131,56 @@ def test_layer_inputs_and_gated_norm_match_numpy(cpu, tiled):
         cpu._kernels.delta_net_inputs(
             torch.from_numpy(window[:, 8:].copy()), torch.from_numpy(conv_w.T.copy()), 2, 16, 4, 24, tiled
         )  # noqa: SLF001
+
+
+def decode_problem(spec, n: int, seed: int):
+    """n one-row sequences of a gated DeltaNet layer: rows (qkv, z, decay, beta), the layer's
+    small weights, and each sequence's (conv, recurrent) state before its row."""
+    from agentkv.hal.recurrent import DeltaNetWeights
+
+    rng = np.random.default_rng(seed)
+    f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    rows = (f32(n, spec.conv_dim), f32(n, spec.value_dim), np.exp(-rng.uniform(0.01, 2, (n, 4))).astype(np.float32))
+    rows = (*rows, rng.uniform(0.05, 0.95, (n, 4)).astype(np.float32))
+    norm = rng.uniform(0.5, 1.5, spec.head_v_dim).astype(np.float32)
+    weights = DeltaNetWeights(f32(spec.conv_dim, 4) * 0.5, f32(4), f32(4), norm)
+    states = [(f32(3, spec.conv_dim), f32(*spec.recurrent_shape) * 0.1) for _ in range(n)]
+    return rows, weights, states
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_fused_decode_has_the_bits_of_the_three_kernels(cpu, isa, threads, tiled):
+    """`delta_net_decode` (one call for a decode step's rows) against the default, which runs
+    the inputs, the rule and the gated norm kernels one sequence at a time: y, the conv state
+    after and the recurrent state (updated in place) equal bit for bit, and a row alone equals
+    itself in the batch. Control: one sequence's conv state nudged moves that row only."""
+    from agentkv.hal.recurrent import DeltaNetSpec
+    from agentkv.hal.recurrent_ops import RecurrentOps
+
+    spec = DeltaNetSpec(2, 4, 16, 24, 4, 1e-6, tiled=tiled)
+    rows, weights, states = decode_problem(spec, 3, seed=11)
+    copies = lambda: [(c.copy(), r.copy()) for c, r in states]  # noqa: E731
+    fused_states, split_states = copies(), copies()
+    y, convs = cpu.delta_net_decode(rows, weights, spec, fused_states)
+    want_y, want_convs = RecurrentOps.delta_net_decode(cpu, rows, weights, spec, split_states)
+    assert np.array_equal(y, want_y) and all(np.array_equal(a, b) for a, b in zip(convs, want_convs))
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(fused_states, split_states))
+    assert not np.array_equal(fused_states[0][1], states[0][1])  # the state moved, in place
+    alone = copies()[1:2]
+    y1, _ = cpu.delta_net_decode(tuple(a[1:2] for a in rows), weights, spec, alone)
+    assert np.array_equal(y1[0], y[1]) and np.array_equal(alone[0][1], fused_states[1][1])
+    nudged = copies()
+    nudged[2][0].view(np.uint32)[0, 5] ^= 1 << 10
+    y2, _ = cpu.delta_net_decode(rows, weights, spec, nudged)
+    assert np.array_equal(y2[:2], y[:2]) and not np.array_equal(y2[2], y[2])
+
+
+def test_fused_decode_refuses_bad_states(cpu):
+    from agentkv.hal.recurrent import DeltaNetSpec
+
+    spec = DeltaNetSpec(2, 4, 16, 24, 4, 1e-6)
+    rows, weights, states = decode_problem(spec, 2, seed=12)
+    with pytest.raises(RuntimeError, match=r"recs\[1\] has shape"):
+        cpu.delta_net_decode(rows, weights, spec, [states[0], (states[1][0], states[1][1][:2].copy())])
+    with pytest.raises(RuntimeError, match="2 conv and 2 recurrent states for 3 rows"):
+        cpu.delta_net_decode(tuple(np.concatenate([a, a[:1]]) for a in rows), weights, spec, states)

@@ -168,19 +168,27 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         are not multiples of 8."""
         if spec.head_k_dim % 8 or spec.head_v_dim % 8:
             return super().delta_net_inputs(window, conv_w, spec)
+        q, k, v = self._kernels.delta_net_inputs(_f32(window), self._taps(conv_w), *_delta_shape(spec))
+        return q.numpy(), k.numpy(), v.numpy()
+
+    def delta_net_decode(self, rows, weights, spec, states):
+        """recurrent.cpp's delta_net_decode: the three kernels' per-row arithmetic in one call and
+        one parallel loop over (row, head); the default where a head's dims are not multiples of 8."""
+        if spec.head_k_dim % 8 or spec.head_v_dim % 8:
+            return super().delta_net_decode(rows, weights, spec, states)
+        convs = [torch.from_numpy(c) for c, _ in states]
+        recs = [torch.from_numpy(r) for _, r in states]  # written in place: the caller's arrays
+        y, after = self._kernels.delta_net_decode(
+            *map(_f32, rows), self._taps(weights.conv), _f32(weights.norm), spec.eps, convs, recs, *_delta_shape(spec)
+        )
+        return y.numpy(), list(after.numpy())
+
+    def _taps(self, conv_w: np.ndarray) -> torch.Tensor:
+        """The conv weight `[C, K]` as taps `[K, C]`, made once per weight."""
         taps = self._conv_taps.get(id(conv_w))
         if taps is None or taps[0] is not conv_w:
             taps = self._conv_taps[id(conv_w)] = (conv_w, torch.from_numpy(np.ascontiguousarray(conv_w.T, np.float32)))
-        q, k, v = self._kernels.delta_net_inputs(
-            torch.from_numpy(np.ascontiguousarray(window, np.float32)),
-            taps[1],
-            spec.num_k_heads,
-            spec.head_k_dim,
-            spec.num_v_heads,
-            spec.head_v_dim,
-            spec.tiled,
-        )
-        return q.numpy(), k.numpy(), v.numpy()
+        return taps[1]
 
     def gated_rms_norm(self, out, z, norm, eps):
         """recurrent.cpp; the numpy default where dv is not a multiple of 8."""
@@ -318,6 +326,11 @@ def _kernel_attention(mod, q, kv_layer: tuple[TorchKV, int], meta: AttnMeta, sca
         float(softcap or 0.0),
         sinks,
     )
+
+
+def _delta_shape(spec) -> tuple:
+    """A DeltaNetSpec's head counts and dims as the recurrent kernels take them."""
+    return spec.num_k_heads, spec.head_k_dim, spec.num_v_heads, spec.head_v_dim, spec.tiled
 
 
 def _joinable(w: Weight, k: int) -> bool:

@@ -161,6 +161,51 @@ inline __m256 silu8(__m256 x) {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
+// The shapes inputs_row needs (delta_net_inputs' arguments).
+struct InputShape {
+    int64_t kernel, channels, num_k, dk, num_v, dv;
+    bool tiled;
+};
+
+// One row of delta_net_inputs: the conv over `rows` (its K window rows, oldest first; taps
+// [K, C]), silu into `conv` [C], then q, k, v of the row (see delta_net_inputs).
+inline void inputs_row(const InputShape& s, const float* const* rows, const float* w, float* conv, float* qo,
+                       float* ko, float* vo) {
+    for (int64_t c = 0; c < s.channels; c += 8) {
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(rows[0] + c), _mm256_loadu_ps(w + c));
+        for (int64_t tap = 1; tap < s.kernel; ++tap) {
+            const __m256 x = _mm256_loadu_ps(rows[tap] + c);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_loadu_ps(w + tap * s.channels + c)));
+        }
+        _mm256_storeu_ps(conv + c, silu8(acc));
+    }
+    const int64_t kd = s.num_k * s.dk, per = s.num_v / s.num_k;
+    const float q_scale = 1.0f / std::sqrt(static_cast<float>(s.dk));
+    for (int64_t part = 0; part < 2; ++part) {  // q, then k
+        float* dst = part == 0 ? qo : ko;
+        for (int64_t hk = 0; hk < s.num_k; ++hk) {
+            const float* x = conv + part * kd + hk * s.dk;
+            const float inv = 1.0f / std::sqrt(sum_squares(x, s.dk) + 1e-6f);
+            const __m256 scale = _mm256_set1_ps(part == 0 ? inv * q_scale : inv);
+            for (int64_t j = 0; j < s.num_v; ++j) {
+                if ((s.tiled ? j % s.num_k : j / per) != hk) continue;
+                for (int64_t i = 0; i < s.dk; i += 8)
+                    _mm256_storeu_ps(dst + j * s.dk + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), scale));
+            }
+        }
+    }
+    std::memcpy(vo, conv + 2 * kd, sizeof(float) * s.num_v * s.dv);
+}
+
+// One head of one row of gated_rms_norm: x, z, y [dv].
+inline void gated_norm_head(const float* x, const float* z, const float* w, float eps, int64_t dv, float* y) {
+    const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(sum_squares(x, dv) / static_cast<float>(dv) + eps));
+    for (int64_t i = 0; i < dv; i += 8) {
+        const __m256 normed = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv), _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(normed, silu8(_mm256_loadu_ps(z + i))));
+    }
+}
+
 }  // namespace
 
 // A gated DeltaNet layer's inputs to the delta rule, row by row in one fixed order: the causal
@@ -187,34 +232,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> delta_net_inputs(const at::Tensor
     auto v = at::empty({n, num_v, dv}, window.options());
     if (n == 0) return {q, k, v};
     const float *win = window.data_ptr<float>(), *w = taps.data_ptr<float>();
+    const InputShape shape{kernel, channels, num_k, dk, num_v, dv, tiled};
     float *qo = q.data_ptr<float>(), *ko = k.data_ptr<float>(), *vo = v.data_ptr<float>();
-    const int64_t kd = num_k * dk, per = num_v / num_k;
-    const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
     parallel_chunks(n, 1, [&](int64_t t0, int64_t t1) {
         std::vector<float> conv(channels);
+        std::vector<const float*> rows(kernel);
         for (int64_t t = t0; t < t1; ++t) {
-            for (int64_t c = 0; c < channels; c += 8) {
-                __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(win + t * channels + c), _mm256_loadu_ps(w + c));
-                for (int64_t tap = 1; tap < kernel; ++tap) {
-                    const __m256 x = _mm256_loadu_ps(win + (t + tap) * channels + c);
-                    acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_loadu_ps(w + tap * channels + c)));
-                }
-                _mm256_storeu_ps(conv.data() + c, silu8(acc));
-            }
-            for (int64_t part = 0; part < 2; ++part) {  // q, then k
-                float* dst = (part == 0 ? qo : ko) + t * num_v * dk;
-                for (int64_t hk = 0; hk < num_k; ++hk) {
-                    const float* x = conv.data() + part * kd + hk * dk;
-                    const float inv = 1.0f / std::sqrt(sum_squares(x, dk) + 1e-6f);
-                    const __m256 scale = _mm256_set1_ps(part == 0 ? inv * q_scale : inv);
-                    for (int64_t j = 0; j < num_v; ++j) {
-                        if ((tiled ? j % num_k : j / per) != hk) continue;
-                        for (int64_t i = 0; i < dk; i += 8)
-                            _mm256_storeu_ps(dst + j * dk + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), scale));
-                    }
-                }
-            }
-            std::memcpy(vo + t * num_v * dv, conv.data() + 2 * kd, sizeof(float) * num_v * dv);
+            for (int64_t tap = 0; tap < kernel; ++tap) rows[tap] = win + (t + tap) * channels;
+            inputs_row(shape, rows.data(), w, conv.data(), qo + t * num_v * dk, ko + t * num_v * dk, vo + t * num_v * dv);
         }
     }, 1);
     return {q, k, v};
@@ -237,17 +262,78 @@ at::Tensor gated_rms_norm(const at::Tensor& o, const at::Tensor& z, const at::Te
     float* yp = y.data_ptr<float>();
     const float e = static_cast<float>(eps);
     parallel_chunks(n * heads, 16, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-            const float* x = op + r * dv;
-            const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(sum_squares(x, dv) / static_cast<float>(dv) + e));
-            for (int64_t i = 0; i < dv; i += 8) {
-                const __m256 zz = _mm256_loadu_ps(zp + r * dv + i);
-                const __m256 normed = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv), _mm256_loadu_ps(wp + i));
-                _mm256_storeu_ps(yp + r * dv + i, _mm256_mul_ps(normed, silu8(zz)));
-            }
-        }
+        for (int64_t r = r0; r < r1; ++r) gated_norm_head(op + r * dv, zp + r * dv, wp, e, dv, yp + r * dv);
     }, 1);
     return y;
+}
+
+// A decode step of a gated DeltaNet layer: n sequences of one row each, every one with its own
+// conv state convs[i] [K - 1, C] and recurrent state recs[i] [Hv, dk, dv] (written: it becomes
+// the state after the row). Row i goes through the ops above with their per-element
+// arithmetic (inputs_row over the window convs[i] then qkv[i], one_row per head, then
+// gated_norm_head), so its bits are those of delta_net_inputs, gated_delta_rule and
+// gated_rms_norm called on it, in one call and one parallel loop over (row, head).
+// -> (y [n, Hv * dv], the conv states after the rows [n, K - 1, C]).
+std::tuple<at::Tensor, at::Tensor> delta_net_decode(const at::Tensor& qkv, const at::Tensor& z,
+                                                    const at::Tensor& decay, const at::Tensor& beta,
+                                                    const at::Tensor& taps, const at::Tensor& norm, double eps,
+                                                    const std::vector<at::Tensor>& convs,
+                                                    const std::vector<at::Tensor>& recs, int64_t num_k, int64_t dk,
+                                                    int64_t num_v, int64_t dv, bool tiled) {
+    fix_isa();
+    check_f32(qkv, "qkv", 2);
+    check_f32(taps, "taps", 2);
+    const int64_t n = qkv.size(0), kernel = taps.size(0), channels = taps.size(1);
+    TORCH_CHECK(num_k > 0 && num_v % num_k == 0 && dk % 8 == 0 && dv % 8 == 0 && channels == 2 * num_k * dk + num_v * dv,
+                "delta_net_decode: taps have ", channels, " channels for num_k=", num_k, ", dk=", dk, ", num_v=", num_v,
+                ", dv=", dv, " (dk and dv multiples of 8)");
+    TORCH_CHECK(qkv.size(1) == channels, "qkv has ", qkv.size(1), " channels, taps ", channels);
+    TORCH_CHECK(static_cast<int64_t>(convs.size()) == n && static_cast<int64_t>(recs.size()) == n, "delta_net_decode: ",
+                convs.size(), " conv and ", recs.size(), " recurrent states for ", n, " rows");
+    for (const auto& [t, name, rows, cols] : {std::tuple{&z, "z", n, num_v * dv}, std::tuple{&decay, "decay", n, num_v},
+                                              std::tuple{&beta, "beta", n, num_v}, std::tuple{&norm, "norm", dv, 1L}}) {
+        check_f32(*t, name, t == &norm ? 1 : 2);
+        TORCH_CHECK(t->numel() == rows * cols, name, " has shape ", t->sizes(), ", expected ", rows, " x ", cols);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        check_f32(convs[i], "convs[i]", 2);
+        check_f32(recs[i], "recs[i]", 3);
+        TORCH_CHECK(convs[i].size(0) == kernel - 1 && convs[i].size(1) == channels, "convs[", i, "] has shape ",
+                    convs[i].sizes(), ", expected [", kernel - 1, ", ", channels, "]");
+        TORCH_CHECK(recs[i].size(0) == num_v && recs[i].size(1) == dk && recs[i].size(2) == dv, "recs[", i,
+                    "] has shape ", recs[i].sizes(), ", expected [", num_v, ", ", dk, ", ", dv, "]");
+    }
+    auto y = at::empty({n, num_v * dv}, qkv.options());
+    auto conv_after = at::empty({n, kernel - 1, channels}, qkv.options());
+    auto q = at::empty({n, num_v, dk}, qkv.options()), k = at::empty({n, num_v, dk}, qkv.options());
+    auto v = at::empty({n, num_v, dv}, qkv.options()), o = at::empty({n, num_v, dv}, qkv.options());
+    const InputShape shape{kernel, channels, num_k, dk, num_v, dv, tiled};
+    const float *x = qkv.data_ptr<float>(), *w = taps.data_ptr<float>();
+    std::vector<float> conv(channels);
+    std::vector<const float*> rows(kernel);
+    for (int64_t i = 0; i < n; ++i) {
+        const float* state = convs[i].data_ptr<float>();
+        for (int64_t tap = 0; tap + 1 < kernel; ++tap) rows[tap] = state + tap * channels;
+        rows[kernel - 1] = x + i * channels;
+        inputs_row(shape, rows.data(), w, conv.data(), q.data_ptr<float>() + i * num_v * dk,
+                   k.data_ptr<float>() + i * num_v * dk, v.data_ptr<float>() + i * num_v * dv);
+        float* after = conv_after.data_ptr<float>() + i * (kernel - 1) * channels;
+        for (int64_t tap = 1; tap < kernel; ++tap) std::memcpy(after + (tap - 1) * channels, rows[tap], sizeof(float) * channels);
+    }
+    const float *zp = z.data_ptr<float>(), *wp = norm.data_ptr<float>();
+    float *op = o.data_ptr<float>(), *yp = y.data_ptr<float>();
+    const float e = static_cast<float>(eps);
+    parallel_chunks(n * num_v, 1, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+            const int64_t i = r / num_v, h = r % num_v;
+            const Rows one{q.data_ptr<float>() + i * num_v * dk, k.data_ptr<float>() + i * num_v * dk,
+                           v.data_ptr<float>() + i * num_v * dv, decay.data_ptr<float>() + i * num_v,
+                           beta.data_ptr<float>() + i * num_v, 1, num_v, dk, dv};
+            one_row(one, 0, h, recs[i].data_ptr<float>() + h * dk * dv, op + i * num_v * dv);
+            gated_norm_head(op + r * dv, zp + r * dv, wp, e, dv, yp + r * dv);
+        }
+    }, 1);
+    return {y, conv_after};
 }
 
 void bind_recurrent(pybind11::module_& m) {
@@ -259,6 +345,11 @@ void bind_recurrent(pybind11::module_& m) {
     m.def("delta_net_inputs", &delta_net_inputs, py::call_guard<py::gil_scoped_release>(),
           "conv + silu + per-head L2 norms of q|k|v rows -> (q [n,Hv,dk], k [n,Hv,dk], v [n,Hv,dv])", py::arg("window"),
           py::arg("taps"), py::arg("num_k"), py::arg("dk"), py::arg("num_v"), py::arg("dv"), py::arg("tiled"));
+    m.def("delta_net_decode", &delta_net_decode, py::call_guard<py::gil_scoped_release>(),
+          "a gated DeltaNet decode step of n one-row sequences (recs written) -> (y [n,Hv*dv], conv states [n,K-1,C])",
+          py::arg("qkv"), py::arg("z"), py::arg("decay"), py::arg("beta"), py::arg("taps"), py::arg("norm"),
+          py::arg("eps"), py::arg("convs"), py::arg("recs"), py::arg("num_k"), py::arg("dk"), py::arg("num_v"),
+          py::arg("dv"), py::arg("tiled"));
     m.def("gated_rms_norm", &gated_rms_norm, py::call_guard<py::gil_scoped_release>(),
           "rms_norm(o) per head * weight * silu(z) -> [n, H*dv]", py::arg("o"), py::arg("z"), py::arg("weight"),
           py::arg("eps"));
