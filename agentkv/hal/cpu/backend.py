@@ -72,22 +72,20 @@ class CpuBackend(CompiledBlocks, CompiledExperts, TorchBackend):
         return Identity(self.name, str(self.device), self._kernels.fix_isa(), build_id())
 
     def activation_dtypes(self) -> tuple[str, ...]:
-        """int8 on every CPU the kernels run on: they round each row's activations to int8 per
-        32-wide block (256 for the K-quants) for the GGUF formats that have a kernel (Q4_0,
-        Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4), MoE experts included, and take integer dot
-        products: AVX-512 VNNI where the AVX-512 build runs on a CPU with it, else AVX2, the
-        same bits either way. Other weights keep f32 activations.
+        """int8 first ("auto" takes it) on every CPU the kernels run on: they round each row's
+        activations to int8 per 32-wide block (256 for the K-quants) for the GGUF formats that
+        have a kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4), MoE experts included, and
+        take integer dot products: AVX-512 VNNI where the AVX-512 build runs on a CPU with it,
+        else AVX2, the same bits either way. Other weights keep f32 activations.
 
-        int8 comes first ("auto" takes it) where the int8 kernels are the VNNI build (this fixes
-        the kernels' ISA, as `identity` does): there int8 decodes a K-quant or MXFP4 model
-        1.1-1.8x faster than f32 and prefills as fast or faster (0.94-1.8x at 64 rows, the
-        32-wide formats interleaved), while the f32 one-row K-quant matmul is bound by the
-        vector ports (~6 zmm operations per 32 weights), not by memory. The AVX2 build's
-        many-row int8 takes 1.1x f32's time on the K-quants and up to 1.7x on the 32-wide
-        formats, so f32 comes first without VNNI (docs/benchmarks.md, "int8 activations on
-        AVX2", "Interleaved 32-wide rows")."""
-        self._kernels.fix_isa()
-        return ("int8", "f32") if self._kernels.int8_build() == "avx512-vnni" else ("f32", "int8")
+        Why int8 first: the f32 one-row K-quant and MXFP4 matmul is bound by the vector ports,
+        not by memory, so f32 decodes the hybrid, MLA and gpt-oss models below llama-server on
+        either build (AVX2 forced on a Zen 4: ×0.77, ×0.63, ×0.69), where int8 decodes them at
+        ×1.47, ×1.07, ×0.99 and prefills them as fast or faster (×1.05, ×1.08, ×1.41 against
+        f32's ×1.09, ×1.06, ×1.21), and SmolLM2 (Q4_1) decodes 1.25x faster with the same 8K
+        TTFT; with VNNI int8 decodes 1.1-1.8x faster than f32 and prefills as fast or faster
+        (docs/benchmarks.md, "int8 first on every CPU")."""
+        return ("int8", "f32")
 
     @property
     def int8(self) -> bool:
