@@ -17,7 +17,7 @@ from agentkv.bench import peers
 from agentkv.formats.resolve import open_model
 from agentkv.models.granite_hybrid import GraniteHybridConfig
 from tests.models.helpers import assert_logits_match, cosines, hf_logits, our_logits, prompt
-from tests.models.hybrid_gguf import convert_to_gguf, converter_missing
+from tests.models.llamacpp_convert import convert_all, converter_missing
 from tests.models.test_granite_hybrid import DENSE, MIN_COS, tiny_granite
 from tests.models.test_hybrid_gguf import VOCAB, bpe_tokenizer
 
@@ -49,7 +49,7 @@ def converted(tmp_path_factory):
         (folder / "config.json").write_text(json.dumps(config))
         built[name] = (root / f"{name}.gguf", hf_logits(model, ids), ids)
         pairs.append((folder, root / f"{name}.gguf"))
-    convert_to_gguf(pairs, flags=())
+    convert_all(pairs)  # Granite refuses --no-mtp
     return built
 
 

@@ -27,15 +27,14 @@ from agentkv.models.registry import load_model
 from agentkv.runtime.adapters import attach
 from agentkv.runtime.runner import Chunk, ModelRunner
 from tests.models.helpers import cosines, prompt, tiny_hf_model, write_gguf
+from tests.models.llamacpp_convert import SRC, source_missing
 from tests.models.test_lora import ALL, peft_adapter
 
 REASON = peers.missing("llamacpp")
 if REASON:
     pytest.skip(f"llama-cpp-python comparison skipped: {REASON}", allow_module_level=True)
 
-VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
-SOURCE = Path(os.environ.get("AGENTKV_CACHE", Path.home() / ".cache" / "agentkv")) / f"build-llama-server-{VERSION}/src"
-CONVERTER = SOURCE / "convert_lora_to_gguf.py"
+CONVERTER = SRC / "convert_lora_to_gguf.py"
 # min cosine per position vs llama.cpp with the adapter applied; measured 0.9999912
 # (llama-cpp-python 0.3.36, this tiny llama, all 7 projections, r=4); without the adapter
 # llama.cpp's own logits sit at cosine -0.19 to these
@@ -47,14 +46,15 @@ CONTINUE = 6
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """(base GGUF, the converter's adapter GGUF, prompt)."""
-    if not CONVERTER.is_file():
-        pytest.skip(f"llama.cpp's converter is not at {CONVERTER} (bench/build_llama_server.sh unpacks it)")
+    reason = source_missing()
+    if reason:
+        pytest.skip(reason)
     root = tmp_path_factory.mktemp("lora_llamacpp")
     hf = tiny_hf_model(root / "base", "llama", seed=3, vocab_size=257)
     base = write_gguf(hf, root / "base.gguf", "llama", byte_vocab=True)
     peft_adapter(root / "base", root / "adapter", 1, r=4, lora_alpha=6, use_rslora=False, target_modules=ALL)
     out = root / "adapter.gguf"
-    env = {**os.environ, "PYTHONPATH": str(SOURCE / "gguf-py")}
+    env = {**os.environ, "PYTHONPATH": str(SRC / "gguf-py")}
     command = [sys.executable, str(CONVERTER), "--base", str(root / "base"), "--outfile", str(out), "--outtype", "f32"]
     done = subprocess.run([*command, str(root / "adapter")], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

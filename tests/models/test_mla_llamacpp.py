@@ -4,17 +4,14 @@ kv_b, and `glm4moe`) to f32, then quantized to Q8_0 and Q4_0 with gguf-py: agent
 match llama-cpp-python's on the same file within FLOOR, argmax equal where agentkv's top two
 are more than NEAR_TIE apart.
 
-The converter runs in a subprocess with its vendored gguf-py; its tokenizer check (a hash of a
-known pre-tokenizer) is told the tiny byte-level tokenizer is 'gpt-2', nothing else is changed.
+The converter runs as tests/models/llamacpp_convert.py runs it (a subprocess with its vendored
+gguf-py; the tiny byte-level tokenizer named 'gpt-2' to its tokenizer check).
 The floor is not exactness: llama.cpp rounds a quantized matmul's activations to Q8_0 blocks
 where agentkv keeps them f32, and sums in another order."""
 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
@@ -27,14 +24,15 @@ from agentkv.hal.registry import lookup
 from agentkv.models.registry import load_model
 from agentkv.runtime.runner import Chunk, ModelRunner
 from tests.models.helpers import cosines
+from tests.models.llamacpp_convert import convert_all, converter_missing
 from tests.models.test_mla_families import ROUTER_MARGIN, built_family
 
 REASON = peers.missing("llamacpp")
 if REASON:
     pytest.skip(f"llama-cpp-python comparison skipped: {REASON}", allow_module_level=True)
-SRC = Path.home() / ".cache" / "agentkv" / "build-llama-server-0.3.36" / "src"
-if not (SRC / "convert_hf_to_gguf.py").is_file():
-    pytest.skip(f"llama.cpp's converter is not at {SRC}", allow_module_level=True)
+REASON = converter_missing()
+if REASON:
+    pytest.skip(REASON, allow_module_level=True)
 
 # min cosine per position vs llama.cpp on the same file; measured (llama-cpp-python 0.3.36, f16 KV
 # both sides): Q8_0 0.99775 (deepseek_v3), 0.99776 (glm4_moe), 0.99930 (deepseek_v2); Q4_0 0.99743
@@ -49,30 +47,11 @@ CONVERTED = ("deepseek_v2", "deepseek_v3", "glm4_moe")  # V3.2's indexer is not 
 # llama.cpp reads a deepseek2 GGUF without q_lora_rank only at V2-Lite's 27 (or 26) layers, so
 # the tiny V2 is compared here in DeepSeek-V2's own shape, with a low-rank q
 VARIANTS = {"deepseek_v2": {"q_lora_rank": 24, "seed": 2}}  # seed 2: its routers clear the margin
-# the converter's main, run once per (folder, outfile) pair in one process (its imports once)
-CONVERT = (
-    "import sys, runpy; import conversion.base as base; "
-    "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'; "
-    "script, pairs = sys.argv[1], sys.argv[2:]\n"
-    "for folder, out in zip(pairs[::2], pairs[1::2]):\n"
-    "    sys.argv = [script, folder, '--outtype', 'f32', '--outfile', out]\n"
-    "    runpy.run_path(script, run_name='__main__')"
-)
 
 
 def convert(folders: list[Path]) -> list[Path]:
     """llama.cpp's converter on each folder -> the f32 GGUFs it writes, in one subprocess."""
-    outs = [folder / "model-f32.gguf" for folder in folders]
-    env = {**os.environ, "PYTHONPATH": f"{SRC / 'gguf-py'}{os.pathsep}{SRC}"}
-    pairs = [str(p) for folder, out in zip(folders, outs) for p in (folder, out)]
-    done = subprocess.run(
-        [sys.executable, "-c", CONVERT, str(SRC / "convert_hf_to_gguf.py"), *pairs],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return outs
+    return convert_all([(folder, folder / "model-f32.gguf") for folder in folders])
 
 
 def requantize(src: Path, dst: Path, qtype: gguf.GGMLQuantizationType) -> Path:

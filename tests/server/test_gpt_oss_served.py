@@ -19,14 +19,13 @@ from agentkv.formats.chat_template import ChatTemplate
 from agentkv.runtime.async_engine import AsyncEngine
 from agentkv.server.app import create_app
 from tests.models.gpt_oss_tiny import VOCAB, harmony_tokenizer, tiny_gpt_oss
-from tests.models.llamacpp_convert import SRC
+from tests.models.llamacpp_convert import SRC, source_missing
 from tests.server.conftest import serve
 
 TEMPLATE = SRC / "models" / "templates" / "openai-gpt-oss-120b.jinja"
-if not TEMPLATE.is_file():
-    pytest.skip(
-        f"gpt-oss's chat template is not at {TEMPLATE} (the llama-server build extracts it)", allow_module_level=True
-    )
+if source_missing() or not TEMPLATE.is_file():
+    WHY = source_missing() or "its source has no such file"
+    pytest.skip(f"gpt-oss's chat template is not at {TEMPLATE} ({WHY})", allow_module_level=True)
 
 WEATHER = {
     "type": "function",

@@ -20,7 +20,7 @@ from agentkv.server.output_parser import OutputParser, OutputSpec, parse_output
 from agentkv.server.tool_policy import constraint_builder, tool_policy
 from agentkv.server.toolformats import ParseContext, get_format, parse_whole
 from agentkv.server.toolformats.registry import MARKER_TOKENS
-from tests.models.llamacpp_convert import SRC
+from tests.models.llamacpp_convert import SRC, source_missing
 
 WEATHER = {
     "type": "function",
@@ -84,8 +84,8 @@ def test_the_grammar_writes_what_render_calls_and_the_template_render_back():
     header = fmt.grammar([WEATHER]).calls[0][0][1]
     rendered = fmt.render_calls([("get_weather", ARGS)])
     assert rendered == header + ARGS + "<|call|>" == ROLE
-    if not TEMPLATE.is_file():
-        pytest.skip(f"gpt-oss's chat template is not at {TEMPLATE}")
+    if source_missing() or not TEMPLATE.is_file():
+        pytest.skip(f"gpt-oss's chat template is not at {TEMPLATE}: {source_missing()}")
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": JSONArguments({}, ARGS)}}
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
     assert "<|start|>assistant" + rendered in ChatTemplate(TEMPLATE.read_text()).render(messages, tools=[WEATHER])
