@@ -52,11 +52,6 @@ def source_missing() -> str | None:
     return None
 
 
-def converter_missing() -> str | None:
-    """Why the converter cannot run here, or None (fetching llama.cpp's source first)."""
-    return source_missing()
-
-
 def convert_all(pairs: list[tuple[Path, Path]], outtype: str = "f32", flags: tuple[str, ...] = ()) -> list[Path]:
     """Each (HF folder, GGUF path) converted with the converter's extra `flags`, in one subprocess
     (its imports once); returns the GGUF paths, or raises with the converter's stderr tail."""

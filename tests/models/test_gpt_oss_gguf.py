@@ -18,10 +18,10 @@ from agentkv.bench import peers
 from agentkv.formats.resolve import open_model
 from tests.models.gpt_oss_tiny import VOCAB, harmony_tokenizer, tiny_gpt_oss_mxfp4
 from tests.models.helpers import assert_logits_match, cosines, hf_logits, our_logits, prompt
-from tests.models.llamacpp_convert import convert, converter_missing
+from tests.models.llamacpp_convert import convert, source_missing
 
-if converter_missing():
-    pytest.skip(converter_missing(), allow_module_level=True)
+if source_missing():
+    pytest.skip(source_missing(), allow_module_level=True)
 
 MXFP4 = 39  # gguf.GGMLQuantizationType.MXFP4
 PROMPT = prompt(40, vocab=256, seed=7)

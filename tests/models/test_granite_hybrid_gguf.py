@@ -17,12 +17,12 @@ from agentkv.bench import peers
 from agentkv.formats.resolve import open_model
 from agentkv.models.granite_hybrid import GraniteHybridConfig
 from tests.models.helpers import assert_logits_match, cosines, hf_logits, our_logits, prompt
-from tests.models.llamacpp_convert import convert_all, converter_missing
+from tests.models.llamacpp_convert import convert_all, source_missing
 from tests.models.test_granite_hybrid import DENSE, MIN_COS, tiny_granite
 from tests.models.test_hybrid_gguf import VOCAB, bpe_tokenizer
 
-if converter_missing():
-    pytest.skip(converter_missing(), allow_module_level=True)
+if source_missing():
+    pytest.skip(source_missing(), allow_module_level=True)
 
 VARIANTS = {"moe": {}, "dense": DENSE}
 # min cosine per position, agentkv vs llama-cpp-python on the same f32 GGUF: both run f32

@@ -10,11 +10,11 @@ import pytest
 
 from agentkv.bench import peers
 from tests.models.helpers import assert_logits_match, cosines, hf_logits, our_logits, prompt
-from tests.models.llamacpp_convert import convert_all, converter_missing
+from tests.models.llamacpp_convert import convert_all, source_missing
 from tests.models.test_hybrid import MIN_COS, tiny_hybrid
 
-if converter_missing():
-    pytest.skip(converter_missing(), allow_module_level=True)
+if source_missing():
+    pytest.skip(source_missing(), allow_module_level=True)
 
 VOCAB = 272  # the byte-level tokenizer's 256 ids and room for the converter's specials
 FAMILIES = {"qwen3next": "qwen3_next", "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}

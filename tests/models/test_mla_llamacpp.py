@@ -24,13 +24,13 @@ from agentkv.hal.registry import lookup
 from agentkv.models.registry import load_model
 from agentkv.runtime.runner import Chunk, ModelRunner
 from tests.models.helpers import cosines
-from tests.models.llamacpp_convert import convert_all, converter_missing
+from tests.models.llamacpp_convert import convert_all, source_missing
 from tests.models.test_mla_families import ROUTER_MARGIN, built_family
 
 REASON = peers.missing("llamacpp")
 if REASON:
     pytest.skip(f"llama-cpp-python comparison skipped: {REASON}", allow_module_level=True)
-REASON = converter_missing()
+REASON = source_missing()
 if REASON:
     pytest.skip(REASON, allow_module_level=True)
 
