@@ -515,6 +515,15 @@ static void run_int8(const Problem& p, int qtype) {
     const int rounding = int8::rounding_of(qtype);
     parallel_chunks(p.m, std::max<int64_t>(1, 32768 / p.k),
                     [&](int64_t b, int64_t e) { int8::quantize_rows(p.x, b, e, p.k, rounding, rows); });
+    if (int8_on_vnni(fix_isa()) && vnni::tiled(qtype, p.m)) {
+        thread_local std::vector<uint8_t> buffer;
+        const size_t bytes = static_cast<size_t>(vnni::tiles_bytes(p.m, p.k)) + 64;
+        if (buffer.size() < bytes) buffer.resize(bytes);
+        uint8_t* tiles = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
+        parallel_chunks(vnni::tile_chunks(p.m), 1, [&](int64_t b, int64_t e) { vnni::pack_tiles(rows, p.m, p.k, tiles, b, e); });
+        decode_columns(p, [&](int64_t b, int64_t e) { vnni::tiled_columns(p, tiles, qtype, b, e); });
+        return;
+    }
     decode_columns(p, [&](int64_t b, int64_t e) { int8::columns(p, rows, qtype, b, e); });
 }
 

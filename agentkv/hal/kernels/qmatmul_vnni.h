@@ -87,6 +87,15 @@ void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_
 namespace vnni {
 bool cpu_supports();  // AVX-512 F/BW/VL/DQ and VNNI
 void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1);
+// A prefill of the interleaved formats (tiled: more than one row group) goes through tiles:
+// each row group's rounded activations repacked once (pack_tiles: row chunks [c0, c1) of
+// tile_chunks(m), into tiles_bytes(m, k) at a 64-byte aligned `tiles`), then tiled_columns
+// sweeps columns [c0, c1) over them. The same bits as columns().
+bool tiled(int qtype, int64_t m);
+int64_t tiles_bytes(int64_t m, int64_t k);
+int64_t tile_chunks(int64_t m);
+void pack_tiles(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1);
+void tiled_columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1);
 }  // namespace vnni
 
 namespace int8avx2 {
