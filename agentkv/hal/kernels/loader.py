@@ -60,6 +60,7 @@ HEADERS = (
     "simd512.h",
     "formats512.h",
     "row_groups.h",
+    "int8_tiles.h",
     "mxfp4.h",
     "mxfp4_512.h",
     "formats_avx2.h",

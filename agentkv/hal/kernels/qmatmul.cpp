@@ -507,6 +507,20 @@ void int8::columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, 
         int8avx2::columns(p, x, qtype, c0, c1);
 }
 
+// A prefill of the interleaved formats through the build's Tiles (qmatmul_vnni.h): packed once,
+// split over threads by row chunks, then the threads split columns; false when not used.
+template <class Tiles>
+static bool run_tiled(const Problem& p, const QuantRows& rows, int qtype) {
+    if (!Tiles::used(qtype, p.m)) return false;
+    thread_local std::vector<uint8_t> buffer;
+    const size_t bytes = static_cast<size_t>(Tiles::bytes(p.m, p.k)) + 64;
+    if (buffer.size() < bytes) buffer.resize(bytes);
+    uint8_t* tiles = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
+    parallel_chunks(Tiles::chunks(p.m), 1, [&](int64_t b, int64_t e) { Tiles::pack(rows, p.m, p.k, tiles, b, e); });
+    decode_columns(p, [&](int64_t b, int64_t e) { Tiles::columns(p, tiles, qtype, b, e); });
+    return true;
+}
+
 // The int8-activation path: rows quantized once (split over threads by rows, each row's codes
 // its own), then threads split columns as the decode path does.
 static void run_int8(const Problem& p, int qtype) {
@@ -515,15 +529,8 @@ static void run_int8(const Problem& p, int qtype) {
     const int rounding = int8::rounding_of(qtype);
     parallel_chunks(p.m, std::max<int64_t>(1, 32768 / p.k),
                     [&](int64_t b, int64_t e) { int8::quantize_rows(p.x, b, e, p.k, rounding, rows); });
-    if (int8_on_vnni(fix_isa()) && vnni::tiled(qtype, p.m)) {
-        thread_local std::vector<uint8_t> buffer;
-        const size_t bytes = static_cast<size_t>(vnni::tiles_bytes(p.m, p.k)) + 64;
-        if (buffer.size() < bytes) buffer.resize(bytes);
-        uint8_t* tiles = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
-        parallel_chunks(vnni::tile_chunks(p.m), 1, [&](int64_t b, int64_t e) { vnni::pack_tiles(rows, p.m, p.k, tiles, b, e); });
-        decode_columns(p, [&](int64_t b, int64_t e) { vnni::tiled_columns(p, tiles, qtype, b, e); });
+    if (int8_on_vnni(fix_isa()) ? run_tiled<vnni::Tiles>(p, rows, qtype) : run_tiled<int8avx2::Tiles>(p, rows, qtype))
         return;
-    }
     decode_columns(p, [&](int64_t b, int64_t e) { int8::columns(p, rows, qtype, b, e); });
 }
 

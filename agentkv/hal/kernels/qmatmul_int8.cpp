@@ -28,6 +28,7 @@ namespace {
 constexpr int GROUP_ROWS = 4;      // rows one call of cols<> holds in registers (16 of them)
 constexpr int64_t COL_BLOCK = 24;  // columns the row groups of a row chunk take turns on (L1)
 constexpr int64_t ROW_CHUNK = 64;  // rows whose quantized activations stay in L2 while columns pass
+constexpr int TILE_COLUMNS = 1;    // columns of a tile_cols call (int8_tiles.h; two spill)
 
 static inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 static inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -91,6 +92,11 @@ struct Interleaved {
     static constexpr int QK = 32, BYTES = BYTES_, OFF = OFF_, ROUND = 3;
     static constexpr bool MIN = FIELDS == 2, SIGNED = !NIBBLES;
     static constexpr int HEADER = E8M0 ? 1 : 2 * FIELDS + (FIFTH ? 4 : 0);
+    // The 4-bit formats' steps whose vpmaddubsw pair sums (each within 2 x MAX_CODE x 127, as
+    // activation codes lie in -127..127) add up in int16 without leaving it: Q4_0/Q4_1 8
+    // (30,480), Q5_0 4 (31,496), MXFP4 (doubled E2M1 + 12, at most 24) 4 (24,384).
+    static constexpr int MAX_CODE = E8M0 ? 24 : FIFTH ? 31 : 15;
+    static constexpr int STEPS16 = 2 * 127 * MAX_CODE * 8 <= 32767 ? 8 : 2 * 127 * MAX_CODE * 4 <= 32767 ? 4 : 1;
     // Q5_0: 16 where half h's codes of step s have their fifth bit (the VNNI build's masks)
     static inline __m256i fifth(const uint8_t* group, int t, int h, int s) {
         uint64_t bits;
@@ -107,30 +113,39 @@ struct Interleaved {
         if (t == 16) return load32(at);
         return _mm256_maskload_epi32(reinterpret_cast<const int*>(at), lane_mask(live(t, h)));
     }
+    // The codes dword j (j < DWORDS) of half h's lanes holds, as lo and hi: the 4-bit formats'
+    // low nibbles (step j) and high nibbles (step j + 4); Q8_0's codes (step j) in lo, hi unused.
+    static constexpr int DWORDS = NIBBLES ? 4 : 8;
+    struct Codes {
+        __m256i lo, hi;
+    };
+    static inline Codes codes(const uint8_t* group, int t, int h, int j) {
+        const __m256i v = dword(group, t, h, j);
+        if constexpr (NIBBLES) {
+            const __m256i low = _mm256_set1_epi8(0x0F);
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if constexpr (FIFTH) {
+                lo = _mm256_add_epi8(lo, fifth(group, t, h, j));
+                hi = _mm256_add_epi8(hi, fifth(group, t, h, j + 4));
+            }
+            if constexpr (E8M0) {
+                const __m256i kv = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+                lo = _mm256_shuffle_epi8(kv, lo);
+                hi = _mm256_shuffle_epi8(kv, hi);
+            }
+            return {lo, hi};
+        } else {
+            return {v, v};
+        }
+    }
     // step(s, w) for s = 0..7: half h's codes of step s
     template <class Step>
     static inline void steps(const uint8_t* group, int t, int h, Step&& step) {
-        if constexpr (NIBBLES) {
-            const __m256i low = _mm256_set1_epi8(0x0F);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; ++j) {
-                const __m256i v = dword(group, t, h, j);
-                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                if constexpr (FIFTH) {
-                    lo = _mm256_add_epi8(lo, fifth(group, t, h, j));
-                    hi = _mm256_add_epi8(hi, fifth(group, t, h, j + 4));
-                }
-                if constexpr (E8M0) {
-                    const __m256i kv = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-                    lo = _mm256_shuffle_epi8(kv, lo);
-                    hi = _mm256_shuffle_epi8(kv, hi);
-                }
-                step(j, lo);
-                step(j + 4, hi);
-            }
-        } else {
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; ++j) step(j, dword(group, t, h, j));
+        for (int j = 0; j < DWORDS; ++j) {
+            const Codes w = codes(group, t, h, j);
+            step(j, w.lo);
+            if constexpr (NIBBLES) step(j + 4, w.hi);
         }
     }
     // header field f (0: d, 1: m) of half h's lanes
@@ -371,12 +386,32 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
                 __m256i dot[M];
 #pragma GCC unroll 4
                 for (int r = 0; r < M; ++r) dot[r] = together ? both[r < B ? r : 0][h] : _mm256_setzero_si256();
-                if (!together)
+                if constexpr (NIBBLES_OF<F>) {
+                    // vpmaddubsw's int16 pair sums added in int16 for STEPS16 steps, then widened
+                    // once (vpmaddwd): exact, as no partial sum leaves int16 (Interleaved::STEPS16)
+                    __m256i pairs[M];
+#pragma GCC unroll 4
+                    for (int r = 0; r < M; ++r) pairs[r] = _mm256_setzero_si256();
+                    int taken = 0;
+                    F::steps(group, t, h, [&](int s, __m256i w) {
+#pragma GCC unroll 4
+                        for (int r = 0; r < M; ++r)
+                            pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(w, load32(x.q + r * x.ld_q + 512 * gi + 64 * s + 32 * h)));
+                        if (++taken % F::STEPS16 == 0) {
+#pragma GCC unroll 4
+                            for (int r = 0; r < M; ++r) {
+                                dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
+                                pairs[r] = _mm256_setzero_si256();
+                            }
+                        }
+                    });
+                } else if (!together) {
                     F::steps(group, t, h, [&](int s, __m256i w) {
 #pragma GCC unroll 4
                         for (int r = 0; r < M; ++r)
                             dot[r] = _mm256_add_epi32(dot[r], dot4<F::SIGNED>(w, load32(x.q + r * x.ld_q + 512 * gi + 64 * s + 32 * h)));
                     });
+                }
                 const __m256 d = F::field(group, t, h, 0);
 #pragma GCC unroll 4
                 for (int r = 0; r < M; ++r) {
@@ -394,6 +429,112 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
         }
     }
     store_columns<M, G>(p, c0, stride, acc);
+}
+
+// Columns c0 + g * stride of a Tile's M rows (int8_tiles.h: a prefill): cols_x16's arithmetic
+// per output, each half's steps outermost so each decoded dword meets every row, the 4-bit
+// formats' pair sums added in int16 for STEPS16 steps; float accumulators in L1 (one load and
+// store per half and group). One column a call (TILE_COLUMNS): two spilled the 16 registers.
+// AVX2 build on the Zen 4, one thread, 512 rows: SmolLM2's ffn_up 11.8 -> 10.4 ms, attn_q
+// 4.5 -> 4.1, ffn_down 7.2 -> 6.7.
+template <class F, int M, int G>
+static void tile_cols(const Problem& p, const Tile& x, int64_t c0, int64_t stride) {
+    alignas(32) float acc[M][G][16];
+    for (int r = 0; r < M; ++r)
+        for (int g = 0; g < G; ++g)
+            for (int h = 0; h < 2; ++h) _mm256_store_ps(acc[r][g] + 8 * h, _mm256_setzero_ps());
+    const uint8_t* rows[G];
+    for (int g = 0; g < G; ++g) rows[g] = p.w + (c0 + g * stride) * p.row_bytes;
+    const int64_t groups = x16_groups(p.k);
+    const NextInStreams<G> ahead(rows, p.row_bytes, groups);
+    for (int64_t gi = 0; gi < groups; ++gi) {
+        const int t = x16_blocks(p.k, gi);
+        const int8_t* xq = x.q + 64 * 8 * M * gi;
+        const int64_t at = 16 * M * gi;
+        const uint8_t* group[G];
+        for (int g = 0; g < G; ++g) group[g] = rows[g] + gi * 16 * F::BYTES;
+        ahead.at(gi);
+        for (int h = 0; h < (t > 8 ? 2 : 1); ++h) {  // a last group of t <= 8: lanes 8..15 untouched
+            __m256i dot[M][G];
+            if constexpr (NIBBLES_OF<F>) {
+                __m256i pairs[M][G];
+#pragma GCC unroll 4
+                for (int r = 0; r < M; ++r)
+#pragma GCC unroll 2
+                    for (int g = 0; g < G; ++g) dot[r][g] = pairs[r][g] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; ++j) {
+                    typename F::Codes w[G];
+#pragma GCC unroll 2
+                    for (int g = 0; g < G; ++g) w[g] = F::codes(group[g], t, h, j);
+#pragma GCC unroll 4
+                    for (int r = 0; r < M; ++r) {
+                        const __m256i lo = load32(xq + 64 * (M * j + r) + 32 * h);
+                        const __m256i hi = load32(xq + 64 * (M * (j + 4) + r) + 32 * h);
+#pragma GCC unroll 2
+                        for (int g = 0; g < G; ++g)
+                            pairs[r][g] = _mm256_add_epi16(_mm256_add_epi16(pairs[r][g], _mm256_maddubs_epi16(w[g].lo, lo)),
+                                                           _mm256_maddubs_epi16(w[g].hi, hi));
+                    }
+                    if ((2 * (j + 1)) % F::STEPS16 == 0) {
+#pragma GCC unroll 4
+                        for (int r = 0; r < M; ++r)
+#pragma GCC unroll 2
+                            for (int g = 0; g < G; ++g) {
+                                dot[r][g] = _mm256_add_epi32(dot[r][g], _mm256_madd_epi16(pairs[r][g], _mm256_set1_epi16(1)));
+                                pairs[r][g] = _mm256_setzero_si256();
+                            }
+                    }
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int r = 0; r < M; ++r)
+#pragma GCC unroll 2
+                    for (int g = 0; g < G; ++g) dot[r][g] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j) {
+                    __m256i w[G];
+#pragma GCC unroll 2
+                    for (int g = 0; g < G; ++g) w[g] = F::dword(group[g], t, h, j);
+#pragma GCC unroll 4
+                    for (int r = 0; r < M; ++r) {
+                        const __m256i xv = load32(xq + 64 * (M * j + r) + 32 * h);
+#pragma GCC unroll 2
+                        for (int g = 0; g < G; ++g) dot[r][g] = _mm256_add_epi32(dot[r][g], dot4<F::SIGNED>(w[g], xv));
+                    }
+                }
+            }
+            __m256 d[G], m[G];
+            for (int g = 0; g < G; ++g) {
+                d[g] = F::field(group[g], t, h, 0);
+                if (F::MIN) m[g] = F::field(group[g], t, h, 1);
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < M; ++r) {
+                const int64_t slot = at + 16 * r + 8 * h;
+                const __m256 dx = _mm256_load_ps(x.dx + slot);
+#pragma GCC unroll 2
+                for (int g = 0; g < G; ++g) {
+                    __m256i sum = dot[r][g];
+                    if (F::OFF != 0 && !F::SIGNED) sum = _mm256_add_epi32(load32(x.init + slot), sum);
+                    __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d[g], dx), _mm256_load_ps(acc[r][g] + 8 * h));
+                    if (F::MIN) a = _mm256_fmadd_ps(m[g], _mm256_load_ps(x.xs + slot), a);
+                    _mm256_store_ps(acc[r][g] + 8 * h, a);
+                }
+            }
+        }
+    }
+    // four accumulators per reduce4 (each lane's tree reads only its own accumulator)
+    constexpr int SUMS = M * G;
+    for (int i = 0; i < SUMS; i += 4) {
+        __m256 a[4][2];
+        for (int u = 0; u < 4; ++u)
+            for (int h = 0; h < 2; ++h)
+                a[u][h] = i + u < SUMS ? _mm256_load_ps(acc[(i + u) / G][(i + u) % G] + 8 * h) : _mm256_setzero_ps();
+        alignas(16) float lanes[4];
+        _mm_store_ps(lanes, reduce4(a[0], a[1], a[2], a[3]));
+        for (int u = 0; u < 4 && i + u < SUMS; ++u) p.out[((i + u) / G) * p.n + c0 + ((i + u) % G) * stride] = lanes[u];
+    }
 }
 
 // The K-quants' columns: the VNNI build's cols_super.
@@ -434,6 +575,7 @@ static void cols_super(const Problem& p, const QuantRows& x, int64_t c0, int64_t
 }
 
 #include "int8_sweep.h"
+#include "int8_tiles.h"
 
 // One group of <= GROUP_ROWS rows: four weight streams for one row (the prefetchers' best),
 // else as many columns as the 16 registers hold with the rows' accumulators.
@@ -451,6 +593,16 @@ static void group(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) 
 
 void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1) {
     dispatch(qtype, [&](auto fmt) { rows_range<decltype(fmt)>(p, x, c0, c1); });
+}
+
+bool Tiles::used(int qtype, int64_t m) { return tiles_used_of(qtype, m); }
+int64_t Tiles::bytes(int64_t m, int64_t k) { return tiles_bytes_of(m, k); }
+int64_t Tiles::chunks(int64_t m) { return tile_chunks_of(m); }
+void Tiles::pack(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1) {
+    pack_tiles_of(x, m, k, tiles, c0, c1);
+}
+void Tiles::columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1) {
+    tiled_columns_of(p, tiles, qtype, c0, c1);
 }
 
 }  // namespace int8avx2

@@ -47,6 +47,7 @@ namespace {
 constexpr int GROUP_ROWS = 8;      // rows one call of cols<> holds in registers
 constexpr int64_t COL_BLOCK = 24;  // columns the row groups of a row chunk take turns on (L1)
 constexpr int64_t ROW_CHUNK = 64;  // rows whose quantized activations stay in L2 while columns pass
+constexpr int TILE_COLUMNS = 2;    // columns of a tile_cols call (int8_tiles.h)
 
 // One pair of 32-weight blocks, ready for the dot products: u8 codes in k order, the scale of
 // each lane's block (or 16-weight group) and, for formats with a min, the min per lane.
@@ -514,64 +515,13 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
 // ------------------------------------------------- prefill: row groups as packed tiles
 // cols_x16 over more than GROUP_ROWS rows (a prefill) with the same per-output sequence, so
 // the same bits, laid out for throughput: a row group's activations are first repacked into a
-// Tile (below), so every load of the inner loop is a constant offset from one pointer, and
+// Tile (qmatmul_vnni.h), so every load of the inner loop is a constant offset from one pointer, and
 // the loop takes the steps outermost: each dword of the G columns' codes is decoded once and
 // each activation register feeds all G columns. The M x G integer sums stay in registers for a
 // 512-wide group; the float accumulators live in L1 (one load and store per group). Before,
 // the one kernel for every row count spilled its pointers and accumulators here. Zen 4, one
 // thread, 512 rows (tools/int8_shapes.py --m 512): SmolLM2's ffn_up 8.68 -> 6.11 ms, attn_q
 // 3.35 -> 2.29, ffn_down 5.42 -> 4.04; an 8,000-token prefill 24.5 -> 22.3 s.
-
-// A row group's activations (m rows) in the order tile_cols reads them: for 512-wide group
-// gi, the 64 codes of step s for row r at q + 64 (8 m gi + m s + r) (QuantRows' q[r][512 gi +
-// 64 s ..]), and the 16 init, dx and xs of the group's blocks at 16 (m gi + r).
-struct Tile {
-    int8_t* q;
-    int32_t* init;
-    float *dx, *xs;
-};
-
-// The bytes one row takes in a Tile of k.
-static inline int64_t tile_row_bytes(int64_t k) { return x16_groups(k) * (512 + 3 * 16 * 4); }
-
-// The Tile of m rows at `base` (64-byte aligned, m tile_row_bytes).
-static inline Tile tile_at(uint8_t* base, int64_t m, int64_t k) {
-    const int64_t groups = x16_groups(k);
-    Tile t;
-    t.q = reinterpret_cast<int8_t*>(base);
-    t.init = reinterpret_cast<int32_t*>(base + 512 * m * groups);
-    t.dx = reinterpret_cast<float*>(t.init + 16 * m * groups);
-    t.xs = t.dx + 16 * m * groups;
-    return t;
-}
-
-// Rows [0, m) of x into the Tile at base.
-static void pack_tile(const QuantRows& x, int64_t m, int64_t k, uint8_t* base) {
-    const Tile t = tile_at(base, m, k);
-    const int64_t groups = x16_groups(k);
-    for (int64_t gi = 0; gi < groups; ++gi)
-        for (int64_t r = 0; r < m; ++r) {
-            for (int s = 0; s < 8; ++s)
-                _mm512_store_si512(t.q + 64 * (8 * m * gi + m * s + r), _mm512_loadu_si512(x.q + r * x.ld_q + 512 * gi + 64 * s));
-            const int64_t at = 16 * (m * gi + r), slot = r * x.ld_lane + 16 * gi;
-            _mm512_store_si512(t.init + at, _mm512_loadu_si512(x.init + slot));
-            _mm512_store_ps(t.dx + at, _mm512_loadu_ps(x.dx + slot));
-            _mm512_store_ps(t.xs + at, _mm512_loadu_ps(x.xs + slot));
-        }
-}
-
-// fn(first row, rows) for each row group of chunk c (rows_range's: ROW_CHUNK rows, balanced
-// groups of <= GROUP_ROWS), in order.
-template <class Fn>
-static inline void chunk_groups(int64_t m, int64_t c, Fn&& fn) {
-    const int64_t r0 = c * ROW_CHUNK, chunk = m - r0 < ROW_CHUNK ? m - r0 : ROW_CHUNK;
-    const int64_t groups = (chunk + GROUP_ROWS - 1) / GROUP_ROWS;
-    for (int64_t gi = 0, r = r0; gi < groups; ++gi) {
-        const int64_t left = groups - gi, rows = (r0 + chunk - r + left - 1) / left;
-        fn(r, rows);
-        r += rows;
-    }
-}
 
 // Columns c0 + g * stride of the tile's M rows: cols_x16's arithmetic per output (the same
 // integer sums, the same float steps in group order, the same reduce4), in tile order.
@@ -701,28 +651,6 @@ static void tile_cols(const Problem& p, const Tile& x, int64_t c0, int64_t strid
     }
 }
 
-template <class F, int M>
-static void tile_range(const Problem& p, const Tile& x, int64_t c0, int64_t c1) {
-    constexpr int G = 2;
-    const int64_t streams = (c1 - c0) / G;
-    for (int64_t i = 0; i < streams; ++i) tile_cols<F, M, G>(p, x, c0 + i, streams);
-    for (int64_t c = c0 + G * streams; c < c1; ++c) tile_cols<F, M, 1>(p, x, c, 1);
-}
-
-template <class F>
-static void tile_group(const Problem& p, const Tile& x, int64_t c0, int64_t c1) {
-    switch (p.m) {
-        case 1: tile_range<F, 1>(p, x, c0, c1); break;
-        case 2: tile_range<F, 2>(p, x, c0, c1); break;
-        case 3: tile_range<F, 3>(p, x, c0, c1); break;
-        case 4: tile_range<F, 4>(p, x, c0, c1); break;
-        case 5: tile_range<F, 5>(p, x, c0, c1); break;
-        case 6: tile_range<F, 6>(p, x, c0, c1); break;
-        case 7: tile_range<F, 7>(p, x, c0, c1); break;
-        default: tile_range<F, 8>(p, x, c0, c1); break;
-    }
-}
-
 // The K-quants' columns c0 + g * stride: per super-block, I = (Q6_K: -OFF * the group sums
 // times their scales, then) the two packed dot products times their scales (int32, exact),
 // then acc = fma(float(I), d * dx, acc) and, for Q4_K, acc = fma(m, sub, acc) with the row's
@@ -765,6 +693,7 @@ static void cols_super(const Problem& p, const QuantRows& x, int64_t c0, int64_t
 }
 
 #include "int8_sweep.h"
+#include "int8_tiles.h"
 
 // One group of <= GROUP_ROWS rows: M x G accumulators and G decoded pairs fit 32 registers.
 template <class F>
@@ -796,47 +725,21 @@ static void group(const Problem& p, const QuantRows& x, int64_t c0, int64_t c1) 
     }
 }
 
-// rows_range's sweep (int8_sweep.h: chunks of ROW_CHUNK rows, balanced groups of <=
-// GROUP_ROWS taking turns on COL_BLOCK columns) over the packed tiles of every group.
-template <class F>
-static void tiled_rows(const Problem& p, uint8_t* tiles, int64_t c0, int64_t c1) {
-    const int64_t row_bytes = tile_row_bytes(p.k);
-    for (int64_t c = 0; c * ROW_CHUNK < p.m; ++c) {
-        for (int64_t cb = c0; cb < c1; cb += COL_BLOCK) {
-            const int64_t ce = cb + COL_BLOCK < c1 ? cb + COL_BLOCK : c1;
-            chunk_groups(p.m, c, [&](int64_t r, int64_t rows) {
-                const Problem sub{nullptr, p.w, p.out + r * p.n, rows, p.n, p.k, p.row_bytes};
-                tile_group<F>(sub, tile_at(tiles + r * row_bytes, rows, p.k), cb, ce);
-            });
-        }
-    }
-}
-
 }  // namespace
 
 void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1) {
     dispatch(qtype, [&](auto fmt) { rows_range<decltype(fmt)>(p, x, c0, c1); });
 }
 
-bool tiled(int qtype, int64_t m) { return m > GROUP_ROWS && interleaved_source(qtype) != 0; }
-
-int64_t tiles_bytes(int64_t m, int64_t k) { return m * tile_row_bytes(k); }
-
-int64_t tile_chunks(int64_t m) { return (m + ROW_CHUNK - 1) / ROW_CHUNK; }
-
-void pack_tiles(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1) {
-    const int64_t row_bytes = tile_row_bytes(k);
-    for (int64_t c = c0; c < c1; ++c)
-        chunk_groups(m, c, [&](int64_t r, int64_t rows) { pack_tile(x.offset(r), rows, k, tiles + r * row_bytes); });
+bool Tiles::used(int qtype, int64_t m) { return tiles_used_of(qtype, m); }
+int64_t Tiles::bytes(int64_t m, int64_t k) { return tiles_bytes_of(m, k); }
+int64_t Tiles::chunks(int64_t m) { return tile_chunks_of(m); }
+void Tiles::pack(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1) {
+    pack_tiles_of(x, m, k, tiles, c0, c1);
 }
-
-void tiled_columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1) {
-    dispatch(qtype, [&](auto fmt) {
-        using F = decltype(fmt);
-        if constexpr (F::ROUND == 3) tiled_rows<F>(p, tiles, c0, c1);
-    });
+void Tiles::columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1) {
+    tiled_columns_of(p, tiles, qtype, c0, c1);
 }
-
 }  // namespace vnni
 }  // namespace agentkv
 

@@ -72,6 +72,31 @@ int interleaved_source(int qtype);
 void interleave_rows(const uint8_t* src, uint8_t* dst, int64_t n, int64_t k, int file_qtype);
 void deinterleave_row(const uint8_t* src, uint8_t* dst, int64_t k, int qtype);
 
+// A row group's rounded activations (m rows) repacked for the int8 builds' prefill kernels
+// (tile_cols), so that every load of their inner loop is a constant offset from one pointer:
+// for 512-wide group gi, the 64 codes of step s for row r at q + 64 (8 m gi + m s + r)
+// (QuantRows' q[r][512 gi + 64 s ..]), and the 16 init, dx and xs of the group's blocks at
+// 16 (m gi + r) (QuantRows' slots 16 gi ..).
+struct Tile {
+    int8_t* q;
+    int32_t* init;
+    float *dx, *xs;
+};
+
+// The bytes one row takes in a Tile of k.
+inline int64_t tile_row_bytes(int64_t k) { return x16_groups(k) * (512 + 3 * 16 * 4); }
+
+// The Tile of m rows at `base` (64-byte aligned, m tile_row_bytes).
+inline Tile tile_at(uint8_t* base, int64_t m, int64_t k) {
+    const int64_t groups = x16_groups(k);
+    Tile t;
+    t.q = reinterpret_cast<int8_t*>(base);
+    t.init = reinterpret_cast<int32_t*>(base + 512 * m * groups);
+    t.dx = reinterpret_cast<float*>(t.init + 16 * m * groups);
+    t.xs = t.dx + 16 * m * groups;
+    return t;
+}
+
 namespace int8 {
 bool qtype_supported(int qtype);  // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4 (qmatmul_int8.cpp)
 // How the format wants its activations rounded (code offset, block width, code order) as one
@@ -87,18 +112,27 @@ void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_
 namespace vnni {
 bool cpu_supports();  // AVX-512 F/BW/VL/DQ and VNNI
 void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1);
-// A prefill of the interleaved formats (tiled: more than one row group) goes through tiles:
-// each row group's rounded activations repacked once (pack_tiles: row chunks [c0, c1) of
-// tile_chunks(m), into tiles_bytes(m, k) at a 64-byte aligned `tiles`), then tiled_columns
-// sweeps columns [c0, c1) over them. The same bits as columns().
-bool tiled(int qtype, int64_t m);
-int64_t tiles_bytes(int64_t m, int64_t k);
-int64_t tile_chunks(int64_t m);
-void pack_tiles(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1);
-void tiled_columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1);
+// A prefill of the interleaved formats (more than one row group: used) goes through Tiles,
+// each build's own (its row groups): every row group's activations packed once (pack: row
+// chunks [c0, c1) of chunks(m), into bytes(m, k) at a 64-byte aligned `tiles`), then columns
+// sweeps columns [c0, c1) over them. The same bits as columns() above.
+struct Tiles {
+    static bool used(int qtype, int64_t m);
+    static int64_t bytes(int64_t m, int64_t k);
+    static int64_t chunks(int64_t m);
+    static void pack(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1);
+    static void columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1);
+};
 }  // namespace vnni
 
 namespace int8avx2 {
 void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1);
+struct Tiles {
+    static bool used(int qtype, int64_t m);
+    static int64_t bytes(int64_t m, int64_t k);
+    static int64_t chunks(int64_t m);
+    static void pack(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1);
+    static void columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1);
+};
 }  // namespace int8avx2
 }  // namespace agentkv
