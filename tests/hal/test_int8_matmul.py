@@ -184,3 +184,35 @@ def test_only_the_32_wide_formats_with_an_interleaved_kernel_are_interleaved():
     raw = random_quant("Q5_1", 4, 64, seed=1)
     with pytest.raises(RuntimeError, match="qtype 7 has no interleaved form"):
         K.interleave_rows(torch.from_numpy(raw), QTYPES["Q5_1"], 4, 64)
+
+
+# the code bytes of a 4-bit file format's block, and the byte that gives every code its largest
+# u8 value in the int8 kernels (MXFP4: nibble 7, 6.0, doubled plus 12 = 24; Q5_0: its fifth
+# bits in qh set too)
+LARGEST_CODES = {
+    "Q4_0": ((2, 18), 0xFF),
+    "Q4_1": ((4, 20), 0xFF),
+    "Q5_0": ((2, 22), 0xFF),
+    "MXFP4": ((1, 17), 0x77),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LARGEST_CODES))
+def test_int8_sums_at_their_largest_stay_exact(name, isa):
+    """Every weight code at its largest and every activation code at 127: the AVX2 build adds
+    the pair sums of up to 8 steps in int16 (Interleaved::STEPS16), and here each partial sum
+    is at its bound (Q4_0/Q4_1 8 x 3,810, Q5_0 4 x 7,874, MXFP4 4 x 6,096). Tiled (13 rows)
+    and decode (1 row) results against the float64 oracle of the same rounding, and equal."""
+    n, k = 24, 544
+    file, qtype = INTERLEAVED[name + "X"]
+    raw, file_qtype, _ = weights(file, n, k, seed=31)
+    (lo, hi), byte = LARGEST_CODES[name]
+    blocks = raw.reshape(-1, raw.shape[1] * 32 // k)
+    blocks[:, lo:hi] = byte
+    values = (gguf.quants.dequantize(raw, file_qtype)).astype(np.float64)
+    w = K.interleave_rows(torch.from_numpy(raw), file_qtype, n, k)
+    x = torch.ones(13, k)
+    ref = quantized_activations(x.numpy()) @ values.T
+    tiled = K.qmatmul(x, w, qtype, n, k, int8=True)
+    check_matches(tiled, ref)
+    assert torch.equal(K.qmatmul(x[:1].contiguous(), w, qtype, n, k, int8=True), tiled[:1])
