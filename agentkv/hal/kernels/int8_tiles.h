@@ -3,7 +3,7 @@
 // Included INSIDE each build's own anonymous namespace (qmatmul_vnni.cpp: AVX-512 VNNI,
 // qmatmul_int8.cpp: AVX2), after int8_sweep.h and the build's tile_cols<F, M, G>, so each
 // build instantiates it with its own registers and row groups; no std:: code. No include
-// guard: once per build. The build's Tiles members call the *_of functions at the end.
+// guard: once per build. The build's tile_fns() hands out the *_of functions at the end.
 //
 // The sweep is rows_range's (int8_sweep.h): chunks of ROW_CHUNK rows, each in balanced groups
 // of <= GROUP_ROWS taking turns on COL_BLOCK columns, so an output's sequence is tile_cols',
@@ -73,7 +73,7 @@ static void tiled_rows(const Problem& p, uint8_t* tiles, int64_t c0, int64_t c1)
     }
 }
 
-// What the build's Tiles members do.
+// The build's TileFns (qmatmul_vnni.h).
 static inline bool tiles_used_of(int qtype, int64_t m) { return m > GROUP_ROWS && interleaved_source(qtype) != 0; }
 static inline int64_t tiles_bytes_of(int64_t m, int64_t k) { return m * tile_row_bytes(k); }
 static inline int64_t tile_chunks_of(int64_t m) { return (m + ROW_CHUNK - 1) / ROW_CHUNK; }

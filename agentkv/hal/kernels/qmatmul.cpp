@@ -507,17 +507,16 @@ void int8::columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, 
         int8avx2::columns(p, x, qtype, c0, c1);
 }
 
-// A prefill of the interleaved formats through the build's Tiles (qmatmul_vnni.h): packed once,
+// A prefill of the interleaved formats through the build's tiles (qmatmul_vnni.h): packed once,
 // split over threads by row chunks, then the threads split columns; false when not used.
-template <class Tiles>
-static bool run_tiled(const Problem& p, const QuantRows& rows, int qtype) {
-    if (!Tiles::used(qtype, p.m)) return false;
+static bool run_tiled(const TileFns& tiles_of, const Problem& p, const QuantRows& rows, int qtype) {
+    if (!tiles_of.used(qtype, p.m)) return false;
     thread_local std::vector<uint8_t> buffer;
-    const size_t bytes = static_cast<size_t>(Tiles::bytes(p.m, p.k)) + 64;
+    const size_t bytes = static_cast<size_t>(tiles_of.bytes(p.m, p.k)) + 64;
     if (buffer.size() < bytes) buffer.resize(bytes);
     uint8_t* tiles = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
-    parallel_chunks(Tiles::chunks(p.m), 1, [&](int64_t b, int64_t e) { Tiles::pack(rows, p.m, p.k, tiles, b, e); });
-    decode_columns(p, [&](int64_t b, int64_t e) { Tiles::columns(p, tiles, qtype, b, e); });
+    parallel_chunks(tiles_of.chunks(p.m), 1, [&](int64_t b, int64_t e) { tiles_of.pack(rows, p.m, p.k, tiles, b, e); });
+    decode_columns(p, [&](int64_t b, int64_t e) { tiles_of.columns(p, tiles, qtype, b, e); });
     return true;
 }
 
@@ -529,8 +528,8 @@ static void run_int8(const Problem& p, int qtype) {
     const int rounding = int8::rounding_of(qtype);
     parallel_chunks(p.m, std::max<int64_t>(1, 32768 / p.k),
                     [&](int64_t b, int64_t e) { int8::quantize_rows(p.x, b, e, p.k, rounding, rows); });
-    if (int8_on_vnni(fix_isa()) ? run_tiled<vnni::Tiles>(p, rows, qtype) : run_tiled<int8avx2::Tiles>(p, rows, qtype))
-        return;
+    static const TileFns vnni_tiles = vnni::tile_fns(), avx2_tiles = int8avx2::tile_fns();
+    if (run_tiled(int8_on_vnni(fix_isa()) ? vnni_tiles : avx2_tiles, p, rows, qtype)) return;
     decode_columns(p, [&](int64_t b, int64_t e) { int8::columns(p, rows, qtype, b, e); });
 }
 

@@ -595,15 +595,7 @@ void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_
     dispatch(qtype, [&](auto fmt) { rows_range<decltype(fmt)>(p, x, c0, c1); });
 }
 
-bool Tiles::used(int qtype, int64_t m) { return tiles_used_of(qtype, m); }
-int64_t Tiles::bytes(int64_t m, int64_t k) { return tiles_bytes_of(m, k); }
-int64_t Tiles::chunks(int64_t m) { return tile_chunks_of(m); }
-void Tiles::pack(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1) {
-    pack_tiles_of(x, m, k, tiles, c0, c1);
-}
-void Tiles::columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1) {
-    tiled_columns_of(p, tiles, qtype, c0, c1);
-}
+TileFns tile_fns() { return {tiles_used_of, tiles_bytes_of, tile_chunks_of, pack_tiles_of, tiled_columns_of}; }
 
 }  // namespace int8avx2
 

@@ -523,6 +523,46 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
 // thread, 512 rows (tools/int8_shapes.py --m 512): SmolLM2's ffn_up 8.68 -> 6.11 ms, attn_q
 // 3.35 -> 2.29, ffn_down 5.42 -> 4.04; an 8,000-token prefill 24.5 -> 22.3 s.
 
+// A tile group's integer sums at either width (lanes __mmask16: zmm, all 16 blocks; __mmask8:
+// ymm, the half-width last group): dot[r][g] = init of row r + the group's vpdpbusd with the
+// codes of column g, steps outermost (each decoded dword meets every row, each activation
+// register every column).
+static inline void load_lanes(__m512i& v, const void* p) { v = _mm512_load_si512(p); }
+static inline void load_lanes(__m256i& v, const void* p) { v = _mm256_load_si256(static_cast<const __m256i*>(p)); }
+static inline __m512i dpbusd(__m512i acc, __m512i w, __m512i x) { return _mm512_dpbusd_epi32(acc, w, x); }
+static inline __m256i dpbusd(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_epi32(acc, w, x); }
+
+template <class F, int M, int G, class Mask, class V>
+static inline void tile_sums(const uint8_t* const (&group)[G], int t, Mask lanes, const int8_t* xq, const int32_t* init,
+                             V (&dot)[M][G]) {
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+        V first;
+        load_lanes(first, init + 16 * r);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) dot[r][g] = first;
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < F::DWORDS; ++j) {
+        decltype(F::dword(group[0], t, lanes, j)) w[G];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) w[g] = F::dword(group[g], t, lanes, j);
+#pragma GCC unroll 8
+        for (int r = 0; r < M; ++r) {
+            V lo;
+            load_lanes(lo, xq + 64 * (M * j + r));
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g) dot[r][g] = dpbusd(dot[r][g], w[g].lo, lo);
+            if constexpr (F::DWORDS == 4) {
+                V hi;
+                load_lanes(hi, xq + 64 * (M * (j + 4) + r));
+#pragma GCC unroll 4
+                for (int g = 0; g < G; ++g) dot[r][g] = dpbusd(dot[r][g], w[g].hi, hi);
+            }
+        }
+    }
+}
+
 // Columns c0 + g * stride of the tile's M rows: cols_x16's arithmetic per output (the same
 // integer sums, the same float steps in group order, the same reduce4), in tile order.
 template <class F, int M, int G>
@@ -549,29 +589,7 @@ static void tile_cols(const Problem& p, const Tile& x, int64_t c0, int64_t strid
             const __mmask8 lanes = static_cast<__mmask8>((1u << t) - 1);
             const __mmask16 low = static_cast<__mmask16>(0x00FF);
             __m256i dot[M][G];
-#pragma GCC unroll 8
-            for (int r = 0; r < M; ++r) {
-                const __m256i init = load32(reinterpret_cast<const uint8_t*>(x.init + at + 16 * r));
-#pragma GCC unroll 4
-                for (int g = 0; g < G; ++g) dot[r][g] = init;
-            }
-#pragma GCC unroll 8
-            for (int j = 0; j < F::DWORDS; ++j) {
-                decltype(F::dword(group[0], t, lanes, j)) w[G];
-#pragma GCC unroll 4
-                for (int g = 0; g < G; ++g) w[g] = F::dword(group[g], t, lanes, j);
-#pragma GCC unroll 8
-                for (int r = 0; r < M; ++r) {
-                    const __m256i lo = load32(reinterpret_cast<const uint8_t*>(xq + 64 * (M * j + r)));
-#pragma GCC unroll 4
-                    for (int g = 0; g < G; ++g) dot[r][g] = _mm256_dpbusd_epi32(dot[r][g], w[g].lo, lo);
-                    if constexpr (F::DWORDS == 4) {
-                        const __m256i hi = load32(reinterpret_cast<const uint8_t*>(xq + 64 * (M * (j + 4) + r)));
-#pragma GCC unroll 4
-                        for (int g = 0; g < G; ++g) dot[r][g] = _mm256_dpbusd_epi32(dot[r][g], w[g].hi, hi);
-                    }
-                }
-            }
+            tile_sums<F, M, G>(group, t, lanes, xq, x.init + at, dot);
             __m256 d[G];
             __m512 m[G];
 #pragma GCC unroll 4
@@ -596,29 +614,7 @@ static void tile_cols(const Problem& p, const Tile& x, int64_t c0, int64_t strid
         }
         const __mmask16 lanes = static_cast<__mmask16>((1u << t) - 1);
         __m512i dot[M][G];
-#pragma GCC unroll 8
-        for (int r = 0; r < M; ++r) {
-            const __m512i init = _mm512_load_si512(x.init + at + 16 * r);
-#pragma GCC unroll 4
-            for (int g = 0; g < G; ++g) dot[r][g] = init;
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < F::DWORDS; ++j) {
-            decltype(F::dword(group[0], t, lanes, j)) w[G];
-#pragma GCC unroll 4
-            for (int g = 0; g < G; ++g) w[g] = F::dword(group[g], t, lanes, j);
-#pragma GCC unroll 8
-            for (int r = 0; r < M; ++r) {
-                const __m512i lo = _mm512_load_si512(xq + 64 * (M * j + r));
-#pragma GCC unroll 4
-                for (int g = 0; g < G; ++g) dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], w[g].lo, lo);
-                if constexpr (F::DWORDS == 4) {
-                    const __m512i hi = _mm512_load_si512(xq + 64 * (M * (j + 4) + r));
-#pragma GCC unroll 4
-                    for (int g = 0; g < G; ++g) dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], w[g].hi, hi);
-                }
-            }
-        }
+        tile_sums<F, M, G>(group, t, lanes, xq, x.init + at, dot);
         __m512 d[G], m[G];
 #pragma GCC unroll 4
         for (int g = 0; g < G; ++g) {
@@ -731,15 +727,7 @@ void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_
     dispatch(qtype, [&](auto fmt) { rows_range<decltype(fmt)>(p, x, c0, c1); });
 }
 
-bool Tiles::used(int qtype, int64_t m) { return tiles_used_of(qtype, m); }
-int64_t Tiles::bytes(int64_t m, int64_t k) { return tiles_bytes_of(m, k); }
-int64_t Tiles::chunks(int64_t m) { return tile_chunks_of(m); }
-void Tiles::pack(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1) {
-    pack_tiles_of(x, m, k, tiles, c0, c1);
-}
-void Tiles::columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1) {
-    tiled_columns_of(p, tiles, qtype, c0, c1);
-}
+TileFns tile_fns() { return {tiles_used_of, tiles_bytes_of, tile_chunks_of, pack_tiles_of, tiled_columns_of}; }
 }  // namespace vnni
 }  // namespace agentkv
 

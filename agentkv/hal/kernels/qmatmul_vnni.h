@@ -97,6 +97,19 @@ inline Tile tile_at(uint8_t* base, int64_t m, int64_t k) {
     return t;
 }
 
+// A prefill of the interleaved formats (more than one row group: used) goes through the tiles
+// of the build that runs it (its own row groups; int8_tiles.h): every row group's activations
+// packed once (pack: row chunks [c0, c1) of chunks(m), into bytes(m, k) at a 64-byte aligned
+// `tiles`), then columns sweeps columns [c0, c1) over them, with the bits of that build's
+// columns().
+struct TileFns {
+    bool (*used)(int qtype, int64_t m);
+    int64_t (*bytes)(int64_t m, int64_t k);
+    int64_t (*chunks)(int64_t m);
+    void (*pack)(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1);
+    void (*columns)(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1);
+};
+
 namespace int8 {
 bool qtype_supported(int qtype);  // Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, MXFP4 (qmatmul_int8.cpp)
 // How the format wants its activations rounded (code offset, block width, code order) as one
@@ -112,27 +125,11 @@ void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_
 namespace vnni {
 bool cpu_supports();  // AVX-512 F/BW/VL/DQ and VNNI
 void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1);
-// A prefill of the interleaved formats (more than one row group: used) goes through Tiles,
-// each build's own (its row groups): every row group's activations packed once (pack: row
-// chunks [c0, c1) of chunks(m), into bytes(m, k) at a 64-byte aligned `tiles`), then columns
-// sweeps columns [c0, c1) over them. The same bits as columns() above.
-struct Tiles {
-    static bool used(int qtype, int64_t m);
-    static int64_t bytes(int64_t m, int64_t k);
-    static int64_t chunks(int64_t m);
-    static void pack(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1);
-    static void columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1);
-};
+TileFns tile_fns();  // this build's prefill tiles
 }  // namespace vnni
 
 namespace int8avx2 {
 void columns(const Problem& p, const QuantRows& x, int qtype, int64_t c0, int64_t c1);
-struct Tiles {
-    static bool used(int qtype, int64_t m);
-    static int64_t bytes(int64_t m, int64_t k);
-    static int64_t chunks(int64_t m);
-    static void pack(const QuantRows& x, int64_t m, int64_t k, uint8_t* tiles, int64_t c0, int64_t c1);
-    static void columns(const Problem& p, uint8_t* tiles, int qtype, int64_t c0, int64_t c1);
-};
+TileFns tile_fns();  // this build's prefill tiles
 }  // namespace int8avx2
 }  // namespace agentkv
