@@ -72,11 +72,12 @@ static inline __m512 load_kv(const float* v, int64_t c, int64_t full, __mmask16 
     return load_chunk(v, c, full, tail);
 }
 
-template <typename T>
+template <typename T, int HINT = _MM_HINT_T0>
 static inline void prefetch_span(const T* row, int64_t first, int64_t count) {
     constexpr int64_t line = 64 / sizeof(T);
-    for (int64_t i = first; i < first + count; i += line) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), _MM_HINT_T0);
+    for (int64_t i = first; i < first + count; i += line)
+        _mm_prefetch(reinterpret_cast<const char*>(row + i), static_cast<_mm_hint>(HINT));
+    _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), static_cast<_mm_hint>(HINT));
 }
 
 template <typename KT, int NH, int CHUNKS>
@@ -86,8 +87,16 @@ static void scores(const AttentionArgs& a, const float* const* q, const int64_t*
     const __mmask16 tail = first_lanes(a.hd - 16 * full);
     const __m128 scale = _mm_set1_ps(a.scale);
     const KT* k_cache = KVRows<KT>::k(a);
+    const KT* v_cache = KVRows<KT>::v(a);
+    for (int64_t j = 0; j < PREFETCH_KEYS && j < len; ++j) {
+        prefetch_span(k_cache + where[j], 0, a.hd);
+        prefetch_span<KT, _MM_HINT_T1>(v_cache + where[j], 0, a.hd);
+    }
     for (int64_t j = 0; j < len; j += KEYS_AT_ONCE) {
-        for (int t = 0; t < KEYS_AT_ONCE; ++t) prefetch_span(k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
+        for (int t = 0; t < KEYS_AT_ONCE; ++t) {
+            prefetch_span(k_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
+            prefetch_span<KT, _MM_HINT_T1>(v_cache + where[j + PREFETCH_KEYS + t], 0, a.hd);
+        }
         __m512 acc[NH][KEYS_AT_ONCE];
         for (int hh = 0; hh < NH; ++hh)
             for (int t = 0; t < KEYS_AT_ONCE; ++t) acc[hh][t] = _mm512_setzero_ps();
