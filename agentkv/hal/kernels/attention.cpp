@@ -79,7 +79,9 @@ static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 }
 
 // Scores of NH query heads (sharing one kv head) against keys [0, len) rounded up to 4: each
-// K chunk is loaded once for all heads; each (head, key) runs its own fma chain over hd.
+// K chunk is loaded once for all heads; each (head, key) runs its own fma chain over hd. Each
+// step prefetches the K rows PREFETCH_KEYS ahead into L1 and the V rows of the same keys into
+// L2 (a range's first keys before the loop), so the value pass after it waits on no DRAM.
 template <typename KT, int NH, int CHUNKS>
 static void scores(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len,
                    float* const* out) {
@@ -118,9 +120,12 @@ static void scores(const AttentionArgs& a, const float* const* q, const int64_t*
 
 // o[hh][c0 .. c0+NB chunks) = (sum_j e[hh][j] * V[j]) / sum[hh], keys in order, accumulators
 // in registers; each V chunk is loaded once for all NH heads.
+// With next_k (the one-query unit's first pass), key j also prefetches the K row of
+// where[len + j] into L2: the next range's keys when this thread runs it next, so its score
+// pass finds K near while this pass, which reads V from L2, leaves the memory bus free.
 template <typename KT, int NH, int NB, int CHUNKS>
 static void weighted_values(const AttentionArgs& a, const float* const* e, const int64_t* where, int64_t len,
-                            int64_t c0, const float* sum, float* const* o) {
+                            int64_t c0, const float* sum, float* const* o, const KT* next_k = nullptr) {
     const int64_t full = CHUNKS ? CHUNKS : a.hd / 8;
     const __m256i tail = lane_mask(static_cast<int>(a.hd - 8 * full));
     const int64_t span = std::min<int64_t>(8 * NB, a.hd - 8 * c0);
@@ -130,6 +135,7 @@ static void weighted_values(const AttentionArgs& a, const float* const* e, const
         for (int i = 0; i < NB; ++i) acc[hh][i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < len; ++j) {
         prefetch_span(v_cache + where[j + PREFETCH_KEYS], 8 * c0, span);
+        if (next_k != nullptr) prefetch_span<KT, _MM_HINT_T1>(next_k + where[len + j], 0, a.hd);
         const KT* v = v_cache + where[j];
         __m256 ej[NH];
         for (int hh = 0; hh < NH; ++hh) ej[hh] = _mm256_broadcast_ss(e[hh] + j);
@@ -153,11 +159,12 @@ static void weighted_values_any(const AttentionArgs& a, const float* const* e, c
                                 const float* sum, float* const* o) {
     const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 7) / 8;
     for (int64_t c0 = 0; c0 < chunks; c0 += V_CHUNKS) {
+        const KT* next_k = c0 == 0 ? KVRows<KT>::k(a) : nullptr;
         switch (std::min<int64_t>(V_CHUNKS, chunks - c0)) {
-            case 4: weighted_values<KT, NH, 4, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            case 3: weighted_values<KT, NH, 3, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            case 2: weighted_values<KT, NH, 2, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            default: weighted_values<KT, NH, 1, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 4: weighted_values<KT, NH, 4, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
+            case 3: weighted_values<KT, NH, 3, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
+            case 2: weighted_values<KT, NH, 2, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
+            default: weighted_values<KT, NH, 1, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
         }
     }
 }

@@ -80,6 +80,9 @@ static inline void prefetch_span(const T* row, int64_t first, int64_t count) {
     _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), static_cast<_mm_hint>(HINT));
 }
 
+// Scores of NH query heads against keys [0, len); each step prefetches the K rows
+// PREFETCH_KEYS ahead into L1 and the V rows of the same keys into L2 (a range's first keys
+// before the loop), so the value pass after it waits on no DRAM.
 template <typename KT, int NH, int CHUNKS>
 static void scores(const AttentionArgs& a, const float* const* q, const int64_t* where, int64_t len,
                    float* const* out) {
@@ -116,9 +119,12 @@ static void scores(const AttentionArgs& a, const float* const* q, const int64_t*
             for (int64_t j = 0; j < len; ++j) out[hh][j] = a.softcap * std::tanh(out[hh][j] / a.softcap);
 }
 
+// With next_k (the one-query unit's first pass), key j also prefetches the K row of
+// where[len + j] into L2: the next range's keys when this thread runs it next, so its score
+// pass finds K near while this pass, which reads V from L2, leaves the memory bus free.
 template <typename KT, int NH, int NB, int CHUNKS>
 static void weighted_values(const AttentionArgs& a, const float* const* e, const int64_t* where, int64_t len,
-                            int64_t c0, const float* sum, float* const* o) {
+                            int64_t c0, const float* sum, float* const* o, const KT* next_k = nullptr) {
     const int64_t full = CHUNKS ? CHUNKS : a.hd / 16;
     const __mmask16 tail = first_lanes(a.hd - 16 * full);
     const int64_t span = 16 * NB < a.hd - 16 * c0 ? 16 * NB : a.hd - 16 * c0;
@@ -128,6 +134,7 @@ static void weighted_values(const AttentionArgs& a, const float* const* e, const
         for (int i = 0; i < NB; ++i) acc[hh][i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < len; ++j) {
         prefetch_span(v_cache + where[j + PREFETCH_KEYS], 16 * c0, span);
+        if (next_k != nullptr) prefetch_span<KT, _MM_HINT_T1>(next_k + where[len + j], 0, a.hd);
         const KT* v = v_cache + where[j];
         __m512 ej[NH];
         for (int hh = 0; hh < NH; ++hh) ej[hh] = _mm512_set1_ps(e[hh][j]);
@@ -151,11 +158,12 @@ static void weighted_values_any(const AttentionArgs& a, const float* const* e, c
                                 const float* sum, float* const* o) {
     const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 15) / 16;
     for (int64_t c0 = 0; c0 < chunks; c0 += V_CHUNKS) {
+        const KT* next_k = c0 == 0 ? KVRows<KT>::k(a) : nullptr;
         switch (chunks - c0 < V_CHUNKS ? chunks - c0 : V_CHUNKS) {
-            case 4: weighted_values<KT, NH, 4, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            case 3: weighted_values<KT, NH, 3, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            case 2: weighted_values<KT, NH, 2, CHUNKS>(a, e, where, len, c0, sum, o); break;
-            default: weighted_values<KT, NH, 1, CHUNKS>(a, e, where, len, c0, sum, o); break;
+            case 4: weighted_values<KT, NH, 4, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
+            case 3: weighted_values<KT, NH, 3, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
+            case 2: weighted_values<KT, NH, 2, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
+            default: weighted_values<KT, NH, 1, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
         }
     }
 }

@@ -18,9 +18,11 @@ namespace agentkv {
 // row inside a chunked prefill run the same arithmetic. A row of <= KEY_RANGE keys (one
 // range) keeps the single-pass bits: the merge of one range is the identity.
 constexpr int64_t KEY_RANGE = 256;
-// where[] entries past a range's last key that a unit may read (4-key steps rounded up to 16
-// lanes, then PREFETCH_KEYS ahead): real later keys or copies of the last offset.
-constexpr int64_t RANGE_PAD = 48;
+// where[] entries past a range's last key that a unit may read: real later keys or copies of
+// the last offset. The one-query unit's value pass reads as many entries past its keys as it
+// has keys, and prefetches those K rows (the next range's, when the same thread runs it next);
+// the other reads stay within 4-key steps rounded up to 16 lanes, then PREFETCH_KEYS ahead.
+constexpr int64_t RANGE_PAD = KEY_RANGE + 48;
 // Scratch floats a unit needs for its scores: up to 4 heads of a range padded to 16.
 constexpr int64_t RANGE_SCRATCH_FLOATS = 4 * (KEY_RANGE + 16);
 

@@ -243,11 +243,14 @@ static void run_split(const Plan& p) {
             const int64_t u = task_unit[i], row = u / (a.kvh * p.runs), kv = (u / p.runs) % a.kvh, r = u % p.runs;
             const int64_t k = first_range(a, row) + (i - first_task[u]), start = row_start(a, row);
             const int64_t r0 = std::max(k * KEY_RANGE, start), r1 = std::min<int64_t>((k + 1) * KEY_RANGE, a.row_pos[row] + 1);
-            key_offsets(a, row, kv, r0, r1 - r0, sc.where);
+            // when this thread's next task is the unit's next range, its keys follow in `where`:
+            // the unit's value pass brings their K rows near (attention_impl.h)
+            const int64_t r2 = i + 1 < e && task_unit[i + 1] == u ? std::min<int64_t>(r1 + KEY_RANGE, a.row_pos[row] + 1) : r1;
+            key_offsets(a, row, kv, r0, r2 - r0, sc.where);
             float* part = parts.data() + i * stride;
             run_range(p, row, kv, r, sc.where.data(), r1 - r0, sc, part, part + MAX_HEADS, part + 2 * MAX_HEADS);
         }
-    }, 16);
+    }, 4);
     parallel_chunks(units, 1, [&](int64_t b, int64_t e) {
         thread_local Scratch sc;
         for (int64_t u = b; u < e; ++u) {
