@@ -158,7 +158,8 @@ static void weighted_values_any(const AttentionArgs& a, const float* const* e, c
                                 const float* sum, float* const* o) {
     const int64_t chunks = CHUNKS ? CHUNKS : (a.hd + 15) / 16;
     for (int64_t c0 = 0; c0 < chunks; c0 += V_CHUNKS) {
-        const KT* next_k = c0 == 0 ? KVRows<KT>::k(a) : nullptr;
+        // later keys, not copies of the last one (key_offsets' padding): prefetch their K
+        const KT* next_k = c0 == 0 && where[len] != where[len - 1] ? KVRows<KT>::k(a) : nullptr;
         switch (chunks - c0 < V_CHUNKS ? chunks - c0 : V_CHUNKS) {
             case 4: weighted_values<KT, NH, 4, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
             case 3: weighted_values<KT, NH, 3, CHUNKS>(a, e, where, len, c0, sum, o, next_k); break;
