@@ -62,15 +62,6 @@ static inline __m256 load_kv(const float* v, int64_t c, int64_t full, __m256i ta
     return load_chunk(v, c, full, tail);
 }
 
-// Elements [first, first + count) of a cache row into the caches, one touch per 64-byte line.
-template <typename T, int HINT = _MM_HINT_T0>
-static inline void prefetch_span(const T* row, int64_t first, int64_t count) {
-    constexpr int64_t line = 64 / sizeof(T);
-    for (int64_t i = first; i < first + count; i += line)
-        _mm_prefetch(reinterpret_cast<const char*>(row + i), static_cast<_mm_hint>(HINT));
-    _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), static_cast<_mm_hint>(HINT));
-}
-
 // Lane sums of four accumulators as [sum4(a0), sum4(a1), sum4(a2), sum4(a3)]; each lane runs
 // ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)) whichever slot its accumulator sits in.
 static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {

@@ -72,14 +72,6 @@ static inline __m512 load_kv(const float* v, int64_t c, int64_t full, __mmask16 
     return load_chunk(v, c, full, tail);
 }
 
-template <typename T, int HINT = _MM_HINT_T0>
-static inline void prefetch_span(const T* row, int64_t first, int64_t count) {
-    constexpr int64_t line = 64 / sizeof(T);
-    for (int64_t i = first; i < first + count; i += line)
-        _mm_prefetch(reinterpret_cast<const char*>(row + i), static_cast<_mm_hint>(HINT));
-    _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), static_cast<_mm_hint>(HINT));
-}
-
 // Scores of NH query heads against keys [0, len); each step prefetches the K rows
 // PREFETCH_KEYS ahead into L1 and the V rows of the same keys into L2 (a range's first keys
 // before the loop), so the value pass after it waits on no DRAM.

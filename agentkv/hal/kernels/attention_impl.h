@@ -2,6 +2,8 @@
 // shares with the per-ISA units (attention.cpp for AVX2, attention512.cpp for AVX-512).
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 
 #include "qmatmul.h"
@@ -23,6 +25,15 @@ constexpr int64_t KEY_RANGE = 256;
 // has keys, and prefetches those K rows (the next range's, when the same thread runs it next);
 // the other reads stay within 4-key steps rounded up to 16 lanes, then PREFETCH_KEYS ahead.
 constexpr int64_t RANGE_PAD = KEY_RANGE + 48;
+// Elements [first, first + count) of a K or V cache row into the caches (HINT: _MM_HINT_T0
+// for L1, _MM_HINT_T1 for L2), one touch per 64-byte line; both ISAs' units use it.
+template <typename T, int HINT = _MM_HINT_T0>
+static inline void prefetch_span(const T* row, int64_t first, int64_t count) {
+    constexpr int64_t line = 64 / sizeof(T);
+    for (int64_t i = first; i < first + count; i += line)
+        _mm_prefetch(reinterpret_cast<const char*>(row + i), static_cast<_mm_hint>(HINT));
+    _mm_prefetch(reinterpret_cast<const char*>(row + first + count - 1), static_cast<_mm_hint>(HINT));
+}
 // Scratch floats a unit needs for its scores: up to 4 heads of a range padded to 16.
 constexpr int64_t RANGE_SCRATCH_FLOATS = 4 * (KEY_RANGE + 16);
 

@@ -250,7 +250,7 @@ static void run_split(const Plan& p) {
             float* part = parts.data() + i * stride;
             run_range(p, row, kv, r, sc.where.data(), r1 - r0, sc, part, part + MAX_HEADS, part + 2 * MAX_HEADS);
         }
-    }, 4);
+    });
     parallel_chunks(units, 1, [&](int64_t b, int64_t e) {
         thread_local Scratch sc;
         for (int64_t u = b; u < e; ++u) {
