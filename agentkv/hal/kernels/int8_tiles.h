@@ -1,7 +1,8 @@
 // The int8 builds' prefill sweep over packed Tiles (qmatmul_vnni.h), shared by both builds.
 //
 // Included INSIDE each build's own anonymous namespace (qmatmul_vnni.cpp: AVX-512 VNNI,
-// qmatmul_int8.cpp: AVX2), after int8_sweep.h and the build's tile_cols<F, M, G>, so each
+// qmatmul_int8.cpp: AVX2), after int8_sweep.h, the build's TILE_ROWS (the fewest rows that take
+// the tiles) and its tile_cols<F, M, G>, so each
 // build instantiates it with its own registers and row groups; no std:: code. No include
 // guard: once per build. The build's tile_fns() hands out the *_of functions at the end.
 //
@@ -74,7 +75,7 @@ static void tiled_rows(const Problem& p, uint8_t* tiles, int64_t c0, int64_t c1)
 }
 
 // The build's TileFns (qmatmul_vnni.h).
-static inline bool tiles_used_of(int qtype, int64_t m) { return m > GROUP_ROWS && interleaved_source(qtype) != 0; }
+static inline bool tiles_used_of(int qtype, int64_t m) { return m >= TILE_ROWS && interleaved_source(qtype) != 0; }
 static inline int64_t tiles_bytes_of(int64_t m, int64_t k) { return m * tile_row_bytes(k); }
 static inline int64_t tile_chunks_of(int64_t m) { return (m + ROW_CHUNK - 1) / ROW_CHUNK; }
 

@@ -29,6 +29,7 @@ constexpr int GROUP_ROWS = 4;      // rows one call of cols<> holds in registers
 constexpr int64_t COL_BLOCK = 24;  // columns the row groups of a row chunk take turns on (L1)
 constexpr int64_t ROW_CHUNK = 64;  // rows whose quantized activations stay in L2 while columns pass
 constexpr int TILE_COLUMNS = 1;    // columns of a tile_cols call (int8_tiles.h; two spill)
+constexpr int64_t TILE_ROWS = GROUP_ROWS + 1;  // the fewest rows that take the tiles (int8_tiles.h)
 
 static inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 static inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }

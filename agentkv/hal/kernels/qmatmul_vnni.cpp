@@ -48,6 +48,13 @@ constexpr int GROUP_ROWS = 8;      // rows one call of cols<> holds in registers
 constexpr int64_t COL_BLOCK = 24;  // columns the row groups of a row chunk take turns on (L1)
 constexpr int64_t ROW_CHUNK = 64;  // rows whose quantized activations stay in L2 while columns pass
 constexpr int TILE_COLUMNS = 2;    // columns of a tile_cols call (int8_tiles.h)
+// The fewest rows that take the tiles (int8_tiles.h) rather than cols_x16: from 4, a decode of
+// several sequences is bound by cols_x16's activation loads (each column reloads every row's),
+// which the tiles load once for all of a call's columns. SmolLM2's layer weights in turn, two
+// threads, separate processes alternating (tiles / cols_x16): 4 rows 6.0-7.8 / 6.6-9.6 ms,
+// 5 rows 6.1-6.4 / 6.4-7.1, 6 rows 7.0-8.8 / 7.7-9.3, 8 rows 8.4-8.9 / 9.5-11.0; 2 rows 5.1-6.5
+// / 3.3-5.4 and 3 rows 5.4-5.8 / 4.5-6.6, so those stay on cols_x16.
+constexpr int64_t TILE_ROWS = 4;
 
 // One pair of 32-weight blocks, ready for the dot products: u8 codes in k order, the scale of
 // each lane's block (or 16-weight group) and, for formats with a min, the min per lane.
@@ -513,7 +520,8 @@ static void cols_x16(const Problem& p, const QuantRows& x, int64_t c0, int64_t s
 }
 
 // ------------------------------------------------- prefill: row groups as packed tiles
-// cols_x16 over more than GROUP_ROWS rows (a prefill) with the same per-output sequence, so
+// cols_x16 over TILE_ROWS or more rows (a prefill, or a decode of several sequences) with the
+// same per-output sequence, so
 // the same bits, laid out for throughput: a row group's activations are first repacked into a
 // Tile (qmatmul_vnni.h), so every load of the inner loop is a constant offset from one pointer, and
 // the loop takes the steps outermost: each dword of the G columns' codes is decoded once and
