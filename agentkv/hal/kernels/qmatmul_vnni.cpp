@@ -52,8 +52,8 @@ constexpr int TILE_COLUMNS = 2;    // columns of a tile_cols call (int8_tiles.h)
 // several sequences is bound by cols_x16's activation loads (each column reloads every row's),
 // which the tiles load once for all of a call's columns. SmolLM2's layer weights in turn, two
 // threads, separate processes alternating (tiles / cols_x16): 4 rows 6.0-7.8 / 6.6-9.6 ms,
-// 5 rows 6.1-6.4 / 6.4-7.1, 6 rows 7.0-8.8 / 7.7-9.3, 8 rows 8.4-8.9 / 9.5-11.0; 2 rows 5.1-6.5
-// / 3.3-5.4 and 3 rows 5.4-5.8 / 4.5-6.6, so those stay on cols_x16.
+// 5 rows 6.1-6.4 / 6.4-7.1, 6 rows 7.0-8.8 / 7.7-9.3, 8 rows 8.4-8.9 / 9.5-11.0; 2 rows 4.7-6.5
+// / 3.3-5.7 and 3 rows 5.4-5.8 / 4.5-6.6, so those stay on cols_x16.
 constexpr int64_t TILE_ROWS = 4;
 
 // One pair of 32-weight blocks, ready for the dot products: u8 codes in k order, the scale of
