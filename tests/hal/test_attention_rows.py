@@ -19,6 +19,7 @@ SEQ_LEN = 1300  # six key ranges of 256, the last partial
 CHUNK = range(1003, 1300)  # a chunk that starts off the 16-row tile grid: partial edge tiles
 SHAPES = [  # (h, kvh, hd): the GQA group and head size decide how many queries share a call
     (9, 3, 64),  # SmolLM2: 3 heads a kv head, 16 rows = 48 queries a call
+    (8, 2, 64),  # 4 heads a kv head at 64 wide: passes of 6 queries over V leave 4, 2 or 0
     (4, 1, 256),  # Gemma-3: one kv head, 4 heads
     (12, 2, 48),  # a group of 6 in runs of 3 + 3, an odd chunk count (3 of 16 lanes)
     (6, 6, 20),  # one head a kv head, a masked head_dim tail

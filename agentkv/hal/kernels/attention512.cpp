@@ -223,9 +223,16 @@ static void range_hd(const AttentionArgs& a, int nh, const float* const* q, cons
 // key, reduce4 tree, scale, softcap, softmax_weights, and V accumulation in key order), so
 // its bits are those it gets alone; only which queries share a load differs. Scores go 4
 // keys at a time: the 4 K rows come from L2 once and feed every group of 4 queries from L1,
-// whose 16 sums finish in one transposed reduction (reduce16). Values go 2 chunks of every V
-// row at a time for up to VALUE_GROUP queries.
-constexpr int VALUE_GROUP = 12;  // queries per pass over 2 chunks of V: 24 accumulators
+// whose 16 sums finish in one transposed reduction (reduce16). Values go NB chunks of every V
+// row at a time for up to value_group<NB>() queries: a 64-wide head (SmolLM2's) in one pass of
+// all 4 chunks, so each query's weight is broadcast once for 4 fmas instead of 2 (one SmolLM2
+// chunk of 512 rows at 8,192 keys, 2 threads: 60.5 -> 57.5 ms); wider heads 2 chunks a pass,
+// since 4 chunks of a range's 256 V rows are 32 KB, the whole L1 (Gemma-3's 256-wide heads
+// went 92 -> 150 ms that way).
+template <int NB>
+constexpr int value_group() {  // queries per pass over NB chunks of V: at most 24 accumulators
+    return NB >= 4 ? 6 : 12;
+}
 
 // [p.x | q.x] with v.x_i = v[i] + v[i + 8] (i < 8): the first step of reduce4's tree for two
 // accumulators at once.
@@ -376,13 +383,24 @@ static void value_block(const AttentionArgs& a, const float* const* e, const int
 template <typename KT, int NB, int CHUNKS>
 static void values_nb(const AttentionArgs& a, int nq, const float* const* e, const int64_t* where, int64_t len,
                       int64_t c0, float* const* o) {
+    constexpr int GROUP = value_group<NB>();
     for (int g = 0; g < nq;) {
-        switch (nq - g >= VALUE_GROUP ? VALUE_GROUP : nq - g >= 8 ? 8 : nq - g >= 4 ? 4 : nq - g >= 2 ? 2 : 1) {
-            case VALUE_GROUP: value_block<KT, VALUE_GROUP, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += VALUE_GROUP; break;
-            case 8: value_block<KT, 8, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += 8; break;
-            case 4: value_block<KT, 4, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += 4; break;
-            case 2: value_block<KT, 2, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += 2; break;
-            default: value_block<KT, 1, NB, CHUNKS>(a, e + g, where, len, c0, o + g); g += 1; break;
+        const int left = nq - g;
+        if (left >= GROUP) {
+            value_block<KT, GROUP, NB, CHUNKS>(a, e + g, where, len, c0, o + g);
+            g += GROUP;
+        } else if (GROUP > 8 && left >= 8) {
+            value_block<KT, 8, NB, CHUNKS>(a, e + g, where, len, c0, o + g);
+            g += 8;
+        } else if (left >= 4) {
+            value_block<KT, 4, NB, CHUNKS>(a, e + g, where, len, c0, o + g);
+            g += 4;
+        } else if (left >= 2) {
+            value_block<KT, 2, NB, CHUNKS>(a, e + g, where, len, c0, o + g);
+            g += 2;
+        } else {
+            value_block<KT, 1, NB, CHUNKS>(a, e + g, where, len, c0, o + g);
+            g += 1;
         }
     }
 }
@@ -395,6 +413,10 @@ static void range_many(const AttentionArgs& a, int nq, const float* const* q, co
     for (int qq = 0; qq < nq; ++qq) sh[qq] = s + qq * padded;
     scores_many<KT, CHUNKS>(a, nq, q, where, len, sh);
     for (int qq = 0; qq < nq; ++qq) l[qq] = softmax_weights(sh[qq], len, m + qq);
+    if constexpr (CHUNKS == 4) {
+        values_nb<KT, 4, CHUNKS>(a, nq, sh, where, len, 0, acc);
+        return;
+    }
     for (int64_t c0 = 0; c0 < chunks; c0 += 2) {
         if (chunks - c0 >= 2) values_nb<KT, 2, CHUNKS>(a, nq, sh, where, len, c0, acc);
         else values_nb<KT, 1, CHUNKS>(a, nq, sh, where, len, c0, acc);
