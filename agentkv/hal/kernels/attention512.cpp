@@ -283,12 +283,15 @@ static inline void score_block(const AttentionArgs& a, const float* const* q, co
             for (int t = 0; t < KEYS_AT_ONCE; ++t) acc[qq][t] = _mm512_fmadd_ps(qv, kv[t], acc[qq][t]);
         }
     }
-    if constexpr (NQ == 4) {
-        const __m512 sums = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(a.scale));
+    if constexpr (NQ >= 3) {  // 3 queries: the 4th sums of the transposed tree are zeros, never stored
+        __m512 all[4][KEYS_AT_ONCE];
+        for (int qq = 0; qq < 4; ++qq)
+            for (int t = 0; t < KEYS_AT_ONCE; ++t) all[qq][t] = qq < NQ ? acc[qq][t] : _mm512_setzero_ps();
+        const __m512 sums = _mm512_mul_ps(reduce16(all), _mm512_set1_ps(a.scale));
         _mm_storeu_ps(out[0] + j, _mm512_castps512_ps128(sums));
         _mm_storeu_ps(out[1] + j, _mm512_extractf32x4_ps(sums, 1));
         _mm_storeu_ps(out[2] + j, _mm512_extractf32x4_ps(sums, 2));
-        _mm_storeu_ps(out[3] + j, _mm512_extractf32x4_ps(sums, 3));
+        if constexpr (NQ == 4) _mm_storeu_ps(out[3] + j, _mm512_extractf32x4_ps(sums, 3));
     } else {
         const __m128 scale = _mm_set1_ps(a.scale);
         for (int qq = 0; qq < NQ; ++qq)
@@ -332,8 +335,9 @@ static void scores_many_of(const AttentionArgs& a, int nq, const float* const* q
         const RT* kr[KEYS_AT_ONCE];
         step_rows(a, k, rows, kr);
         for (int g = 0; g < nq;) {
-            switch (nq - g >= 4 ? 4 : nq - g >= 2 ? 2 : 1) {
+            switch (nq - g >= 4 ? 4 : nq - g) {
                 case 4: score_block<RT, 4, CHUNKS>(a, q + g, kr, out + g, j); g += 4; break;
+                case 3: score_block<RT, 3, CHUNKS>(a, q + g, kr, out + g, j); g += 3; break;
                 case 2: score_block<RT, 2, CHUNKS>(a, q + g, kr, out + g, j); g += 2; break;
                 default: score_block<RT, 1, CHUNKS>(a, q + g, kr, out + g, j); g += 1; break;
             }
@@ -395,6 +399,9 @@ static void values_nb(const AttentionArgs& a, int nq, const float* const* e, con
         } else if (left >= 4) {
             value_block<KT, 4, NB, CHUNKS>(a, e + g, where, len, c0, o + g);
             g += 4;
+        } else if (left == 3) {
+            value_block<KT, 3, NB, CHUNKS>(a, e + g, where, len, c0, o + g);
+            g += 3;
         } else if (left >= 2) {
             value_block<KT, 2, NB, CHUNKS>(a, e + g, where, len, c0, o + g);
             g += 2;
