@@ -1,6 +1,6 @@
 // Paged attention's driver: cuts each row's keys into fixed ranges (attention_impl.h), runs
 // the ISA's unit on each (row, kv head, head run, range) and merges a row's ranges in
-// ascending order. Two ways to hand out the work, with the same arithmetic per row:
+// ascending order. Three ways to hand out the work, with the same arithmetic per row:
 //
 //   tiles   (prefill, wide batches): up to ROW_TILE consecutive rows of one sequence walk
 //           the ranges together, so each range's K and V (KEY_RANGE keys) is loaded into
@@ -10,6 +10,13 @@
 //           and V row once for all their heads.
 //   split   (a few long rows, e.g. one decode row): every (unit, range) is its own task, so
 //           one row uses every thread; the partials are then merged in range order.
+//   shared  (a decode step of sequences on one cached prefix: a fleet of agents on one system
+//           prompt): the rows whose range lies in the same blocks run it in one call of the
+//           many-query unit, which loads its K and V once for all of them, not once per
+//           agent; each row's other ranges run alone; the partials are merged as in split.
+//           Five SmolLM2 agents on a 2,048-key prompt, 30 layers' step, f16 K/V, 2 threads
+//           (tools/fleet_attention.py): 8.2 -> 6.5 ms with 20 keys each of their own, 12.3-13.1
+//           -> 10.6-11.2 ms with 900 (AVX2 build: 11.1 -> 8.5, 16.0-17.0 -> 14.2).
 //
 // The merge of ranges 0..R-1 of one (row, head), state (M, L, O[hd]) starting as range 0's
 // own (m, l, acc); for each later range, in order:
@@ -269,6 +276,141 @@ static void run_split(const Plan& p) {
     });
 }
 
+// Do keys [r0, r1) of rows x and y lie in the same blocks (the same keys, by the same offsets)?
+static bool same_blocks(const AttentionArgs& a, int64_t x, int64_t y, int64_t r0, int64_t r1) {
+    const int32_t* tx = a.block_tables + a.row_seq[x] * a.max_blocks_per_seq;
+    const int32_t* ty = a.block_tables + a.row_seq[y] * a.max_blocks_per_seq;
+    for (int64_t b = r0 / a.block_size; b <= (r1 - 1) / a.block_size; ++b)
+        if (tx[b] != ty[b]) return false;
+    return true;
+}
+
+// A step of single rows (one a sequence: decode) where two rows' first block is the same one:
+// sequences sharing a cached prefix, e.g. agents on one system prompt.
+static bool rows_share_blocks(const AttentionArgs& a, const std::vector<Tile>& tiles) {
+    if (a.n < 2 || static_cast<int64_t>(tiles.size()) != a.n || a.window > 0) return false;
+    for (int64_t x = 0; x < a.n; ++x)
+        for (int64_t y = x + 1; y < a.n; ++y)
+            if (a.row_seq[x] != a.row_seq[y] && same_blocks(a, x, y, 0, 1)) return true;
+    return false;
+}
+
+// Shared mode. The rows whose range k is the same keys in the same blocks (a shared prefix's
+// ranges) form a group, and each (group, kv head, run) is a task: one call of the many-query
+// unit, which loads each K and V row once for all of them. Each (row, kv head, run) is a task
+// for the row's other ranges, in order, in one walk of its keys (as in tiles mode, a range's
+// unit prefetches the next one's K). Every task writes its partials, and every (row, kv, run)
+// then merges them in range order, as in split mode: a row's ranges, their arithmetic and the
+// merge are the row's alone, and so are its bits.
+static void run_shared(const Plan& p) {
+    const AttentionArgs& a = p.a;
+    const int64_t per_row = a.kvh * p.runs, stride = MAX_HEADS * (a.hd + 2);
+    std::vector<int64_t> first_part(a.n + 1, 0);
+    int64_t ranges = 0;
+    for (int64_t row = 0; row < a.n; ++row) {
+        first_part[row + 1] = first_part[row] + num_ranges(a, row);
+        ranges = std::max<int64_t>(ranges, a.row_pos[row] / KEY_RANGE + 1);
+    }
+    struct Group {
+        int64_t k, first, rows;  // range k of members[first .. first + rows)
+    };
+    std::vector<Group> groups;
+    std::vector<int64_t> members, todo, rest;
+    std::vector<char> grouped(first_part[a.n], 0);  // per (row, range): runs in a group
+    for (int64_t k = 0; k < ranges; ++k) {
+        int64_t r0, r1, s0, s1;
+        todo.clear();
+        for (int64_t row = 0; row < a.n; ++row) {
+            range_keys(a, row, k, r0, r1);
+            if (r0 < r1) todo.push_back(row);
+        }
+        while (!todo.empty()) {
+            const int64_t lead = todo.front(), first = static_cast<int64_t>(members.size());
+            range_keys(a, lead, k, r0, r1);
+            members.push_back(lead);
+            rest.clear();
+            for (size_t i = 1; i < todo.size(); ++i) {
+                range_keys(a, todo[i], k, s0, s1);
+                const bool joins = static_cast<int64_t>(members.size()) - first < p.rows_at_once && s0 == r0 &&
+                                   s1 == r1 && same_blocks(a, lead, todo[i], r0, r1);
+                (joins ? members : rest).push_back(todo[i]);
+            }
+            todo.swap(rest);
+            const int64_t rows = static_cast<int64_t>(members.size()) - first;
+            if (rows == 1) {
+                members.pop_back();
+                continue;
+            }
+            groups.push_back({k, first, rows});
+            for (int64_t i = first; i < first + rows; ++i) grouped[first_part[members[i]] + k - first_range(a, members[i])] = 1;
+        }
+    }
+    std::vector<float> parts(first_part[a.n] * per_row * stride);
+    auto part_of = [&](int64_t row, int64_t k, int64_t u) {
+        return parts.data() + ((first_part[row] + k - first_range(a, row)) * per_row + u) * stride;
+    };
+    const int64_t group_tasks = static_cast<int64_t>(groups.size()) * per_row;
+    parallel_chunks(group_tasks + a.n * per_row, 1, [&](int64_t b, int64_t e) {
+        thread_local Scratch sc;
+        sc.s.resize(std::max<size_t>(sc.s.size(), p.rows_at_once * MAX_HEADS * (KEY_RANGE + 16)));
+        float m[MAX_QUERIES], l[MAX_QUERIES];
+        for (int64_t t = b; t < e; ++t) {
+            const int64_t u = t % per_row, kv = u / p.runs, r = u % p.runs;
+            const int nh = p.nh(r);
+            int64_t r0, r1;
+            if (t < group_tasks) {
+                const Group& g = groups[t / per_row];
+                range_keys(a, members[g.first], g.k, r0, r1);
+                key_offsets(a, members[g.first], kv, r0, r1 - r0, sc.where);
+                const float* q[MAX_QUERIES];
+                float* accs[MAX_QUERIES];
+                for (int64_t i = 0; i < g.rows; ++i)
+                    for (int hh = 0; hh < nh; ++hh) {
+                        q[i * nh + hh] = a.q + (members[g.first + i] * a.h + p.h0(kv, r) + hh) * a.hd;
+                        accs[i * nh + hh] = part_of(members[g.first + i], g.k, u) + 2 * MAX_HEADS + hh * a.hd;
+                    }
+                p.many(a, static_cast<int>(g.rows * nh), q, sc.where.data(), r1 - r0, sc.s.data(), m, l, accs);
+                for (int64_t i = 0; i < g.rows; ++i) {
+                    float* part = part_of(members[g.first + i], g.k, u);
+                    std::copy(m + i * nh, m + (i + 1) * nh, part);
+                    std::copy(l + i * nh, l + (i + 1) * nh, part + MAX_HEADS);
+                }
+                continue;
+            }
+            const int64_t row = (t - group_tasks) / per_row, k0 = first_range(a, row), k1 = a.row_pos[row] / KEY_RANGE;
+            const char* in_group = grouped.data() + first_part[row] - k0;
+            int64_t k = k0;
+            while (k <= k1 && in_group[k]) ++k;
+            if (k > k1) continue;
+            int64_t base, end;
+            range_keys(a, row, k, base, end);
+            key_offsets(a, row, kv, base, a.row_pos[row] + 1 - base, sc.where);
+            for (; k <= k1; ++k) {
+                if (in_group[k]) continue;
+                range_keys(a, row, k, r0, r1);
+                float* part = part_of(row, k, u);
+                run_range(p, row, kv, r, sc.where.data() + (r0 - base), r1 - r0, sc, part, part + MAX_HEADS,
+                          part + 2 * MAX_HEADS);
+            }
+        }
+    }, 16);
+    parallel_chunks(a.n * per_row, 1, [&](int64_t b, int64_t e) {
+        thread_local Scratch sc;
+        sc.state.resize(a.hd + 2);
+        for (int64_t i = b; i < e; ++i) {
+            const int64_t row = i / per_row, u = i % per_row, kv = u / p.runs, r = u % p.runs;
+            for (int hh = 0; hh < p.nh(r); ++hh) {
+                for (int64_t k = first_range(a, row); k <= a.row_pos[row] / KEY_RANGE; ++k) {
+                    const float* part = part_of(row, k, u);
+                    merge(sc.state.data(), part[hh], part[MAX_HEADS + hh], part + 2 * MAX_HEADS + hh * a.hd, a.hd,
+                          k == first_range(a, row));
+                }
+                finish(sc.state.data(), a.hd, a.out + (row * a.h + p.h0(kv, r) + hh) * a.hd, sink_of(a, p.h0(kv, r) + hh));
+            }
+        }
+    });
+}
+
 }  // namespace
 
 // Work units: (tile or row, kv head, a run of up to the ISA's heads of its GQA group, runs of
@@ -281,6 +423,14 @@ void paged_attention_raw(const AttentionArgs& a) {
     const std::vector<Tile> tiles = make_tiles(a);
     int64_t runs = (group + at_once - 1) / at_once;
     const int64_t units = static_cast<int64_t>(tiles.size()) * a.kvh * runs;
+    const RangeUnit many = wide ? avx512::attend_range_many : avx2::attend_range_many;
+    if (rows_share_blocks(a, tiles)) {
+        Plan p{a, unit, group, runs, (group + runs - 1) / runs};
+        p.many = many;
+        p.rows_at_once = std::min<int64_t>(ROW_TILE, MAX_QUERIES / p.per_run);
+        run_shared(p);
+        return;
+    }
     bool long_rows = false;
     for (int64_t row = 0; row < a.n && !long_rows; ++row) long_rows = num_ranges(a, row) > 1;
     if (units < 2 * threads && long_rows && threads > 1) {
@@ -292,7 +442,7 @@ void paged_attention_raw(const AttentionArgs& a) {
     const int64_t rows_kv = static_cast<int64_t>(tiles.size()) * a.kvh;
     if (rows_kv < threads) runs = std::max(runs, std::min(group, (threads + rows_kv - 1) / rows_kv));
     Plan p{a, unit, group, runs, (group + runs - 1) / runs};
-    p.many = wide ? avx512::attend_range_many : avx2::attend_range_many;
+    p.many = many;
     p.rows_at_once = std::min<int64_t>(ROW_TILE, MAX_QUERIES / p.per_run);
     parallel_chunks(rows_kv * runs, 1, [&](int64_t b, int64_t e) {
         thread_local Scratch sc;
