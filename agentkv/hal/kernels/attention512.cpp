@@ -33,24 +33,25 @@ namespace {
 constexpr int KEYS_AT_ONCE = 4;
 constexpr int V_CHUNKS = 4;
 
-// Cephes expf as in simd.h's exp8, 16 lanes; the same operations per element.
+// e^x for a score minus its row's max (x <= 0), 16 lanes: n = round(x log2 e); r = x - n ln 2
+// in two fused steps (ln 2 as Cephes splits it); e^r by Cephes expf's polynomial; then
+// vscalefps multiplies by 2^n, rounded once. 14 operations where simd.h's exp8 form (floor,
+// separate products, 2^n built in the exponent bits) took 22; the AVX2 build keeps exp8 (its
+// sums run in 8 lanes, so its bits were its own already).
 static inline __m512 exp16(__m512 x) {
-    const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365447505531f);
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-    __m512 fx = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    fx = _mm512_roundscale_ps(_mm512_add_ps(fx, _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, _mm512_set1_ps(0.693359375f)));
-    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, _mm512_set1_ps(-2.12194440e-4f)));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3365447505531f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
     __m512 y = _mm512_set1_ps(1.9875691500E-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
-    const __m512 x2 = _mm512_mul_ps(x, x);
-    y = _mm512_fmadd_ps(y, x2, _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    const __m512i n = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(n, 23)));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
 }
 
 static inline __mmask16 first_lanes(int64_t count) {
