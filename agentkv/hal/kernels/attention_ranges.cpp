@@ -15,8 +15,9 @@
 //           many-query unit, which loads its K and V once for all of them, not once per
 //           agent; each row's other ranges run alone; the partials are merged as in split.
 //           Five SmolLM2 agents on a 2,048-key prompt, 30 layers' step, f16 K/V, 2 threads
-//           (tools/fleet_attention.py): 8.2 -> 6.5 ms with 20 keys each of their own, 12.3-13.1
-//           -> 10.6-11.2 ms with 900 (AVX2 build: 11.1 -> 8.5, 16.0-17.0 -> 14.2).
+//           (tools/fleet_attention.py, best steps): 7.7-8.2 -> 6.4-6.5 ms with 20 keys each of
+//           their own, 11.9-13.1 -> 10.5-10.9 ms with 900 (AVX2 build: 10.7-11.0 -> 8.4-8.5,
+//           15.9-16.8 -> 14.0-14.1).
 //
 // The merge of ranges 0..R-1 of one (row, head), state (M, L, O[hd]) starting as range 0's
 // own (m, l, acc); for each later range, in order:
