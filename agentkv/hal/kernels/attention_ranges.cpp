@@ -235,6 +235,29 @@ static int64_t num_ranges(const AttentionArgs& a, int64_t row) {
     return a.row_pos[row] / KEY_RANGE - first_range(a, row) + 1;
 }
 
+// Split and shared modes' last pass: every (row, kv head, run) u (row-major, as the units
+// are numbered) merges its ranges' partials, part(u, i) for the row's i-th range, in range
+// order and writes its heads.
+template <typename Part>
+static void merge_partials(const Plan& p, const Part& part) {
+    const AttentionArgs& a = p.a;
+    const int64_t per_row = a.kvh * p.runs;
+    parallel_chunks(a.n * per_row, 1, [&](int64_t b, int64_t e) {
+        thread_local Scratch sc;
+        sc.state.resize(a.hd + 2);
+        for (int64_t u = b; u < e; ++u) {
+            const int64_t row = u / per_row, kv = (u / p.runs) % a.kvh, r = u % p.runs;
+            for (int hh = 0; hh < p.nh(r); ++hh) {
+                for (int64_t i = 0; i < num_ranges(a, row); ++i) {
+                    const float* pt = part(u, i);
+                    merge(sc.state.data(), pt[hh], pt[MAX_HEADS + hh], pt + 2 * MAX_HEADS + hh * a.hd, a.hd, i == 0);
+                }
+                finish(sc.state.data(), a.hd, a.out + (row * a.h + p.h0(kv, r) + hh) * a.hd, sink_of(a, p.h0(kv, r) + hh));
+            }
+        }
+    });
+}
+
 // Split mode: every (row, kv, run, range) a task writing its partial [m, l, acc] (nh * (hd + 2)
 // floats), then every (row, kv, run) merges its partials in range order.
 static void run_split(const Plan& p) {
@@ -259,22 +282,7 @@ static void run_split(const Plan& p) {
             run_range(p, row, kv, r, sc.where.data(), r1 - r0, sc, part, part + MAX_HEADS, part + 2 * MAX_HEADS);
         }
     });
-    parallel_chunks(units, 1, [&](int64_t b, int64_t e) {
-        thread_local Scratch sc;
-        for (int64_t u = b; u < e; ++u) {
-            const int64_t row = u / (a.kvh * p.runs), kv = (u / p.runs) % a.kvh, r = u % p.runs;
-            const int nh = p.nh(r);
-            sc.state.resize(a.hd + 2);
-            for (int hh = 0; hh < nh; ++hh) {
-                for (int64_t i = first_task[u]; i < first_task[u + 1]; ++i) {
-                    const float* part = parts.data() + i * stride;
-                    merge(sc.state.data(), part[hh], part[MAX_HEADS + hh], part + 2 * MAX_HEADS + hh * a.hd, a.hd,
-                          i == first_task[u]);
-                }
-                finish(sc.state.data(), a.hd, a.out + (row * a.h + p.h0(kv, r) + hh) * a.hd, sink_of(a, p.h0(kv, r) + hh));
-            }
-        }
-    });
+    merge_partials(p, [&](int64_t u, int64_t i) { return parts.data() + (first_task[u] + i) * stride; });
 }
 
 // Do keys [r0, r1) of rows x and y lie in the same blocks (the same keys, by the same offsets)?
@@ -395,20 +403,8 @@ static void run_shared(const Plan& p) {
             }
         }
     }, 16);
-    parallel_chunks(a.n * per_row, 1, [&](int64_t b, int64_t e) {
-        thread_local Scratch sc;
-        sc.state.resize(a.hd + 2);
-        for (int64_t i = b; i < e; ++i) {
-            const int64_t row = i / per_row, u = i % per_row, kv = u / p.runs, r = u % p.runs;
-            for (int hh = 0; hh < p.nh(r); ++hh) {
-                for (int64_t k = first_range(a, row); k <= a.row_pos[row] / KEY_RANGE; ++k) {
-                    const float* part = part_of(row, k, u);
-                    merge(sc.state.data(), part[hh], part[MAX_HEADS + hh], part + 2 * MAX_HEADS + hh * a.hd, a.hd,
-                          k == first_range(a, row));
-                }
-                finish(sc.state.data(), a.hd, a.out + (row * a.h + p.h0(kv, r) + hh) * a.hd, sink_of(a, p.h0(kv, r) + hh));
-            }
-        }
+    merge_partials(p, [&](int64_t u, int64_t i) {
+        return parts.data() + ((first_part[u / per_row] + i) * per_row + u % per_row) * stride;
     });
 }
 
