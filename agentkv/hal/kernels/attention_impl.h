@@ -65,8 +65,9 @@ constexpr int MAX_QUERIES = 64;
 
 // attend_range_many, each ISA's: the unit for nq (1 .. MAX_QUERIES) queries of one kv head
 // that attend the same keys (several rows of one sequence whose range is the same, or rows
-// of sequences whose range lies in the same blocks, each with its heads). Per query the same arithmetic, so the same bits, as attend_range gives it
-// alone; only the loads are shared. `s` holds nq * (KEY_RANGE + 16) floats.
+// of sequences whose range lies in the same blocks, each with its heads). Per query the same
+// arithmetic, so the same bits, as attend_range gives it alone; only the loads are shared.
+// `s` holds nq * (KEY_RANGE + 16) floats.
 namespace avx2 {
 constexpr int HEADS_AT_ONCE = 3;
 void attend_range(const AttentionArgs& a, int nh, const float* const* q, const int64_t* where, int64_t len, float* s,

@@ -387,15 +387,15 @@ static void run_shared(const Plan& p) {
                 continue;
             }
             const int64_t row = (t - group_tasks) / per_row, k0 = first_range(a, row), k1 = a.row_pos[row] / KEY_RANGE;
-            const char* in_group = grouped.data() + first_part[row] - k0;
+            const auto in_group = [&](int64_t k) { return grouped[first_part[row] + k - k0] != 0; };
             int64_t k = k0;
-            while (k <= k1 && in_group[k]) ++k;
+            while (k <= k1 && in_group(k)) ++k;
             if (k > k1) continue;
             int64_t base, end;
             range_keys(a, row, k, base, end);
             key_offsets(a, row, kv, base, a.row_pos[row] + 1 - base, sc.where);
             for (; k <= k1; ++k) {
-                if (in_group[k]) continue;
+                if (in_group(k)) continue;
                 range_keys(a, row, k, r0, r1);
                 float* part = part_of(row, k, u);
                 run_range(p, row, kv, r, sc.where.data() + (r0 - base), r1 - r0, sc, part, part + MAX_HEADS,
@@ -420,27 +420,28 @@ void paged_attention_raw(const AttentionArgs& a) {
     const std::vector<Tile> tiles = make_tiles(a);
     int64_t runs = (group + at_once - 1) / at_once;
     const int64_t units = static_cast<int64_t>(tiles.size()) * a.kvh * runs;
-    const RangeUnit many = wide ? avx512::attend_range_many : avx2::attend_range_many;
-    if (rows_share_blocks(a, tiles)) {
-        Plan p{a, unit, group, runs, (group + runs - 1) / runs};
-        p.many = many;
+    // `runs` head runs a kv head; the many-query unit takes up to ROW_TILE rows a call
+    const auto plan = [&](int64_t head_runs) {
+        Plan p{a, unit, group, head_runs, (group + head_runs - 1) / head_runs};
+        p.many = wide ? avx512::attend_range_many : avx2::attend_range_many;
         p.rows_at_once = std::min<int64_t>(ROW_TILE, MAX_QUERIES / p.per_run);
-        run_shared(p);
+        return p;
+    };
+    if (rows_share_blocks(a, tiles)) {
+        run_shared(plan(runs));
         return;
     }
     bool long_rows = false;
     for (int64_t row = 0; row < a.n && !long_rows; ++row) long_rows = num_ranges(a, row) > 1;
     if (units < 2 * threads && long_rows && threads > 1) {
-        run_split(Plan{a, unit, group, runs, (group + runs - 1) / runs});
+        run_split(plan(runs));
         return;
     }
     // Fewer units than threads (short decode rows of a model with one kv head): split the
     // GQA group so every thread has one; a head's bits never depend on its run.
     const int64_t rows_kv = static_cast<int64_t>(tiles.size()) * a.kvh;
     if (rows_kv < threads) runs = std::max(runs, std::min(group, (threads + rows_kv - 1) / rows_kv));
-    Plan p{a, unit, group, runs, (group + runs - 1) / runs};
-    p.many = many;
-    p.rows_at_once = std::min<int64_t>(ROW_TILE, MAX_QUERIES / p.per_run);
+    const Plan p = plan(runs);
     parallel_chunks(rows_kv * runs, 1, [&](int64_t b, int64_t e) {
         thread_local Scratch sc;
         for (int64_t i = b; i < e; ++i) run_tile(p, tiles[i / (a.kvh * runs)], (i / runs) % a.kvh, i % runs, sc);
